@@ -1,0 +1,110 @@
+"""Normalisation (+ SiLU) kernels shared by the VAE families, torch implementations.
+
+Both norms here produce `act(norm(x))` for x laid out B,C,T,H,W and can write the result into a
+caller-provided tensor (`out`), which is how the causal convs receive their input without an extra
+copy. Statistics are always computed in float32, also for bf16/fp16 activations.
+
+- Per-frame GroupNorm (SeedVR2): statistics over (C/G, H, W) of each frame, never across time, which
+  is what makes temporal chunking exact. Split into `group_norm_stats` and `group_norm_apply` so the
+  tiling engine can sum statistics over the tiles of a frame before applying them.
+- RMS norm over channels (Wan): x / max(||x||_2, eps) * sqrt(C) * gamma, per position.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _stat_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def group_norm_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame group statistics of x (B,C,T,H,W) -> (mean, rstd), each float32 of shape B,G,T."""
+    mean, var = group_norm_moments(x, groups)
+    return mean, torch.rsqrt(var + eps)
+
+
+def group_norm_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
+    b, c, t, h, w = x.shape
+    grouped = x.reshape(b, groups, c // groups, t, h * w)
+    if x.dtype == _stat_dtype(x):
+        var, mean = torch.var_mean(grouped, dim=(2, 4), unbiased=False)
+        return mean, var
+    # Half-precision input: upcast one frame at a time so the fp32 copy stays small.
+    var = x.new_empty((b, groups, t), dtype=torch.float32)
+    mean = torch.empty_like(var)
+    for i in range(t):
+        var[:, :, i], mean[:, :, i] = torch.var_mean(grouped[:, :, :, i].float(), dim=(2, 3), unbiased=False)
+    return mean, var
+
+
+def merge_group_moments(parts: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine per-tile (mean, var, count) of the same frames into whole-frame (mean, var).
+
+    Chan's pairwise update keeps float32 accurate where E[x^2]-E[x]^2 would cancel.
+    """
+    mean, var, count = parts[0]
+    for m, v, n in parts[1:]:
+        total = count + n
+        delta = m - mean
+        mean = mean + delta * (n / total)
+        var = (var * count + v * n + delta * delta * (count * n / total)) / total
+        count = total
+    return mean, var
+
+
+def group_norm_apply(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    act: bool,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(x - mean) * rstd * weight + bias (statistics B,G,T), then SiLU if `act`.
+
+    Folded into one multiply-add per element: x * scale + shift with per (frame, channel) scale and
+    shift in the statistics' precision.
+    """
+    b, c, t = x.shape[:3]
+    groups = mean.shape[1]
+    per_group = c // groups
+    scale = rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)
+    shift = bias.to(rstd.dtype).view(1, groups, per_group, 1) - mean.view(b, groups, 1, t) * scale
+    scale = scale.reshape(b, c, t, 1, 1)
+    shift = shift.reshape(b, c, t, 1, 1)
+    if out is None:
+        out = torch.empty_like(x)
+    if x.dtype == scale.dtype:
+        torch.addcmul(shift, x, scale, out=out)
+    else:
+        # bf16/fp16: a per-frame float32 multiply-add; rounding scale and shift to half precision
+        # would cost accuracy where |mean| >> std.
+        for i in range(t):
+            out[:, :, i] = torch.addcmul(shift[:, :, i], x[:, :, i].float(), scale[:, :, i])
+    if act:
+        F.silu(out, inplace=True)
+    return out
+
+
+def group_norm_act(x, groups, weight, bias, eps, act=True, out=None):
+    """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go."""
+    mean, rstd = group_norm_stats(x, groups, eps)
+    return group_norm_apply(x, mean, rstd, weight, bias, act, out)
+
+
+def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma."""
+    c = x.shape[1]
+    norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
+    inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)
+    if out is None:
+        out = torch.empty_like(x)
+    torch.mul(x, inv, out=out)
+    out.mul_(gamma.view((1, c) + (1,) * (x.dim() - 2)).to(x.dtype))
+    if act:
+        F.silu(out, inplace=True)
+    return out

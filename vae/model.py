@@ -1,0 +1,106 @@
+"""`VideoVAE`: the public model object every family implements.
+
+A family subclass says what the network is (`encode_chunk` / `decode_chunk` on one temporal chunk,
+the latent space constants, which checkpoint keys identify it). How a whole clip is run through it
+(padding, temporal chunks, output buffers, devices, dtypes) is the engine's job (`streaming.py`);
+the methods here only forward to it so users get one obvious API:
+
+    z = m.encode(video)   # B,3,T,H,W in [-1, 1] -> raw posterior mean B,C,T',H/f,W/f
+    y = m.decode(z)       # raw latent -> B,3,T'',H'',W'' (not clamped)
+"""
+import torch
+import torch.nn as nn
+
+from . import streaming
+
+try:
+    from ..optimizations import Optimizations
+except ImportError:
+    from optimizations import Optimizations
+
+
+class VideoVAE(nn.Module):
+    family: str = ""
+    spatial_factor: int = 8
+    temporal_factor: int = 4
+    latent_channels: int = 16
+    in_channels: int = 3
+
+    def __init__(self):
+        super().__init__()
+        self.opts = Optimizations()
+
+    # --- what a family defines -------------------------------------------------------------
+    probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints
+
+    @classmethod
+    def native_state_dict(cls, state_dict: dict) -> dict | None:
+        """`state_dict` in this family's own key names, or None when it is not this family's layout."""
+        return state_dict if all(k in state_dict for k in cls.probe_keys) else None
+
+    @classmethod
+    def config_from_state_dict(cls, state_dict: dict, overrides: dict):
+        """The family config the tensor shapes describe, with `overrides` applied."""
+        raise NotImplementedError
+
+    def encode_chunk(self, video: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """One temporal chunk of pixels (B,3,t,H,W) -> (mean, logvar) of its latent frames."""
+        raise NotImplementedError
+
+    def decode_chunk(self, z: torch.Tensor, ctx) -> torch.Tensor:
+        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,3,t',H,W)."""
+        raise NotImplementedError
+
+    def encode_modules(self) -> list[nn.Module]:
+        return [self.encoder]
+
+    def decode_modules(self) -> list[nn.Module]:
+        return [self.decoder]
+
+    def to_model_space(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latent -> the latent the diffusion model sees."""
+        raise NotImplementedError
+
+    def from_model_space(self, z: torch.Tensor) -> torch.Tensor:
+        """Inverse of `to_model_space`."""
+        raise NotImplementedError
+
+    # --- dtypes and devices --------------------------------------------------------------------
+    @property
+    def encode_dtype(self) -> torch.dtype:
+        return next(self.encode_modules()[0].parameters()).dtype
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return next(self.decode_modules()[0].parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def set_dtypes(self, encode: torch.dtype | None = None, decode: torch.dtype | None = None) -> "VideoVAE":
+        """Cast the encoder and decoder weights separately (bf16 decode is near-lossless, bf16 encode is not)."""
+        for modules, dtype in ((self.encode_modules(), encode), (self.decode_modules(), decode)):
+            if dtype is not None:
+                for module in modules:
+                    module.to(dtype)
+        return self
+
+    # --- the public API (the engine does the work) ------------------------------------------------
+    def encode(self, video: torch.Tensor, temporal_chunk: int | None = None, **kwargs):
+        """Pixels B,3,T,H,W (or an image B,3,H,W) in [-1, 1] -> raw posterior mean.
+
+        Any T >= 1 is accepted: T is padded to the next 4n+1 by repeating the last frame, and H, W to
+        multiples of `spatial_factor` by edge replication; `decode(z, num_frames=T, height=H, width=W)`
+        undoes both. `temporal_chunk` is the number of latent frames computed per step (any value gives
+        the same result; smaller uses less memory). See `streaming.encode` for the other options.
+        """
+        return streaming.encode(self, video, temporal_chunk=temporal_chunk, **kwargs)
+
+    def decode(self, z: torch.Tensor, temporal_chunk: int | None = None, **kwargs) -> torch.Tensor:
+        """Raw latent B,C,T',h,w (or B,C,h,w) -> pixels B,3,T,H,W (or B,3,H,W), not clamped.
+
+        `num_frames`, `height`, `width` trim the result back to the size that was encoded;
+        `temporal_chunk` latent frames are decoded per step. See `streaming.decode`.
+        """
+        return streaming.decode(self, z, temporal_chunk=temporal_chunk, **kwargs)
