@@ -3,7 +3,16 @@
 - `settings.Optimizations`: one flag per optimization, so each can be timed against the
   straightforward path.
 - `norm_act`: fused norm + SiLU (GroupNorm per frame, RMS norm) with float32 statistics.
+- `conv`: convolution dispatch (float32 compute for half precision on CPUs without native kernels;
+  Winograd for eligible CPU convs when the caller enables it).
+- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight.
+- `backend`: process-wide torch switches (cuDNN autotuning, TF32, attention kernel, the PyTorch 2.9
+  conv3d workaround) applied around one encode/decode and restored afterwards.
+- `compile`: torch.compile per encoder/decoder block, falling back to eager with one warning.
 """
+from .backend import BackendFlags
+from .compile import CompileFallback, CompileReport, CompileSettings, compile_blocks, run_with_fallback
+from .conv import conv3d, cpu_has_native
 from .settings import Optimizations
 from .norm_act import (
     group_norm_act,
@@ -15,11 +24,19 @@ from .norm_act import (
 )
 
 __all__ = [
+    "BackendFlags",
+    "CompileFallback",
+    "CompileReport",
+    "CompileSettings",
     "Optimizations",
+    "compile_blocks",
+    "conv3d",
+    "cpu_has_native",
     "group_norm_act",
     "group_norm_apply",
     "group_norm_moments",
     "group_norm_stats",
     "merge_group_moments",
     "rms_norm_act",
+    "run_with_fallback",
 ]

@@ -14,19 +14,27 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import triton_norm
+
+
+def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
+    return enabled and x.is_cuda and triton_norm.available()
+
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def group_norm_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-frame group statistics of x (B,C,T,H,W) -> (mean, rstd), each float32 of shape B,G,T."""
-    mean, var = group_norm_moments(x, groups)
+    mean, var = group_norm_moments(x, groups, triton)
     return mean, torch.rsqrt(var + eps)
 
 
-def group_norm_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
+    if _use_triton(x, triton) and x.dtype != torch.float64:
+        return triton_norm.group_norm_moments(x, groups)
     b, c, t, h, w = x.shape
     grouped = x.reshape(b, groups, c // groups, t, h * w)
     if x.dtype == _stat_dtype(x):
@@ -63,6 +71,7 @@ def group_norm_apply(
     bias: torch.Tensor,
     act: bool,
     out: torch.Tensor | None = None,
+    triton: bool = False,
 ) -> torch.Tensor:
     """(x - mean) * rstd * weight + bias (statistics B,G,T), then SiLU if `act`.
 
@@ -78,6 +87,8 @@ def group_norm_apply(
     shift = shift.reshape(b, c, t, 1, 1)
     if out is None:
         out = torch.empty_like(x)
+    if _use_triton(x, triton) and x.dtype != torch.float64:
+        return triton_norm.scale_shift_act(x, scale.view(b, c, t), shift.view(b, c, t), act, out)
     if x.dtype == scale.dtype:
         torch.addcmul(shift, x, scale, out=out)
     else:
@@ -90,15 +101,18 @@ def group_norm_apply(
     return out
 
 
-def group_norm_act(x, groups, weight, bias, eps, act=True, out=None):
-    """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go."""
-    mean, rstd = group_norm_stats(x, groups, eps)
-    return group_norm_apply(x, mean, rstd, weight, bias, act, out)
+def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False):
+    """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go (Triton kernels on CUDA if `triton`)."""
+    mean, rstd = group_norm_stats(x, groups, eps, triton)
+    return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton)
 
 
-def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True,
+                 out: torch.Tensor | None = None, triton: bool = False) -> torch.Tensor:
     """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma."""
     c = x.shape[1]
+    if _use_triton(x, triton) and x.dim() == 5 and x.dtype != torch.float64:
+        return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
     inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)
     if out is None:

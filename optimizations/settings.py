@@ -25,6 +25,18 @@ class Optimizations:
     native_pixel_shuffle: bool = True
     # Residual adds written in place into the freshly computed branch (autograd is off).
     inplace_residual: bool = True
+    # Causal convs with a zero head (Wan) skip the kernel taps that would only multiply the zero
+    # frames on the first chunk (frame 0 reads 1 of 3 taps): 3x fewer conv MACs for a single image.
+    skip_zero_head_taps: bool = True
+    # Nearest 2x upsample + 3x3 conv (Wan) as four 2x2 "phase" convs at the low resolution, whose
+    # outputs interleave into the 2x image: 16 instead of 36 multiply-adds per input pixel and tap.
+    subpixel_upsample_conv: bool = True
+    # CPU causal convs with a 3x3 spatial kernel (stride 1, >= 96-128 channels) by Winograd F(4x4, 3x3):
+    # 2.25 instead of 9 multiply-adds per output pixel and channel pair, equal up to float32 rounding.
+    winograd_conv: bool = True
+    # On CUDA, the norm + SiLU steps as Triton kernels (triton_norm.py): statistics in one pass
+    # over the group, the scaled SiLU written in a second, into any strided output.
+    triton_norm: bool = True
 
     @classmethod
     def straightforward(cls) -> "Optimizations":

@@ -5,17 +5,26 @@
     z = m.encode(video)        # B,3,T,H,W in [-1, 1] -> raw latent
     y = m.decode(z)            # -> B,3,T,H,W, not clamped
 
-Families: SeedVR2 (`seedvr2`), detected from the checkpoint's keys.
+Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan21`: Wan2.1 and Wan2.2
+A14B) and Wan2.2 (`wan22`: TI2V-5B), the Wan files in upstream/ComfyUI or diffusers key names.
+`m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
+diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
 """
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
 from .seedvr2 import SeedVR2Config, SeedVR2VAE
+from .wan21 import Wan21Config, Wan21VAE
+from .wan22 import Wan22Config, Wan22VAE
 
 __all__ = [
     "CheckpointError",
     "SeedVR2Config",
     "SeedVR2VAE",
     "VideoVAE",
+    "Wan21Config",
+    "Wan21VAE",
+    "Wan22Config",
+    "Wan22VAE",
     "detect_family",
     "load",
     "read_checkpoint",

@@ -12,31 +12,72 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
-    from ..optimizations import Optimizations, group_norm_act, rms_norm_act
+    from ..optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act
 except ImportError:  # plain library use: the repository root is on sys.path
-    from optimizations import Optimizations, group_norm_act, rms_norm_act
+    from optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act
 
 
 class StreamContext:
     """State of one streamed encode or decode.
 
     `cache` maps each temporal module to what it must remember between chunks (for causal convs: the
-    input frames the next chunk still needs). `first_chunk` is True while the chunk that holds frame 0
-    of the clip is processed; several upstream behaviours (head padding, frame-0 special cases) hinge
-    on it.
+    input frames the next chunk still needs, unpadded). `first_chunk` is True while the chunk that
+    holds frame 0 of the clip is processed; several upstream behaviours (head padding, frame-0 special
+    cases) hinge on it. `tiling` is None, or the `tiling.ExactTiling` every conv then runs under.
     """
 
-    def __init__(self, opts: Optimizations):
+    def __init__(self, opts: Optimizations, tiling=None):
         self.opts = opts
         self.first_chunk = True
         self.cache: dict[nn.Module, torch.Tensor] = {}
+        self.tiling = tiling
 
 
 def _triple(v) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
-class CausalConv3d(nn.Conv3d):
+class Conv3d(nn.Conv3d):
+    """nn.Conv3d through the pack's conv dispatch (fast half precision where the CPU lacks it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding)
+
+
+# A producer of conv input: fill(view, rows, cols) writes rows x cols (slices of the unpadded input
+# frame) of the new frames into `view`. Producers are region-aware so exact tiling can ask for a
+# tile plus its halo instead of the whole frame.
+Fill = Callable[[torch.Tensor, slice, slice], object]
+
+
+def _padded_buffer(like: torch.Tensor, shape, head: int, pad, fill: Fill) -> torch.Tensor:
+    """A conv input buffer B,C,head+T,H+top+bottom,W+left+right for new frames of `shape` (B,C,T,H,W).
+
+    `fill` writes the frames into their place and the spatial zero pads (left, right, top, bottom)
+    are zeroed here for all frames; the head frames' interior is left for the caller.
+    """
+    b, c, t, h, w = shape
+    left, right, top, bottom = pad
+    buf = like.new_empty((b, c, head + t, h + top + bottom, w + left + right))
+    fill(buf[:, :, head:, top:top + h, left:left + w], slice(0, h), slice(0, w))
+    if right:
+        buf[..., left + w:].zero_()
+    if bottom:
+        buf[..., top + h:, :].zero_()
+    if left:
+        buf[..., :left].zero_()
+    if top:
+        buf[..., :top, :].zero_()
+    return buf
+
+
+def _interior(buf: torch.Tensor, pad) -> torch.Tensor:
+    """The unpadded frame region of a padded conv buffer (what caches store)."""
+    left, right, top, bottom = pad
+    return buf[..., top:buf.shape[3] - bottom, left:buf.shape[4] - right]
+
+
+class CausalConv3d(Conv3d):
     """Conv3d that is causal in time: output frame t only sees input frames <= t.
 
     The temporal padding is not a conv padding: each call convolves [head | new frames], where head
@@ -58,42 +99,43 @@ class CausalConv3d(nn.Conv3d):
             raise ValueError(f"head must be 'zeros' or 'replicate', got {head!r}")
         self.head_mode = head
         self.head_frames = kt - 1 if head_frames is None else head_frames
+        self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = kt > 1 or self.stride[0] > 1
 
     def forward(self, x: torch.Tensor, ctx: StreamContext, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         opts = ctx.opts
+        if ctx.tiling is not None:
+            # Whole-frame statistics first (per-frame GroupNorm), then tile by tile.
+            stats = norm.stats(x, ctx) if norm is not None else None
+            fill = _norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
+            return ctx.tiling.conv(self, ctx, x.shape, x, fill)
         if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):
             x, norm = norm.act(x, ctx), None
         if not opts.buffered_causal_pad:
             return self._forward_concat(x, ctx)
-        if norm is None:
-            return self.run(ctx, x.shape, x, lambda body: body.copy_(x))
-        return self.run(ctx, x.shape, x, lambda body: norm.act(x, ctx, out=body))
+        if norm is None and not self.temporal and not any(self.buffer_pad):
+            return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
+        return self.run(ctx, x.shape, x, _norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
-    def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Callable[[torch.Tensor], object]) -> torch.Tensor:
-        """Convolve new frames of `shape` (B,C,T,H,W) that `fill(view)` writes into the input buffer.
+    def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
+        """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
 
         The buffer holds [head | new frames] plus any asymmetric spatial padding, so neither the cache
         nor the padding is ever concatenated onto the input (one write instead of write + copy).
         """
-        b, c, t, h, w = shape
+        if ctx.tiling is not None:
+            return ctx.tiling.conv(self, ctx, shape, like, fill)
         head = ctx.cache.get(self) if self.temporal else None
         n_head = head.shape[2] if head is not None else (self.head_frames if ctx.first_chunk else 0)
-        left, right, top, bottom = self.buffer_pad
-        buf = like.new_empty((b, c, n_head + t, h + top + bottom, w + left + right))
-        fill(buf[:, :, n_head:, top:top + h, left:left + w])
-        if right:
-            buf[:, :, n_head:, :, left + w:].zero_()
-        if bottom:
-            buf[:, :, n_head:, top + h:, :].zero_()
-        if left or top:
-            buf[:, :, n_head:, :top].zero_()
-            buf[:, :, n_head:, :, :left].zero_()
+        if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
+                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0]):
+            return self._convolve_after_zeros(_padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
+        buf = _padded_buffer(like, shape, n_head, self.buffer_pad, fill)
         if n_head:
             if head is not None:
-                buf[:, :, :n_head] = head
+                _interior(buf, self.buffer_pad)[:, :, :n_head] = head
             elif self.head_mode == "replicate":
                 buf[:, :, :n_head] = buf[:, :, n_head:n_head + 1]
             else:
@@ -101,44 +143,211 @@ class CausalConv3d(nn.Conv3d):
         return self._convolve(buf, ctx)
 
     def _forward_concat(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        """Straightforward path: F.pad + torch.cat of the head, as the upstream code does."""
-        if any(self.buffer_pad):
-            x = F.pad(x, self.buffer_pad)
+        """Straightforward path: torch.cat of the head + F.pad, as the upstream code does."""
         head = ctx.cache.get(self) if self.temporal else None
         if head is None and ctx.first_chunk and self.head_frames:
-            first = x[:, :, :1]
-            head = first.expand(-1, -1, self.head_frames, -1, -1) if self.head_mode == "replicate" else torch.zeros_like(first).expand(-1, -1, self.head_frames, -1, -1)
+            if self.head_mode == "replicate":
+                head = x[:, :, :1].expand(-1, -1, self.head_frames, -1, -1)
+            else:  # shaped explicitly: x may have no frames (Wan's up3d time_conv on a 1-frame first chunk)
+                head = x.new_zeros(x.shape[:2] + (self.head_frames,) + x.shape[3:])
         if head is not None:
             x = torch.cat([head, x], dim=2)
+        if any(self.buffer_pad):
+            x = F.pad(x, self.buffer_pad)
         return self._convolve(x, ctx)
+
+    def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamContext) -> torch.Tensor:
+        """`_convolve` of [n_head zero frames | buf] (temporal stride 1) without multiplying the zeros.
+
+        Output frame j < n_head reads the zeros through its first n_head - j taps, so it is computed
+        from the remaining taps over buf's first frames; the other outputs are one plain conv of buf.
+        """
+        kt, t = self.kernel_size[0], buf.shape[2]
+        n_out = n_head + t - kt + 1
+        keep = kt - 1  # what the next window still reads: the last kt - 1 frames of [zeros | buf]
+        tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
+        missing = keep - tail.shape[2]
+        ctx.cache[self] = torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2) if missing else tail.clone()
+        wino = ctx.opts.winograd_conv
+        outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
+                       self.padding, winograd=wino) for j in range(min(n_head, n_out))]
+        if t >= kt:
+            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, winograd=wino))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         kt, st = self.kernel_size[0], self.stride[0]
         n = buf.shape[2]
         n_out = (n - kt) // st + 1 if n >= kt else 0
         if self.temporal:
-            # Keep what the next window still reads; clone so the chunk's buffer can be freed.
-            ctx.cache[self] = buf[:, :, n_out * st:].clone()
+            # Keep what the next window still reads (unpadded, as exact tiling stores it too); clone
+            # so the chunk's buffer can be freed.
+            ctx.cache[self] = _interior(buf, self.buffer_pad)[:, :, n_out * st:].clone()
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
             return buf.new_empty((buf.shape[0], self.out_channels, 0, h_out, w_out))
-        return F.conv3d(buf, self.weight, self.bias, self.stride, self.padding)
+        return self.conv5d(buf, ctx)
+
+    def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
+        """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
+        padding = self.padding if padded else (0, 0, 0)
+        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.opts.winograd_conv)
+
+
+def _copy_fill(x: torch.Tensor) -> Fill:
+    return lambda view, rows, cols: view.copy_(x[..., rows, cols])
+
+
+def _norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamContext, stats=None) -> Fill:
+    """SiLU(norm(x)) of a region, with whole-frame statistics `stats` when tiling."""
+    return lambda view, rows, cols: norm.act(x[..., rows, cols], ctx, out=view, stats=stats)
+
+
+class FrameConv2d(nn.Conv2d):
+    """A 2-D conv applied to every frame of B,C,T,H,W input; the weight keeps its 4-D checkpoint shape.
+
+    `spatial_pad` is zero padding (left, right, top, bottom) as in `CausalConv3d`: symmetric padding
+    is done by the conv, asymmetric padding (Wan's right/bottom downsampler pad) in the input buffer.
+    The optimized path convolves the 5-D tensor with a (1, k, k) view of the weight, so frames are
+    never folded into the batch (no transpose copies); no state is carried between chunks.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size: int, stride: int = 1, *, spatial_pad=None):
+        pad = spatial_pad if spatial_pad is not None else (kernel_size // 2,) * 4
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3]
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding=(pad[2], pad[0]) if symmetric else 0)
+        self.spatial_pad = tuple(pad)
+        self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
+        self.head_mode, self.temporal = "zeros", False  # no temporal state: the tiling engine asks
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        if ctx.tiling is not None:
+            return ctx.tiling.conv(self, ctx, x.shape, x, _copy_fill(x))
+        if not ctx.opts.buffered_causal_pad:
+            # Straightforward path, as upstream: frames folded into the batch, F.pad, per-frame conv.
+            b, c, t, h, w = x.shape
+            frames = x.transpose(1, 2).reshape(b * t, c, 1, h, w)
+            if any(self.buffer_pad):
+                frames = F.pad(frames, self.buffer_pad)
+            y = self._convolve(frames, ctx)
+            return y.reshape((b, t) + y.shape[1:2] + y.shape[3:]).transpose(1, 2)
+        if not any(self.buffer_pad):
+            return self._convolve(x, ctx)
+        return self.run(ctx, x.shape, x, _copy_fill(x))
+
+    def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
+        """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
+        if ctx.tiling is not None:
+            return ctx.tiling.conv(self, ctx, shape, like, fill)
+        return self._convolve(_padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
+
+    def _convolve(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return self.conv5d(x, ctx)
+
+    def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
+        """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
+        padding = (0,) + (self.padding if padded else (0, 0))
+        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.opts.winograd_conv)
+
+    def upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
+        if ctx.tiling is not None:
+            return ctx.tiling.local(self._upsampled, x, scale=2, halo=1)
+        return self._upsampled(x)
+
+    def _upsampled(self, x: torch.Tensor) -> torch.Tensor:
+        """conv(nearest 2x upsample of x) for a 3x3, stride-1, padding-1 conv: B,C,T,H,W -> B,C',T,2H,2W.
+
+        Output pixel (2i + a, 2j + b) reads upsampled rows 2i + a - 1 .. 2i + a + 1, i.e. input rows
+        i - 1, i, i (a = 0) or i, i, i + 1 (a = 1), and likewise columns: each of the four phases
+        (a, b) is a 2x2 conv of x whose taps are sums of the 3x3 taps. All four run as one conv
+        with 4C' outputs over x padded by 1 (each phase reads its own 2x2 offset); the results are
+        interleaved into the 2x output. 16 instead of 36 multiply-adds per input pixel per channel pair.
+        """
+        assert self.kernel_size == (3, 3) and self.stride == (1, 1) and self.padding == (1, 1), "3x3 same convs only"
+        b, _, t, h, w = x.shape
+        bias = None if self.bias is None else self.bias.repeat(4)
+        y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1))
+        y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
+        out = x.new_empty((b, self.out_channels, t, 2 * h, 2 * w))
+        phases = out.view(b, self.out_channels, t, h, 2, w, 2)
+        for a in (0, 1):
+            for c in (0, 1):
+                phases[:, :, :, :, a, :, c] = y[:, a, c, :, :, a:a + h, c:c + w]
+        return out
+
+    def _phase_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (4C', C, 2, 2) phase kernels of `upsampled`, summed in float32, cached per weight version."""
+        w = self.weight
+        # inference tensors (weights loaded under torch.inference_mode) carry no version counter
+        key = (w.data_ptr(), 0 if w.is_inference() else w._version, w.device, dtype)
+        cached = getattr(self, "_phase_cache", None)
+        if cached is None or cached[0] != key:
+            rows = w.new_tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32)  # phase, tap, 3x3 row
+            phase = torch.einsum("apk,oikl,cql->acoipq", rows, w.float(), rows).reshape(4 * self.out_channels, self.in_channels, 2, 2)
+            cached = self._phase_cache = (key, phase.to(dtype).contiguous())
+        return cached[1]
+
+
+def upsampling_fill(produce: Callable[[torch.Tensor, torch.Tensor], object], x: torch.Tensor, factor: int = 2) -> Fill:
+    """A `Fill` for frames at `factor` x the resolution of x, from `produce(part, view)`, which writes
+    the whole upsampled image of a region `part` of x into `view`. Regions that do not start and end
+    on the factor grid (tiles with a halo) go through a temporary one source pixel larger."""
+
+    def fill(view: torch.Tensor, rows: slice, cols: slice) -> None:
+        r0, r1 = rows.start // factor, -(-rows.stop // factor)
+        c0, c1 = cols.start // factor, -(-cols.stop // factor)
+        part = x[..., r0:r1, c0:c1]
+        if (r0 * factor, r1 * factor, c0 * factor, c1 * factor) == (rows.start, rows.stop, cols.start, cols.stop):
+            produce(part, view)
+            return
+        full = view.new_empty(view.shape[:-2] + ((r1 - r0) * factor, (c1 - c0) * factor))
+        produce(part, full)
+        dy, dx = rows.start - r0 * factor, cols.start - c0 * factor
+        view.copy_(full[..., dy:dy + view.shape[-2], dx:dx + view.shape[-1]])
+
+    return fill
+
+
+def upsample_nearest_2x(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Nearest-neighbour 2x upsample of the last two dims (..., H, W) -> (..., 2H, 2W).
+
+    One broadcast copy, written into `out` when given (e.g. a conv's input buffer, or a strided view
+    of it). For a factor of exactly 2, 'nearest' and 'nearest-exact' pick the same source pixel
+    (i // 2), so this equals upstream's F.interpolate(..., mode="nearest-exact").
+    """
+    h, w = x.shape[-2:]
+    if out is None:
+        out = x.new_empty(x.shape[:-2] + (2 * h, 2 * w))
+    out.unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(x[..., :, None, :, None])
+    return out
 
 
 class FrameGroupNorm(nn.GroupNorm):
-    """GroupNorm with per-frame statistics over (C/G, H, W) on B,C,T,H,W input (SeedVR2)."""
+    """GroupNorm with per-frame statistics over (C/G, H, W) on B,C,T,H,W input (SeedVR2).
+
+    The statistics span the whole frame, so a tiled caller computes them once (`stats`) and applies
+    them to each tile (`act(tile, stats=...)`): tiles then see exactly the untiled normalisation.
+    """
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return self._normalize(x, ctx, act=False)
 
-    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None) -> torch.Tensor:
-        """SiLU(GroupNorm(x)), written into `out` when given."""
+    def stats(self, x: torch.Tensor, ctx: StreamContext):
+        """Whole-frame (mean, rstd) of x, float32 B,G,T."""
+        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm)
+
+    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+        """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
+        if stats is not None:
+            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm)
         return self._normalize(x, ctx, act=True, out=out)
 
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
-            return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out)
+            return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out,
+                                  triton=ctx.opts.triton_norm)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         y = F.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
@@ -164,12 +373,16 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return self._normalize(x, ctx, act=False)
 
-    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None) -> torch.Tensor:
+    def stats(self, x: torch.Tensor, ctx: StreamContext):
+        """None: the norm is per position, so tiles need no whole-frame statistics."""
+        return None
+
+    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         return self._normalize(x, ctx, act=True, out=out)
 
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
-            return rms_norm_act(x, self.gamma, act=act, out=out)
+            return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm)
         y = F.normalize(x, dim=1) * math.sqrt(x.shape[1]) * self.gamma.view((1, -1) + (1,) * (x.dim() - 2))
         if act:
             y = F.silu(y)

@@ -17,8 +17,10 @@ from safetensors.torch import save_file
 
 from .model import VideoVAE
 from .seedvr2 import SeedVR2VAE
+from .wan21 import Wan21VAE
+from .wan22 import Wan22VAE
 
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE]
+FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Wan22VAE]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")

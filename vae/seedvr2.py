@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .blocks import CausalConv3d, FrameGroupNorm, FrameSelfAttention, StreamContext, residual_add
+from .blocks import CausalConv3d, Conv3d, FrameGroupNorm, FrameSelfAttention, StreamContext, residual_add, upsampling_fill
 from .model import VideoVAE
 
 
@@ -45,7 +45,7 @@ class SeedVR2ResnetBlock3D(nn.Module):
         self.conv1 = _conv(cin, cout)
         self.norm2 = FrameGroupNorm(cfg.norm_num_groups, cout, eps=cfg.eps)
         self.conv2 = _conv(cout, cout)
-        self.conv_shortcut = nn.Conv3d(cin, cout, 1) if cin != cout else None
+        self.conv_shortcut = Conv3d(cin, cout, 1) if cin != cout else None
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         h = self.conv1(x, ctx, norm=self.norm1)
@@ -111,7 +111,7 @@ class SeedVR2Upsample3D(nn.Module):
         super().__init__()
         self.temporal_up = temporal
         self.factor_t = 2 if temporal else 1
-        self.upscale_conv = nn.Conv3d(channels, channels * 4 * self.factor_t, 1)
+        self.upscale_conv = Conv3d(channels, channels * 4 * self.factor_t, 1)
         self.conv = _conv(channels, channels)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -120,7 +120,7 @@ class SeedVR2Upsample3D(nn.Module):
         drop = 1 if (self.temporal_up and ctx.first_chunk) else 0
         shape = (b, c, t * zt - drop, h * 2, w * 2)
         if ctx.opts.native_pixel_shuffle and ctx.opts.buffered_causal_pad:
-            return self.conv.run(ctx, shape, x, lambda body: self._shuffle_into(x, body, drop))
+            return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop), x))
         y = self.upscale_conv(x).reshape(b, 2, 2, zt, c, t, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2)
         y = y.reshape(b, c, t * zt, h * 2, w * 2)
         if drop:

@@ -1,26 +1,71 @@
-"""The streaming engine: runs a whole clip through a `VideoVAE` in temporal chunks.
+"""The streaming engine: runs a whole clip through a `VideoVAE` in temporal chunks and spatial tiles.
 
 Pixel frames and latent frames correspond as 0 <-> 0 and latent i <-> pixels 4i-3..4i, so a chunk of
 c latent frames is 1 + 4(c-1) pixel frames for the first chunk and 4c afterwards. The causal caches
 in the `StreamContext` make every chunking produce the whole-clip result; chunks are written into a
 preallocated output (optionally on another device), so memory does not grow with clip length beyond
-the output itself.
+the output itself. Spatial tiling (`tiling.py`) composes with the chunking.
 """
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .blocks import StreamContext
+from . import tiling as tiles
+from .blocks import CausalConv3d, FrameConv2d, StreamContext
 
 ProgressFn = Callable[[int, int], None]
+CancelFn = Callable[[], bool]
+TILING_MODES = ("exact", "fast")
 
 
-def _pixel_span(chunk_index: int, chunk: int, n_latent: int, temporal_factor: int) -> tuple[int, int]:
-    """Pixel-frame range [start, stop) of latent frames [chunk_index*chunk, (chunk_index+1)*chunk)."""
-    first, last = chunk_index * chunk, min((chunk_index + 1) * chunk, n_latent) - 1
-    start = 0 if first == 0 else temporal_factor * (first - 1) + 1
-    return start, temporal_factor * last + 1
+class Cancelled(RuntimeError):
+    """The `cancel` callback asked the encode/decode to stop (checked after every tile)."""
+
+
+class Steps:
+    """Counts units of work (tile x chunk), reports (done, total) and honours cancellation.
+
+    A chunk is `per_chunk` units: one per tile of every tiled conv under exact tiling (estimated from
+    the model's conv count; `chunk_done` realigns the count at the end of each chunk), else one.
+    """
+
+    def __init__(self, chunks: int, progress: ProgressFn | None, cancel: CancelFn | None, per_chunk: int = 1):
+        self.done, self.per_chunk, self.total = 0, per_chunk, chunks * per_chunk
+        self.progress, self.cancel = progress, cancel
+
+    def check(self) -> None:
+        if self.cancel is not None and self.cancel():
+            raise Cancelled(f"cancelled after {self.done} of {self.total} steps")
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+    def __call__(self) -> None:
+        """One unit done (a tile of a conv, or a chunk of a fast-mode tile), then check cancellation.
+        Under exact tiling the last unit of a chunk is left for `chunk_done`, as the estimate may be high."""
+        if self.per_chunk == 1 or self.done % self.per_chunk != self.per_chunk - 1:
+            self.done += 1
+            self._report()
+        self.check()
+
+    def chunk_done(self, index: int) -> None:
+        self.done = (index + 1) * self.per_chunk
+        self._report()
+        self.check()
+
+
+def _exact_tiling(model, modules, reference_hw, size, steps: Steps):
+    """An ExactTiling for the path through `modules`, or None when one tile covers the frame."""
+    if size is None or (size[0] >= reference_hw[0] and size[1] >= reference_hw[1]):
+        return None
+    tiling = tiles.ExactTiling(reference_hw, size, steps)
+    convs = sum(isinstance(m, (CausalConv3d, FrameConv2d)) for root in modules for m in root.modules())
+    rows, cols = tiling.grid
+    steps.per_chunk = convs * rows * cols
+    steps.total *= steps.per_chunk
+    return tiling
 
 
 def latent_frames(num_frames: int, temporal_factor: int = 4) -> int:
@@ -32,12 +77,41 @@ def pixel_frames(num_latent: int, temporal_factor: int = 4) -> int:
     return temporal_factor * (num_latent - 1) + 1
 
 
+def _pixel_span(chunk_index: int, chunk: int, n_latent: int, temporal_factor: int) -> tuple[int, int]:
+    """Pixel-frame range [start, stop) of latent frames [chunk_index*chunk, (chunk_index+1)*chunk)."""
+    first, last = chunk_index * chunk, min((chunk_index + 1) * chunk, n_latent) - 1
+    start = 0 if first == 0 else temporal_factor * (first - 1) + 1
+    return start, temporal_factor * last + 1
+
+
 def _check_chunk(temporal_chunk: int | None, total: int) -> int:
     if temporal_chunk is None:
         return 1
-    if not isinstance(temporal_chunk, int) or temporal_chunk < 1:
+    if isinstance(temporal_chunk, bool) or not isinstance(temporal_chunk, int) or temporal_chunk < 1:
         raise ValueError(f"temporal_chunk must be a positive number of latent frames, got {temporal_chunk!r}")
     return min(temporal_chunk, total)
+
+
+def _check_tiling(tiling: str, tile_size, tile_overlap):
+    if tiling not in TILING_MODES:
+        raise ValueError(f"tiling must be one of {TILING_MODES}, got {tiling!r}")
+    if tile_size is None:
+        return None, None
+    size, overlap = tiles.as_pair(tile_size), tiles.as_pair(tile_overlap)
+    if min(size) < 1:
+        raise ValueError(f"tile_size must be positive pixels, got {tile_size!r}")
+    if min(overlap) < 0 or overlap[0] >= size[0] or overlap[1] >= size[1]:
+        raise ValueError(f"tile_overlap {tile_overlap!r} must be >= 0 and smaller than tile_size {tile_size!r}")
+    return size, overlap
+
+
+def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
+    image = x.dim() == 4
+    if image:
+        x = x.unsqueeze(2)
+    if x.dim() != 5:
+        raise ValueError(f"{what} must be 5-D B,C,T,H,W or 4-D B,C,H,W; got shape {tuple(x.shape)}")
+    return x, image
 
 
 def encode(
@@ -45,58 +119,82 @@ def encode(
     video: torch.Tensor,
     temporal_chunk: int | None = None,
     *,
+    tile_size=None,
+    tile_overlap=0,
+    tiling: str = "exact",
     return_logvar: bool = False,
     out_device: torch.device | str | None = None,
     progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
 ):
     """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w.
 
     T is padded to 4n+1 by repeating the last frame and H, W to multiples of the spatial factor by
-    edge replication, one chunk at a time (the padded clip is never materialised). With
-    `return_logvar` the result is (mean, logvar).
+    edge replication, one chunk at a time (the padded clip is never materialised). `tile_size` and
+    `tile_overlap` (pixels) tile the frame; `tiling` is "exact" (equals untiled) or "fast"
+    (independent blended tiles). With `return_logvar` the result is (mean, logvar).
     """
-    image = video.dim() == 4
-    if image:
-        video = video.unsqueeze(2)
-    if video.dim() != 5:
-        raise ValueError(f"encode expects pixels B,3,T,H,W or an image B,3,H,W; got shape {tuple(video.shape)}")
+    video, image = _as_video(video, "encode input")
     b, c, t, h, w = video.shape
     if c != model.in_channels:
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
+    size, overlap = _check_tiling(tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
-    hp, wp = -(-h // sf) * sf, -(-w // sf) * sf
     n_lat = latent_frames(t, tf)
     chunk = _check_chunk(temporal_chunk, n_lat)
-    device, dtype = model.device, model.encode_dtype
     out_device = video.device if out_device is None else torch.device(out_device)
     out_dtype = video.dtype if video.dtype.is_floating_point else torch.float32
-    shape = (b, model.latent_channels, n_lat, hp // sf, wp // sf)
+    shape = (b, model.latent_channels, n_lat, -(-h // sf), -(-w // sf))
     mean = torch.empty(shape, dtype=out_dtype, device=out_device)
     logvar = torch.empty(shape, dtype=out_dtype, device=out_device) if return_logvar else None
-    ctx = StreamContext(model.opts)
     n_chunks = -(-n_lat // chunk)
+    grid = tiles.latent_grid(shape[3], shape[4], size, overlap, sf) if size and tiling == "fast" else None
     with torch.inference_mode():
-        for i in range(n_chunks):
-            start, stop = _pixel_span(i, chunk, n_lat, tf)
-            # Frames past the end repeat the last real frame (T -> next 4n+1).
-            index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
-            x = video.index_select(2, index).to(device=device, dtype=dtype)
-            if hp != h or wp != w:
-                x = F.pad(x, (0, wp - w, 0, hp - h, 0, 0), mode="replicate")
-            m, lv = model.encode_chunk(x, ctx)
-            ctx.first_chunk = False
-            lo = i * chunk
-            mean[:, :, lo:lo + m.shape[2]] = m
-            if logvar is not None:
-                logvar[:, :, lo:lo + lv.shape[2]] = lv
-            if progress is not None:
-                progress(i + 1, n_chunks)
+        if grid is None:
+            steps = Steps(n_chunks, progress, cancel)
+            exact = _exact_tiling(model, model.encode_modules(), (shape[3] * sf, shape[4] * sf), size, steps) if size else None
+            _encode_stream(model, video, mean, logvar, chunk, steps, exact)
+        else:
+            steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
+
+            def encode_tile(pixels):
+                tile_shape = (b, model.latent_channels, n_lat, -(-pixels.shape[3] // sf), -(-pixels.shape[4] // sf))
+                m = torch.empty(tile_shape, dtype=out_dtype, device=out_device)
+                lv = torch.empty_like(m) if logvar is not None else None
+                _encode_stream(model, pixels, m, lv, chunk, steps, count=False)
+                return (m, lv) if lv is not None else (m,)
+
+            tiles.encode_fast(video, mean, logvar, grid, sf, encode_tile, steps.check)
     if image:
         mean = mean.squeeze(2)
         logvar = logvar.squeeze(2) if logvar is not None else None
     return (mean, logvar) if return_logvar else mean
+
+
+def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tiling=None, count: bool = True) -> None:
+    """Temporal chunks of `video` through the encoder into the preallocated `mean` (and `logvar`)."""
+    t, h, w = video.shape[2:]
+    sf, tf = model.spatial_factor, model.temporal_factor
+    hp, wp = mean.shape[3] * sf, mean.shape[4] * sf
+    n_lat = mean.shape[2]
+    device, dtype = model.device, model.encode_dtype
+    ctx = StreamContext(model.opts, tiling)
+    for i in range(-(-n_lat // chunk)):
+        start, stop = _pixel_span(i, chunk, n_lat, tf)
+        # Frames past the end repeat the last real frame (T -> next 4n+1).
+        index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
+        x = video.index_select(2, index).to(device=device, dtype=dtype)
+        if hp != h or wp != w:
+            x = F.pad(x, (0, wp - w, 0, hp - h, 0, 0), mode="replicate")
+        m, lv = model.encode_chunk(x, ctx)
+        ctx.first_chunk = False
+        lo = i * chunk
+        mean[:, :, lo:lo + m.shape[2]] = m
+        if logvar is not None:
+            logvar[:, :, lo:lo + lv.shape[2]] = lv
+        steps.chunk_done(i) if count else steps()
 
 
 def decode(
@@ -107,28 +205,30 @@ def decode(
     num_frames: int | None = None,
     height: int | None = None,
     width: int | None = None,
+    tile_size=None,
+    tile_overlap=0,
+    tiling: str = "exact",
     out: torch.Tensor | None = None,
     out_device: torch.device | str | None = None,
     out_dtype: torch.dtype | None = None,
     progress: ProgressFn | None = None,
+    cancel: CancelFn | None = None,
 ) -> torch.Tensor:
     """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
 
     `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
     are written straight into a preallocated buffer (`out`, or a new one on `out_device`).
+    `tile_size` / `tile_overlap` (output pixels) and `tiling` as in `encode`.
     """
-    image = z.dim() == 4
-    if image:
-        z = z.unsqueeze(2)
-    if z.dim() != 5:
-        raise ValueError(f"decode expects a latent B,C,T,h,w or B,C,h,w; got shape {tuple(z.shape)}")
+    z, image = _as_video(z, "decode input")
     b, c, n_lat, h, w = z.shape
     if c != model.latent_channels:
         raise ValueError(
             f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c} channels "
             f"(shape {tuple(z.shape)}); was the latent made by another VAE family?")
-    if n_lat < 1:
-        raise ValueError("decode got a latent with zero frames")
+    if n_lat < 1 or h < 1 or w < 1:
+        raise ValueError(f"decode got an empty latent of shape {tuple(z.shape)}")
+    size, overlap = _check_tiling(tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     full_t, full_h, full_w = pixel_frames(n_lat, tf), h * sf, w * sf
     t_out = full_t if num_frames is None else num_frames
@@ -138,26 +238,44 @@ def decode(
         if not 1 <= value <= limit:
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
     chunk = _check_chunk(temporal_chunk, n_lat)
-    device, dtype = model.device, model.decode_dtype
     shape = (b, 3, t_out, h_out, w_out)
     if out is None:
-        out = torch.empty(shape, dtype=out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32),
-                          device=z.device if out_device is None else out_device)
+        dtype = out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32)
+        out = torch.empty(shape, dtype=dtype, device=z.device if out_device is None else out_device)
     elif tuple(out.shape) != shape:
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
-    ctx = StreamContext(model.opts)
     n_chunks = -(-n_lat // chunk)
-    pos = 0
+    grid = tiles.latent_grid(h, w, size, overlap, sf) if size and tiling == "fast" else None
     with torch.inference_mode():
-        for i in range(n_chunks):
-            zc = z[:, :, i * chunk:(i + 1) * chunk].to(device=device, dtype=dtype)
-            y = model.decode_chunk(zc, ctx)
-            ctx.first_chunk = False
-            n = min(y.shape[2], t_out - pos)
-            out[:, :, pos:pos + n] = y[:, :, :n, :h_out, :w_out]
-            pos += n
-            if progress is not None:
-                progress(i + 1, n_chunks)
-            if pos >= t_out:
-                break
+        if grid is None:
+            steps = Steps(n_chunks, progress, cancel)
+            exact = _exact_tiling(model, model.decode_modules(), (full_h, full_w), size, steps) if size else None
+            _decode_stream(model, z, out, chunk, steps, exact)
+        else:
+            steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
+
+            def decode_tile(zt):
+                tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
+                return _decode_stream(model, zt, tile_out, chunk, steps, count=False)
+
+            tiles.decode_fast(model, z, out, grid, decode_tile, steps.check)
     return out.squeeze(2) if image else out
+
+
+def _decode_stream(model, z, out, chunk, steps: Steps, tiling=None, count: bool = True) -> torch.Tensor:
+    """Temporal chunks of `z` through the decoder into the preallocated `out` (cropped to its size)."""
+    t_out, h_out, w_out = out.shape[2:]
+    device, dtype = model.device, model.decode_dtype
+    ctx = StreamContext(model.opts, tiling)
+    pos = 0
+    for i in range(-(-z.shape[2] // chunk)):
+        zc = z[:, :, i * chunk:(i + 1) * chunk].to(device=device, dtype=dtype)
+        y = model.decode_chunk(zc, ctx)
+        ctx.first_chunk = False
+        n = min(y.shape[2], t_out - pos)
+        out[:, :, pos:pos + n] = y[:, :, :n, :h_out, :w_out]
+        pos += n
+        steps.chunk_done(i) if count else steps()
+        if pos >= t_out:
+            break
+    return out

@@ -1,0 +1,192 @@
+"""Process-wide torch backend flags, applied for the duration of one encode/decode and then restored.
+
+PyTorch keeps cuDNN autotuning, TF32 and the attention backend as global switches. The host
+application (ComfyUI) and other nodes set them too, so StreamVAE never leaves its choices behind:
+`applied(flags)` sets what `BackendFlags` asks for and restores every previous value on exit, also
+when the work inside raises.
+
+    with applied(BackendFlags(tf32=True, attention="flash")):
+        y = model.decode(z)
+
+The PyTorch 2.9 cuDNN conv3d regression (ComfyUI#10373, pytorch#166643): PyTorch 2.9-2.10 stop using
+cuDNN for half-precision conv3d when cuDNN is 9.10-9.14, because of a cuDNN bug seen on one data
+centre GPU, and fall back to a vol2col path that needs ~3x the memory and is several times slower.
+`conv3d_regression_affected()` probes for that combination; while `conv3d_workaround` is on and the
+probe says yes, `cudnn_conv3d` calls cuDNN directly (what ComfyUI core does for its own convs). The
+conv dispatch consults `conv3d_workaround_active()` to route CUDA half-precision convs there.
+"""
+import contextlib
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+
+# The affected window, as ComfyUI core narrowed it down from user reports (cuDNN 9.10.02 up to 9.15,
+# torch 2.9 and 2.10; torch 2.8 uses cuDNN for these convs and is not affected).
+_CUDNN_AFFECTED = (91002, 91500)
+_TORCH_AFFECTED = ((2, 9), (2, 10))
+
+
+@dataclass(frozen=True)
+class BackendFlags:
+    """What to set while StreamVAE runs. `None` leaves a switch as the host has it.
+
+    cudnn_benchmark: let cuDNN time the conv algorithms for each new input shape (faster for fixed
+        tile shapes once warmed up; more memory and a slow first call).
+    tf32: TensorFloat-32 for float32 matmuls and convs on Ampere and newer (10-bit mantissa).
+    attention: scaled-dot-product attention kernel: "auto" (PyTorch picks), "flash", "efficient",
+        "cudnn" or "math" (the reference kernel).
+    conv3d_workaround: call cuDNN directly for half-precision conv3d where the PyTorch 2.9
+        regression is detected (no effect elsewhere).
+    """
+
+    cudnn_benchmark: bool | None = None
+    tf32: bool | None = None
+    attention: str = "auto"
+    conv3d_workaround: bool = True
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+
+
+# --- version probe ---------------------------------------------------------------------------------
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the running torch, e.g. (2, 9) for "2.9.1+cu128"."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+@lru_cache(maxsize=None)
+def conv3d_regression_affected() -> bool:
+    """Whether this install has the PyTorch 2.9 cuDNN conv3d memory regression (NVIDIA CUDA only)."""
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        return False
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if cudnn is None:
+        return False
+    low, high = _TORCH_AFFECTED
+    return _CUDNN_AFFECTED[0] <= cudnn < _CUDNN_AFFECTED[1] and low <= torch_version() <= high
+
+
+def describe() -> str:
+    """One line about the backend, for logs and bug reports."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    text = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'}"
+    if conv3d_regression_affected():
+        text += " (affected by the PyTorch 2.9 cuDNN conv3d memory regression; workaround available)"
+    return text
+
+
+# --- the conv3d workaround -----------------------------------------------------------------------
+
+_state = threading.local()
+
+
+def conv3d_workaround_active() -> bool:
+    """True inside `applied(flags)` with `conv3d_workaround` on, on an affected install."""
+    return getattr(_state, "conv3d_workaround", False)
+
+
+def cudnn_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding) -> torch.Tensor:
+    """conv3d through cuDNN directly (no dilation, no groups), bypassing PyTorch's vol2col fallback."""
+    out = torch.cudnn_convolution(x, weight, list(padding), list(stride), [1, 1, 1], 1,
+                                  benchmark=torch.backends.cudnn.benchmark, deterministic=False, allow_tf32=True)
+    if bias is not None:
+        out += bias.reshape(1, -1, 1, 1, 1)
+    return out
+
+
+def wants_cudnn_conv3d(x: torch.Tensor) -> bool:
+    """Whether a conv3d on `x` should go through `cudnn_conv3d` right now."""
+    return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and conv3d_workaround_active()
+
+
+# --- applying and restoring ------------------------------------------------------------------------
+
+def _tf32_get() -> tuple:
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision"):
+        # torch >= 2.9: reading the legacy allow_tf32 flags after the new API was used raises, and
+        # the other way round, so only the new API is touched where it exists.
+        return ("new", matmul.fp32_precision, conv.fp32_precision)
+    return ("legacy", torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+
+def _tf32_set(saved: tuple) -> None:
+    api, matmul, conv = saved
+    if api == "new":
+        torch.backends.cuda.matmul.fp32_precision = matmul
+        torch.backends.cudnn.conv.fp32_precision = conv
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = conv
+
+
+def _tf32_value(enabled: bool, api: str):
+    if api == "new":
+        return "tf32" if enabled else "ieee"
+    return enabled
+
+
+def _sdpa_context(name: str):
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+    # MATH stays allowed as the fallback, so an input a fast kernel cannot take still runs.
+    return sdpa_kernel([backend, SDPBackend.MATH])
+
+
+@contextlib.contextmanager
+def applied(flags: BackendFlags | None):
+    """Set `flags` for the duration of the block; every previous value is restored on exit."""
+    if flags is None:
+        yield
+        return
+    saved_benchmark = torch.backends.cudnn.benchmark
+    saved_tf32 = _tf32_get()
+    saved_workaround = conv3d_workaround_active()
+    try:
+        if flags.cudnn_benchmark is not None:
+            torch.backends.cudnn.benchmark = flags.cudnn_benchmark
+        if flags.tf32 is not None:
+            value = _tf32_value(flags.tf32, saved_tf32[0])
+            _tf32_set((saved_tf32[0], value, value))
+        _state.conv3d_workaround = flags.conv3d_workaround and conv3d_regression_affected()
+        with _sdpa_context(flags.attention):
+            yield
+    finally:
+        torch.backends.cudnn.benchmark = saved_benchmark
+        _tf32_set(saved_tf32)
+        _state.conv3d_workaround = saved_workaround
+
+
+def to_channels_last_3d(module: torch.nn.Module) -> int:
+    """Store every 5-D conv weight of `module` channels-last (NDHWC); returns how many were changed.
+
+    cuDNN then picks channels-last kernels and produces channels-last outputs, which on torch 2.9 is
+    much faster for conv3d (LightX2V#860). `.to(device)` and `.to(dtype)` keep the layout.
+    """
+    changed = 0
+    for param in module.parameters():
+        if param.dim() == 5 and not param.is_contiguous(memory_format=torch.channels_last_3d):
+            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
+            changed += 1
+    return changed
+
+
+def to_contiguous(module: torch.nn.Module) -> int:
+    """Undo `to_channels_last_3d`: every 5-D weight back to the default layout; returns the count."""
+    changed = 0
+    for param in module.parameters():
+        if param.dim() == 5 and not param.is_contiguous():
+            param.data = param.data.contiguous()
+            changed += 1
+    return changed

@@ -1,0 +1,274 @@
+"""torch.compile for the VAE's blocks, with a clean fallback to eager execution.
+
+Compiling `model.encode` as a whole would trace the streaming engine (Python loops over chunks and
+tiles, cache bookkeeping) and recompile for every clip length. Instead every block of the encoder
+and decoder (a resnet/down/up/mid block, the input and output convs) is compiled in place, on its
+own: the engine feeds blocks fixed tile and chunk shapes, so each block compiles once per shape and
+is reused for every tile and chunk after that.
+
+When the backend cannot work here (inductor needs Triton on GPUs, e.g. Windows without
+triton-windows, and a C++ compiler on CPUs) or a block fails to compile on its first call, every
+block goes back to eager execution and ONE warning says why; nothing crashes. A failure in the
+middle of a clip restarts that encode/decode eagerly (`run_with_fallback`), because the blocks'
+causal caches may already hold part of the failed step.
+
+    report = compile_blocks(model, CompileSettings(mode="max-autotune-no-cudagraphs"))
+    report.status   # "compiled 16 blocks", "eager (fallback: ...)"
+    with dynamo_limits(settings):
+        y = run_with_fallback(model.decode, z)
+"""
+import contextlib
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+log = logging.getLogger("streamvae")
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """Arguments of `torch.compile` for each block, plus dynamo's recompilation limits.
+
+    backend: "inductor" (generates Triton/C++ kernels), "cudagraphs", "eager" (trace only), or a
+        backend callable as torch.compile takes it.
+    mode: inductor mode, one of `MODES`.
+    fullgraph: fail instead of splitting a block at a graph break (then the block runs eager).
+    dynamic: None lets dynamo decide, False compiles one graph per input shape (fixed tiles), True
+        traces shape-generic graphs.
+    recompile_limit: recompilations allowed per block before dynamo runs it eagerly (each tile or
+        chunk shape costs one); torch's `recompile_limit` (formerly `cache_size_limit`).
+    accumulated_recompile_limit: recompilations allowed over all blocks together.
+    """
+
+    backend: str | Callable = "inductor"
+    mode: str = "default"
+    fullgraph: bool = False
+    dynamic: bool | None = False
+    recompile_limit: int = 64
+    accumulated_recompile_limit: int = 512
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+
+@dataclass
+class CompileReport:
+    """What `compile_blocks` did: `compiled` block names, or why everything runs eagerly."""
+
+    compiled: list[str] = field(default_factory=list)
+    fallback_reason: str | None = None
+    warned: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.fallback_reason is not None:
+            return f"eager (fallback: {self.fallback_reason})"
+        return f"compiled {len(self.compiled)} blocks" if self.compiled else "eager"
+
+    def fall_back(self, reason: str) -> None:
+        """Record the reason and warn, once per report."""
+        if self.fallback_reason is None:
+            self.fallback_reason = reason
+        if not self.warned:
+            self.warned = True
+            log.warning("StreamVAE: torch.compile is not usable here, running eager instead: %s", reason)
+
+
+# --- availability ----------------------------------------------------------------------------------
+
+def unavailable_reason(settings: CompileSettings, device: torch.device | str) -> str | None:
+    """Why `settings.backend` cannot compile for `device` here, or None when it should work.
+
+    Checks what can be checked without compiling; a failure during the first real compilation is
+    caught by the blocks themselves.
+    """
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if callable(settings.backend):
+        return None
+    try:
+        from torch import _dynamo
+    except Exception as error:  # a broken install: any import error means "cannot compile"
+        return f"torch._dynamo cannot be imported ({error})"
+    known = set(_dynamo.list_backends(exclude_tags=())) | {"eager", "aot_eager"}
+    if settings.backend not in known:
+        return f"backend {settings.backend!r} is not registered (available: {', '.join(sorted(known))})"
+    device = torch.device(device)
+    if settings.backend == "inductor":
+        if device.type == "cuda" and not _has_triton():
+            return "inductor needs Triton for GPU kernels and it is not installed (on Windows: pip install triton-windows)"
+        if device.type == "cpu" and not _has_cpp_compiler():
+            return "inductor needs a C++ compiler for CPU kernels and none was found"
+    return None
+
+
+def _has_triton() -> bool:
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    try:
+        return bool(has_triton())
+    except Exception:  # has_triton probes the driver; any failure means no usable Triton
+        return False
+
+
+def _has_cpp_compiler() -> bool:
+    try:
+        from torch._inductor import config
+
+        candidates = config.cpp.cxx
+    except Exception:  # inductor missing or broken: nothing to compile with
+        return False
+    if isinstance(candidates, str):
+        candidates = (candidates,)
+    return any(c and shutil.which(c) for c in candidates)
+
+
+# --- compiling -------------------------------------------------------------------------------------
+
+def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules compiled one by one: children of the encoder/decoder modules, lists expanded."""
+    roots = list(model.encode_modules()) + list(model.decode_modules())
+    found = []
+    for root in roots:
+        children = list(root.named_children()) or [("", root)]
+        for name, child in children:
+            items = list(child.named_children()) if isinstance(child, nn.ModuleList) else [("", child)]
+            for sub, module in items:
+                if any(True for _ in module.parameters()):
+                    found.append((".".join(p for p in (type(root).__name__, name, sub) if p), module))
+    return found
+
+
+def _eager_forward(module: nn.Module):
+    """The module's own forward, ignoring a compiled forward installed on the instance."""
+    return type(module).forward.__get__(module)
+
+
+class CompileFallback(RuntimeError):
+    """A block failed to compile in the middle of an encode/decode.
+
+    Blocks carry state between chunks (causal caches), and a block that fails after a graph break
+    may already have run part of its work, so the block cannot simply be re-run eagerly. Every block
+    is eager again when this is raised; run the whole operation again (`run_with_fallback`).
+    """
+
+
+def _guarded(module: nn.Module, compiled, report: CompileReport, all_blocks: list[nn.Module]):
+    """A forward that runs `compiled`; on a compilation failure it reverts every block to eager and
+    raises `CompileFallback`."""
+
+    def forward(*args, **kwargs):
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as error:
+            if not _is_compile_error(error):
+                raise
+            report.fall_back(_describe(error))
+            uncompile_blocks(all_blocks)
+            raise CompileFallback(report.fallback_reason) from error
+
+    return forward
+
+
+def _describe(error: BaseException, limit: int = 400) -> str:
+    """"Type: first line" of a compile error, plus dynamo's "Explanation:" line when it has one."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    if lines and lines[0].endswith(":") and len(lines) > 1:  # "backend='inductor' raised:" + the cause
+        text += f" {lines[1]}"
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+    if explanation:
+        text += f" ({explanation[len('Explanation:'):].strip()})"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def run_with_fallback(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, run once more from the start if a block fell back to eager mid-way."""
+    try:
+        return fn(*args, **kwargs)
+    except CompileFallback:
+        return fn(*args, **kwargs)
+
+
+def _is_compile_error(error: Exception) -> bool:
+    """Failures of dynamo/inductor themselves (not of the model: OOM, cancellation, bad input)."""
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:
+        return False
+    if isinstance(error, TorchDynamoException):
+        return True
+    # Inductor and Triton errors raised outside dynamo's wrappers (e.g. a missing compiler).
+    module = type(error).__module__ or ""
+    return module.startswith(("torch._inductor", "triton"))
+
+
+def compile_blocks(model: nn.Module, settings: CompileSettings, device=None) -> CompileReport:
+    """Compile every block of `model` in place (see `blocks`); returns what happened.
+
+    `device` is where the model will run (default: where its weights are now); it decides which
+    toolchain the backend needs. Calling it again first restores the eager blocks.
+    """
+    report = CompileReport()
+    found = blocks(model)
+    uncompile_blocks([m for _, m in found])
+    if device is None:
+        device = next(model.parameters()).device
+    reason = unavailable_reason(settings, device)
+    if reason is not None:
+        report.fall_back(reason)
+        return report
+    options = dict(backend=settings.backend, fullgraph=settings.fullgraph, dynamic=settings.dynamic)
+    if settings.backend == "inductor" and settings.mode != "default":
+        options["mode"] = settings.mode
+    modules = [m for _, m in found]
+    for name, module in found:
+        try:
+            compiled = torch.compile(_eager_forward(module), **options)
+        except Exception as error:  # torch.compile itself rejected the arguments
+            report.fall_back(f"torch.compile failed for {name}: {error}")
+            uncompile_blocks(modules)
+            return report
+        module.forward = _guarded(module, compiled, report, modules)
+        report.compiled.append(name)
+    return report
+
+
+def uncompile_blocks(modules) -> None:
+    """Remove compiled forwards installed by `compile_blocks` (eager execution again)."""
+    for module in modules:
+        module.__dict__.pop("forward", None)
+
+
+def is_compiled(module: nn.Module) -> bool:
+    return "forward" in module.__dict__
+
+
+@contextlib.contextmanager
+def dynamo_limits(settings: CompileSettings | None):
+    """Apply `settings`' recompilation limits to dynamo for the duration of the block."""
+    if settings is None:
+        yield
+        return
+    try:
+        from torch._dynamo import config
+    except ImportError:
+        yield
+        return
+    wanted = {}
+    for names, value in ((("recompile_limit", "cache_size_limit"), settings.recompile_limit),
+                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), settings.accumulated_recompile_limit)):
+        name = next((n for n in names if hasattr(config, n)), None)
+        if name is not None:
+            wanted[name] = value
+    with config.patch(wanted):
+        yield

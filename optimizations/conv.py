@@ -1,0 +1,73 @@
+"""Convolution dispatch.
+
+On the CPU, float32 convs go straight to oneDNN: PyTorch's own heuristic sends convs with few
+channels (< 64) to an im2col fallback that is 2-5x slower here. On CPUs without native bf16/fp16
+convolution kernels (no AVX-512 BF16 / AMX; oneDNN then falls back to a reference kernel about 40x
+slower than float32 here), half-precision convs are computed in float32 and rounded back: the
+result is the same up to rounding and the speed is float32's. Stride-1 3x3 spatial convs with
+enough channels take the Winograd kernel (`winograd.py`, 4x fewer multiply-adds) when the caller
+passes `winograd=True`: the switch lives in `Optimizations`, which this module never sees.
+"""
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from .winograd import winograd_conv3d
+
+# Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
+# saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep
+# --threads 1): kt=3 gains 0.93x at 32 channels, 1.3x at 64, 1.9x at 128, 2.6x at 512; kt=1 0.86x at
+# 64, 1.3x at 128, 1.7x at 256. Below 96 channels the gain is small and its rounding noise, a few
+# times oneDNN's there, would show in the tiny test models' 1e-5 chunking tests: they keep oneDNN.
+WINOGRAD_MIN_CHANNELS = 96  # min(Cin, Cout)
+WINOGRAD_MIN_CHANNEL_TAPS = 128  # kt * min(Cin, Cout)
+
+
+@lru_cache(maxsize=None)
+def cpu_has_native(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs `dtype` convolutions natively (probed once per dtype)."""
+    probe = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
+    if probe is None:
+        return True
+    check = getattr(torch.ops.mkldnn, probe, None)
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:
+        return False
+
+
+def _cpu_conv3d(x, weight, bias, stride, padding):
+    if torch.backends.mkldnn.is_available() and x.dtype == torch.float32:
+        return torch.ops.aten.mkldnn_convolution(x, weight, bias, list(padding), list(stride), [1, 1, 1], 1)
+    return F.conv3d(x, weight, bias, stride, padding)
+
+
+def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> bool:
+    """Whether `conv3d` may run this conv by Winograd: CPU, 3x3 spatial kernel, stride 1, padding
+    (0, 1, 1), enough channels, float32 (or half precision that is computed in float32 here anyway)
+    and no autograd."""
+    cout, cin, kt, kh, kw = weight.shape
+    return (x.device.type == "cpu" and x.dim() == 5 and (kh, kw) == (3, 3)
+            and tuple(stride) == (1, 1, 1) and tuple(padding) == (0, 1, 1) and x.shape[2] >= kt
+            and min(cin, cout) >= WINOGRAD_MIN_CHANNELS and kt * min(cin, cout) >= WINOGRAD_MIN_CHANNEL_TAPS
+            and (x.dtype == torch.float32
+                 or (x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype)))
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
+           *, winograd: bool = False) -> torch.Tensor:
+    """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
+
+    `winograd`: allow the Winograd kernel where `winograd_eligible` (the caller's
+    `Optimizations.winograd_conv`); equal to oneDNN up to float32 rounding.
+    """
+    if x.device.type != "cpu":
+        return F.conv3d(x, weight, bias, stride, padding)
+    if winograd and winograd_eligible(x, weight, stride, padding):
+        return winograd_conv3d(x, weight, bias)
+    if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
+        out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)
+        return out.to(x.dtype)
+    return _cpu_conv3d(x, weight, bias, stride, padding)

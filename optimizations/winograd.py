@@ -1,0 +1,258 @@
+"""Winograd F(m x m, 3 x 3) convolution: the 3x3 spatial part of stride-1 causal conv3d on the CPU.
+
+Computes what `F.conv3d(x, w, b, stride=1, padding=(0, 1, 1))` does for x (B,Cin,T,H,W) and
+w (Cout,Cin,kt,3,3), i.e. out[:, :, t] = sum_k conv2d(x[:, :, t + k], w[:, :, k], padding=1) + b,
+output (B,Cout,T-kt+1,H,W). A direct 3x3 conv spends 9 multiply-adds per output pixel and channel
+pair; F(m, 3) gets an m x m output tile from an (m+2) x (m+2) input tile with (m+2)^2 of them:
+2.25 instead of 9 for m = 4 (4x less arithmetic), 4 for m = 2. The price is two cheap
+(memory-bound) transforms and more rounding as m grows.
+
+The work is cut into jobs (batch element x slab of tile rows, x output channels when there are
+fewer slabs than threads), run on one thread per core. A job walks its frames; with P = (m+2)^2
+Winograd positions and N tiles per frame in the slab, everything float32:
+1. the frame's slab rows plus their one-pixel zero halo: S (Cin, Hs, Ws);
+2. the overlapping (m+2) x (m+2) tiles gathered position-major: D (P, Cin, N);
+3. input transform, one GEMM: V = (B^T kron B^T) @ D, kept in a ring of the last kt frames;
+4. per output frame t, per temporal tap k, one batched GEMM over the P positions, accumulated:
+   M = sum_k U[k] @ V[t + k] (U (kt, P, Cout, Cin) is the cached filter transform). Summing the
+   taps in K = kt*Cin at once would need the kt frames adjacent in memory; per tap, the ring keeps
+   the working set per frame constant, and the shorter sums round a little less;
+5. output transform, Y = (A^T kron A^T) @ M, scattered into the frame's m x m tiles + bias.
+Every output frame is computed by GEMMs of the same shapes whatever T is (the slab height does not
+depend on T), so a clip run in any temporal chunking gives bit-identical frames, as with oneDNN.
+The jobs in flight hold at most one output frame's size (or 32 MiB) of working memory.
+"""
+import math
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+# Interpolation points (plus the point at infinity) of each tile size. For m = 4 the asymmetric set
+# {0, 1, -1, 2, -1/2} has smaller, better balanced transform entries than the textbook {0, +-1, +-2}:
+# on a 256-channel conv its float32 error was 2.7x smaller (max) and 1.5x (rms), and it beat
+# {0, +-1, +-1/2} and {0, 1, -1, 1/2, -2} too.
+POINTS = {
+    2: (0, 1, -1),
+    4: (0, 1, -1, 2, Fraction(-1, 2)),
+    6: (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2)),
+}
+DEFAULT_TILE = 4
+# Working-set budget of the jobs in flight: one output frame's size, but at least this, so small layers
+# still run as a few large GEMMs (their memory is negligible) instead of many small ones.
+MIN_WORKSPACE_BYTES = 32 << 20
+# GEMM columns (tiles per frame) a slab aims for: MKL needs about this many to run near its peak; more
+# only grow the working set past the caches.
+SLAB_COLUMNS = 256
+# Output channels per part when a conv is split by channels to give every thread work.
+MIN_PART_CHANNELS = 64
+# Jobs run on worker threads only with OpenMP, whose thread counts are per thread (see _run_parallel).
+_OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+# Filter transforms: id(anchor) -> (weakref to anchor, its version, {view key: U}), the anchor being the
+# weight tensor or, for a view of one (weight.unsqueeze(2), a slice), its base. An entry is dropped
+# when its anchor is freed (weakref.finalize), so no model's transforms outlive it. Not a
+# WeakKeyDictionary: that compares keys with ==, which for tensors is elementwise.
+_FILTER_CACHE: dict[int, tuple] = {}
+
+
+@lru_cache(maxsize=None)
+def winograd_matrices(m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(A^T (m, a), G (a, 3), B^T (a, a)) float64 for F(m, 3), a = m + 2, such that for an input row
+    d (a) and filter g (3): A^T ((G g) * (B^T d)) == [sum_k d[i + k] g[k] for i < m] (correlation).
+
+    Toom-Cook with the points of POINTS[m] and infinity, built exactly with fractions: evaluation
+    at the points (A^T, G), interpolation through the Lagrange basis (B^T, its denominators in G).
+    """
+    pts = [Fraction(p) for p in POINTS[m]]
+    a = m + 2
+
+    def poly(roots):  # coefficients (lowest power first, length a) of prod (x - root)
+        coeffs = [Fraction(1)]
+        for root in roots:
+            coeffs = [(coeffs[i - 1] if i else 0) - root * (coeffs[i] if i < len(coeffs) else 0)
+                      for i in range(len(coeffs) + 1)]
+        return coeffs + [Fraction(0)] * (a - len(coeffs))
+
+    def denom(j):
+        out = Fraction(1)
+        for i, p in enumerate(pts):
+            out *= pts[j] - p if i != j else 1
+        return out
+
+    at = [[p ** i for p in pts] + [Fraction(int(i == m - 1))] for i in range(m)]
+    g = [[p ** k / denom(j) for k in range(3)] for j, p in enumerate(pts)] + [[0, 0, 1]]
+    bt = [poly(pts[:j] + pts[j + 1:]) for j in range(a - 1)] + [poly(pts)]
+    as_tensor = lambda rows: torch.tensor([[float(v) for v in row] for row in rows], dtype=torch.float64)
+    return as_tensor(at), as_tensor(g), as_tensor(bt)
+
+
+@lru_cache(maxsize=None)
+def _filter_matrix(m: int) -> torch.Tensor:
+    """G kron G (P, 9) float32: the 2-D filter transform of flattened 3x3 kernels."""
+    _, g, _ = winograd_matrices(m)
+    return torch.kron(g, g).float()
+
+
+@lru_cache(maxsize=None)
+def _data_transforms(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B^T kron B^T (P, P), A^T kron A^T (m^2, P)) float32: the 2-D transforms of flattened tiles."""
+    at, _, bt = winograd_matrices(m)
+    return torch.kron(bt, bt).float(), torch.kron(at, at).float()
+
+
+def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE) -> torch.Tensor:
+    """U (kt, P, Cout, Cin) float32 of weight (Cout, Cin, kt, 3, 3): U[k, p] is position p of
+    G w[:, :, k] G^T. Cached per weight tensor (or view of one) and recomputed when it changes in
+    place (version counter). 4x the weight's float32 size (P = 36 positions per 9 taps).
+
+    One batched GEMM (G kron G) @ w in float32: a float64 transform is 4-5x slower (the first decode
+    computes every layer's) and only moves the conv's rms error by 2-3%."""
+    anchor = weight if weight._base is None else weight._base
+    version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
+    entry = _FILTER_CACHE.get(id(anchor))
+    if entry is None or entry[0]() is not anchor:
+        weakref.finalize(anchor, _FILTER_CACHE.pop, id(anchor), None)
+        entry = None
+    if entry is None or entry[1] != version:
+        entry = _FILTER_CACHE[id(anchor)] = (weakref.ref(anchor), version, {})
+    key = (m, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+    if key not in entry[2]:
+        cout, cin, kt = weight.shape[:3]
+        with torch.no_grad():
+            taps = weight.detach().to("cpu", torch.float32).permute(2, 3, 4, 0, 1).reshape(kt, 9, cout * cin)
+            entry[2][key] = torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
+    return entry[2][key]
+
+
+def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    m: int = DEFAULT_TILE) -> torch.Tensor:
+    """F.conv3d(x, weight, bias, stride=1, padding=(0, 1, 1)) by Winograd F(m x m, 3 x 3).
+
+    x (B,Cin,T,H,W) on the CPU, any float dtype (computed in float32, returned in x.dtype);
+    weight (Cout,Cin,kt,3,3) with T >= kt; any H, W >= 1. Returns (B,Cout,T-kt+1,H,W), contiguous.
+    """
+    b, cin, t_in, h, w = x.shape
+    cout, _, kt = weight.shape[:3]
+    n_h, n_w = -(-h // m), -(-w // m)
+    u = filter_transform(weight, m)
+    bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
+    out = x.new_empty((b, cout, t_in - kt + 1, h, w))
+    threads = torch.get_num_threads() if _OPENMP else 1
+
+    # Slab height in tile rows: about SLAB_COLUMNS tiles, with the buffers of the jobs in flight
+    # (per tile row: d, kt frames of v, mt, y; and S) within one output frame's size or the floor.
+    # It never depends on T, nor then do the GEMM shapes.
+    p = (m + 2) ** 2
+    row_bytes = 4 * n_w * ((kt + 1) * p * cin + (p + m * m) * cout) + x.element_size() * cin * m * (n_w * m + 2)
+    budget = max(out[0, :, 0].nbytes, MIN_WORKSPACE_BYTES) // threads
+    rows = max(1, min(n_h, -(-SLAB_COLUMNS // n_w), budget // row_bytes))
+    rows = -(-n_h // -(-n_h // rows))  # equal slabs: no small last slab with a slow, narrow GEMM
+    slabs = [(i, r0, min(r0 + rows, n_h)) for i in range(b) for r0 in range(0, n_h, rows)]
+    # Fewer slabs than threads (small frames, many channels): split the output channels as well; each
+    # part repeats the slab's input transform, which is small next to its GEMMs there.
+    parts = threads if len(slabs) < threads and cout >= threads * MIN_PART_CHANNELS else 1
+    step = -(-cout // parts)
+    jobs = [(i, r0, r1, slice(c, c + step)) for i, r0, r1 in slabs for c in range(0, cout, step)]
+
+    # One float32 workspace per thread, reused by its jobs: no allocator churn or fresh pages per job.
+    local = threading.local()
+
+    def workspace(numel: int) -> torch.Tensor:
+        if getattr(local, "buffer", None) is None or local.buffer.numel() < numel:
+            local.buffer = torch.empty(numel, dtype=torch.float32)
+        return local.buffer[:numel]
+
+    def run(job):
+        i, r0, r1, chans = job
+        _job(x[i], out[i, chans], u[:, :, chans], None if bias32 is None else bias32[chans], m, r0, r1, workspace)
+
+    if threads > 1:
+        _run_parallel(run, jobs, min(threads, len(jobs)))
+    else:
+        for job in jobs:
+            run(job)
+    return out
+
+
+def _run_parallel(run, jobs, workers: int) -> None:
+    """run(job) for every job on `workers` threads, each running its torch ops single-threaded.
+
+    A job is a chain of mid-sized ops; run one after another with every op split over all cores,
+    each op pays a fork/join, and on a busy machine a join waits for a descheduled thread
+    (measured: several ms per op, slower than one thread). Whole jobs per core have no joins and
+    keep each job in its core's cache; single-threaded MKL also computes a GEMM of given shapes the
+    same way every time. torch.set_num_threads sets the calling thread's OpenMP/MKL team
+    (thread-local) and the process default (global), which is restored afterwards.
+    """
+    threads, inference = torch.get_num_threads(), torch.is_inference_mode_enabled()
+
+    def work(job):
+        torch.set_num_threads(1)
+        # Grad and inference mode are thread-local: take the caller's (its tensors may be inference
+        # tensors, which only inference mode may write).
+        with torch.inference_mode(inference), torch.no_grad():
+            run(job)
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(work, jobs))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace) -> None:
+    """Output tile rows [r0, r1) of x (Cin,T,H,W) -> out (Cout,T-kt+1,H,W), all frames, with
+    u (kt, P, Cout, Cin) and bias (Cout, 1, 1, 1, 1) or None for those output channels; the float32
+    buffers are carved from workspace(numel)."""
+    cin, t_in, h, w = x.shape
+    cout, t_out = out.shape[:2]
+    a, n_r, n_w, kt = m + 2, r1 - r0, -(-w // m), u.shape[0]
+    p, n = a * a, n_r * n_w
+    kb, ka = _data_transforms(m)
+    top, lo, hi = r0 * m - 1, max(r0 * m - 1, 0), min(r1 * m + 1, h)
+    pad = (1, n_w * m + 1 - w, lo - top, n_r * m + 2 + top - hi)
+    # d: gathered tiles, v: ring of the last kt transformed frames, mt: GEMM output, y: output tiles.
+    shapes = [(a, a, cin, n_r, n_w), (kt, p, cin, n), (p, cout, n), (m, m, cout, n_r, n_w)]
+    sizes = [math.prod(shape) for shape in shapes]
+    d, v, mt, y = (b.view(shape) for b, shape in zip(workspace(sum(sizes)).split(sizes), shapes))
+    tiles = y.permute(2, 3, 0, 4, 1)  # (Cout, rows, m, cols, m)
+    for f in range(t_in):
+        # 1.-3. The frame's slab rows r0*m-1 .. r1*m, zero padded where they leave the image (and for
+        #    the right columns of a partial last tile); its a x a tiles (stride m) gathered
+        #    position-major in float32; the input transform into the ring.
+        s = F.pad(x[:, f, lo:hi], pad)
+        d.copy_(s.unfold(1, a, m).unfold(2, a, m).permute(3, 4, 0, 1, 2))
+        torch.mm(kb, d.view(p, -1), out=v[f % kt].view(p, -1))
+        t = f - kt + 1
+        if t < 0:
+            continue
+        # 4. Output frame t: one GEMM per position and temporal tap (frames t..t+kt-1), accumulated.
+        torch.bmm(u[0], v[t % kt], out=mt)
+        for k in range(1, kt):
+            mt.baddbmm_(u[k], v[(t + k) % kt])
+        # 5. Output transform, scattered into the m x m tiles (cropped at the image edge) + bias.
+        torch.mm(ka, mt.view(p, -1), out=y.view(m * m, -1))
+        for rows, hr in _tile_runs(min(r1 * m, h) - r0 * m, m):
+            for cols, wr in _tile_runs(w, m):
+                src = tiles[:, rows, :hr, cols, :wr]
+                y0, x0 = (r0 + rows.start) * m, cols.start * m
+                dst = out[:, t, y0:y0 + src.shape[1] * hr, x0:x0 + src.shape[3] * wr]
+                dst = dst.unflatten(2, (src.shape[3], wr)).unflatten(1, (src.shape[1], hr))
+                if bias is None:
+                    dst.copy_(src)
+                else:
+                    torch.add(src, bias, out=dst)
+
+
+def _tile_runs(size: int, m: int):
+    """Runs of tiles covering `size` pixels: (full tiles, m) and, when size % m, (last tile, size % m)."""
+    full = size // m
+    runs = [(slice(0, full), m)] if full else []
+    if size % m:
+        runs.append((slice(full, full + 1), size % m))
+    return runs

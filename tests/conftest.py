@@ -1,0 +1,109 @@
+"""Shared fixtures: a real ComfyUI server (`comfy_server`, `comfy_client`) and its real frontend
+(`comfy_browser`). Both are started once per session, on first use, by tests marked `comfy` /
+`browser`; without `.ci/setup` those tests skip (locally) or fail (CI=true).
+
+    @pytest.mark.comfy
+    def test_something(comfy_server, comfy_client):
+        comfy_server.assert_pack_imported()
+        entry = comfy_client.run(prompt)            # queue + websocket wait + /history
+        assert entry["status"]["status_str"] == "success"
+
+    @pytest.mark.browser
+    def test_workflow(comfy_browser, comfy_client):
+        comfy_browser.load_workflow(ui_json).assert_clean()
+        comfy_client.run(comfy_browser.graph_to_prompt())
+
+The repository root is a ComfyUI pack. pytest >= 8 imports its `__init__.py` while setting up the
+root `Package` collector; that file imports nothing at module level (ComfyUI and our node layer are
+imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps true. There is no
+tests/__init__.py, so test modules are not part of the pack.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# The harness is imported as the top-level package `comfy_support` from this folder rather than as
+# `tests.comfy_support`, which would depend on `tests` resolving to our namespace package.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from comfy_support import environment  # noqa: E402  (needs the path entry above)
+
+SERVER_FIXTURES = {"comfy_server", "comfy_client"}
+BROWSER_FIXTURES = {"comfy_browser"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & (SERVER_FIXTURES | BROWSER_FIXTURES):
+            item.add_marker(pytest.mark.comfy)
+        if used & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+
+
+@pytest.fixture(scope="session")
+def comfy_server(tmp_path_factory):
+    """A running ComfyUI server (`comfy_support.server.ComfyServer`), shared by the whole session.
+
+    Attributes: `url`, `base` (its base directory), `log` (text so far), `log_tail()`,
+    `assert_pack_imported()`, `client()`. Fails every dependent test with the log tail if the server
+    cannot start.
+    """
+    environment.require_comfyui()
+    environment.require_fixtures()
+    from comfy_support.server import ComfyServer, ServerDied, build_base_directory
+
+    base = build_base_directory(tmp_path_factory.mktemp("comfyui"))
+    server = ComfyServer(base)
+    failure = None
+    try:
+        server.start()
+    except ServerDied as error:
+        failure = str(error)
+    if failure:  # failed outside the except block, so the report is the log, not a chained traceback
+        pytest.fail(failure, pytrace=False)
+    yield server
+    server.stop()
+    # pytest keeps old temp dirs around; do not leave a link into the working tree in them.
+    (base / "custom_nodes" / environment.PACK_FOLDER).unlink()
+
+
+@pytest.fixture
+def comfy_client(comfy_server):
+    """A fresh `comfy_support.client.ComfyClient` (own client id and websocket) for one test."""
+    _fail_if_dead(comfy_server)
+    client = comfy_server.client()
+    yield client
+    client.close()
+    _fail_if_dead(comfy_server)
+
+
+def _fail_if_dead(server) -> None:
+    if not server.alive:
+        pytest.fail(f"ComfyUI is no longer running\n{server.log_tail()}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def comfy_browser(comfy_server):
+    """The ComfyUI frontend in headless chromium (`comfy_support.browser.ComfyPage`), one tab for the
+    session, every non-loopback request aborted. Helpers: `load_workflow(ui) -> LoadReport`,
+    `graph_to_prompt()`, `graph_to_workflow()`, `screenshot(path)`, `evaluate(js)`, `log`.
+    """
+    environment.require_chromium()
+    from comfy_support.browser import ComfyPage
+
+    page = ComfyPage(comfy_server.url)
+    failure = None
+    try:
+        page.launch()
+    except Exception as error:  # playwright errors and timeouts: report them with both logs
+        failure = (f"the ComfyUI frontend did not start: {error}\n"
+                   f"console errors: {page.log.console_errors}\n{comfy_server.log_tail()}")
+    if failure:
+        page.close()
+        pytest.fail(failure, pytrace=False)
+    yield page
+    page.close()

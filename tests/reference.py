@@ -1,0 +1,50 @@
+"""Access to the shared reference fixtures (../shared/reference/<family>/) for the tests.
+
+The fixtures are produced by the upstream implementations; tests compare against them and never
+write to them. `STREAMVAE_SHARED` overrides where the shared folder is (default: beside the repo).
+"""
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shared_dir() -> Path:
+    path = Path(os.environ.get("STREAMVAE_SHARED", REPO.parent / "shared"))
+    if not (path / "reference").is_dir():
+        pytest.fail(f"shared fixtures not found at {path}; set STREAMVAE_SHARED to the folder holding reference/")
+    return path
+
+
+def reference_dir(family: str) -> Path:
+    return shared_dir() / "reference" / family
+
+
+def tiny_checkpoint(family: str) -> Path:
+    return reference_dir(family) / "tiny_vae.safetensors"
+
+
+# The one config value the tiny SeedVR2 checkpoint's shapes cannot tell (the released file uses 32).
+TINY_CONFIG_OVERRIDES = {"seedvr2": {"norm_num_groups": 8}, "wan21": {}, "wan22": {}}
+
+
+@lru_cache(maxsize=None)
+def tensors(family: str, name: str) -> dict:
+    """A fixture safetensors file as a dict of tensors (cached; callers must not modify them)."""
+    return load_file(str(reference_dir(family) / name))
+
+
+@lru_cache(maxsize=None)
+def manifest(family: str) -> dict:
+    return json.loads((reference_dir(family) / "manifest_full.json").read_text())
+
+
+def load_tiny(family: str, **kwargs):
+    import vae
+
+    return vae.load(tiny_checkpoint(family), config=TINY_CONFIG_OVERRIDES[family], **kwargs)

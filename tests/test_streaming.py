@@ -1,0 +1,126 @@
+"""The streaming engine: any temporal chunking equals the whole clip; padding and trimming lose no
+frame; memory does not grow with clip length. Runs for every registered family."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import vae
+from tests.reference import REPO, load_tiny
+
+FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return load_tiny(request.param)
+
+
+def random_video(model, frames, height=None, width=None, batch=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sf = model.spatial_factor
+    h = height or 3 * sf
+    w = width or 2 * sf
+    return torch.rand(batch, 3, frames, h, w, generator=g) * 2 - 1
+
+
+def random_latent(model, frames, h=3, w=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, model.latent_channels, frames, h, w, generator=g)
+
+
+def test_every_encode_chunk_equals_whole_clip(model):
+    video = random_video(model, 21)  # 6 latent frames
+    whole = model.encode(video, temporal_chunk=6)
+    assert whole.shape[2] == 6
+    for chunk in range(1, 6):
+        torch.testing.assert_close(model.encode(video, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+
+
+def test_every_decode_chunk_equals_whole_clip(model):
+    z = random_latent(model, 6)
+    whole = model.decode(z, temporal_chunk=6)
+    assert whole.shape[2] == 21
+    for chunk in range(1, 6):
+        torch.testing.assert_close(model.decode(z, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("frames", [1, 2, 5, 6, 8])
+def test_frame_count_padding_loses_nothing(model, frames):
+    """T is padded to the next 4n+1 by repeating the last frame; decode(num_frames=T) trims back."""
+    video = random_video(model, frames)
+    z = model.encode(video)
+    padded = (frames - 1 + 3) // 4 * 4 + 1
+    assert z.shape[2] == (padded - 1) // 4 + 1
+    repeated = torch.cat([video, video[:, :, -1:].expand(-1, -1, padded - frames, -1, -1)], dim=2)
+    torch.testing.assert_close(z, model.encode(repeated), atol=1e-6, rtol=0)
+    out = model.decode(z, num_frames=frames)
+    assert out.shape == video.shape
+    torch.testing.assert_close(out, model.decode(z)[:, :, :frames], atol=0, rtol=0)
+
+
+def test_spatial_padding_and_crop(model):
+    sf = model.spatial_factor
+    video = random_video(model, 5, height=2 * sf + 3, width=sf + 5, batch=2)
+    z = model.encode(video)
+    assert z.shape[-2:] == (3, 2)
+    padded = torch.nn.functional.pad(video, (0, sf - 5, 0, sf - 3, 0, 0), mode="replicate")
+    torch.testing.assert_close(z, model.encode(padded), atol=1e-6, rtol=0)
+    out = model.decode(z, num_frames=5, height=2 * sf + 3, width=sf + 5)
+    assert out.shape == video.shape
+
+
+def test_batch_items_are_independent(model):
+    video = random_video(model, 5, batch=2)
+    z = model.encode(video)
+    torch.testing.assert_close(z[1:], model.encode(video[1:]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(model.decode(z)[1:], model.decode(z[1:]), atol=1e-5, rtol=0)
+
+
+def test_decode_into_a_preallocated_output(model):
+    z = random_latent(model, 3)
+    expected = model.decode(z)
+    out = torch.full(expected.shape, float("nan"))
+    result = model.decode(z, temporal_chunk=1, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_latent_channel_mismatch_is_explained(model):
+    z = torch.zeros(1, model.latent_channels + 1, 2, 3, 3)
+    with pytest.raises(ValueError, match="latent"):
+        model.decode(z)
+
+
+def test_bad_temporal_chunk_is_rejected(model):
+    with pytest.raises(ValueError, match="temporal_chunk"):
+        model.decode(random_latent(model, 2), temporal_chunk=0)
+
+
+PEAK_SCRIPT = textwrap.dedent("""
+    import resource, sys, torch
+    sys.path.insert(0, {repo!r})
+    from tests.reference import load_tiny
+    m = load_tiny({family!r})
+    z = torch.randn(1, m.latent_channels, {latent}, {size}, {size})
+    out = torch.empty(1, 3, 4 * ({latent} - 1) + 1, {size} * m.spatial_factor, {size} * m.spatial_factor)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    m.decode(z, temporal_chunk=1, out=out)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 - out.numel() * 4)
+""")
+
+
+def _decode_peak_beyond_output(family, latent, size):
+    script = PEAK_SCRIPT.format(repo=str(REPO), family=family, latent=latent, size=size)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO)
+    return int(result.stdout.strip().splitlines()[-1])
+
+
+def test_memory_does_not_grow_with_clip_length(model):
+    """Peak memory beyond the (preallocated) output is the same for 3 and 17 latent frames."""
+    size = 64 // model.spatial_factor * 2
+    short = _decode_peak_beyond_output(model.family, 3, size)
+    long = _decode_peak_beyond_output(model.family, 17, size)
+    assert long < short * 1.2 + 8 * 2**20, (short, long)

@@ -1,0 +1,163 @@
+"""Winograd conv3d: equal to F.conv3d, cached filter transforms, and the dispatch's choice of kernel."""
+import gc
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import optimizations.conv as conv
+import optimizations.winograd as winograd
+from optimizations import Optimizations
+from optimizations.winograd import filter_transform, winograd_conv3d, winograd_matrices
+
+
+def make(b, cin, cout, kt, t, h, w, bias=True, seed=0):
+    """x ~ N(0,1), weight N(0,1)/sqrt(fan_in) (outputs O(1), like the models'), optional bias."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, cin, t, h, w, generator=g)
+    weight = torch.randn(cout, cin, kt, 3, 3, generator=g) / (cin * kt * 9) ** 0.5
+    return x, weight, torch.randn(cout, generator=g) if bias else None
+
+
+def reference(x, weight, bias):
+    """F.conv3d in float64: the exact answer both float32 kernels approximate."""
+    return F.conv3d(x.double(), weight.double(), None if bias is None else bias.double(), 1, (0, 1, 1))
+
+
+@pytest.mark.parametrize("m", [2, 4, 6])
+def test_transform_matrices_compute_a_1d_correlation(m):
+    at, g, bt = winograd_matrices(m)
+    d, k = torch.randn(m + 2, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    expected = torch.stack([(d[i:i + 3] * k).sum() for i in range(m)])
+    torch.testing.assert_close(at @ ((g @ k) * (bt @ d)), expected, atol=1e-12, rtol=0)
+
+
+# (B, Cin, Cout, kt, T, H, W): odd and tile-unaligned sizes, 1x1 frames, both kernel depths, T = kt..5.
+SHAPES = [(2, c, co, kt, t, h, w) for (c, co), kt, (h, w) in itertools.product(
+    [(3, 5), (16, 24), (64, 48)], [1, 3], [(1, 1), (7, 9), (13, 6), (16, 17)]) for t in sorted({kt, 5})]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_equals_conv3d_float32(shape):
+    x, weight, bias = make(*shape, bias=shape[2] != 24)
+    out = winograd_conv3d(x, weight, bias)
+    expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
+    assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous()
+    torch.testing.assert_close(out, expected, atol=3e-5, rtol=0)
+    # Against float64: relative to the output's magnitude, 1-4e-6 at most (oneDNN: 0.1-2e-6 here, where
+    # few channels make its sums short; 1-5e-6 at 128-512 channels, see bench/bench_winograd.py).
+    exact = reference(x, weight, bias)
+    assert (out.double() - exact).abs().max() <= 5e-6 * exact.abs().max()
+
+
+@pytest.mark.parametrize("m", [2, 6])
+def test_other_tile_sizes(m):
+    x, weight, bias = make(2, 16, 8, 3, 4, 11, 14)
+    torch.testing.assert_close(winograd_conv3d(x, weight, bias, m), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+                               atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_input_is_computed_in_float32(dtype):
+    x, weight, bias = make(2, 32, 16, 3, 4, 9, 10)
+    x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+    out = winograd_conv3d(x, weight, bias)
+    assert out.dtype == dtype
+    expected = F.conv3d(x.float(), weight.float(), bias.float(), 1, (0, 1, 1))
+    torch.testing.assert_close(out.float(), expected, atol=1e-4, rtol=8e-3)  # one rounding to `dtype`
+
+
+def test_slabs_channel_parts_and_worker_threads(monkeypatch):
+    """A one-tile-row working set forces many slabs (run on worker threads when there are several
+    threads); a single slab with many channels is split by channels. Thread settings are restored."""
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(winograd, "MIN_WORKSPACE_BYTES", 0)
+    monkeypatch.setattr(winograd, "MIN_PART_CHANNELS", 4)
+    for shape in [(2, 24, 16, 3, 5, 19, 10), (1, 16, 32, 3, 3, 4, 4)]:
+        x, weight, bias = make(*shape)
+        torch.testing.assert_close(winograd_conv3d(x, weight, bias), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+                                   atol=2e-5, rtol=0)
+    assert torch.get_num_threads() == threads
+
+
+def test_filter_transform_is_cached_per_weight_and_follows_changes():
+    _, weight, _ = make(1, 8, 4, 3, 3, 4, 4)
+    u = filter_transform(weight)
+    assert u.shape == (3, 36, 4, 8) and filter_transform(weight) is u
+    # Views made per call (FrameConv2d's weight.unsqueeze(2), tap slices) hit the cache of their base.
+    assert filter_transform(weight[:, :, 1:]) is filter_transform(weight[:, :, 1:])
+    torch.testing.assert_close(filter_transform(weight[:, :, 1:]), u[1:])
+    with torch.no_grad():
+        weight.mul_(2)  # in place: the version counter moves, the transform is recomputed
+    torch.testing.assert_close(filter_transform(weight), 2 * u)
+    key = id(weight)
+    del weight, u
+    gc.collect()
+    assert key not in winograd._FILTER_CACHE  # freed with its weight
+
+
+def test_inference_mode_weights():
+    with torch.inference_mode():
+        x, weight, bias = make(1, 8, 4, 3, 3, 5, 5)
+        torch.testing.assert_close(winograd_conv3d(x, weight, bias), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+                                   atol=2e-5, rtol=0)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records the convs the dispatch sends to the Winograd kernel."""
+    calls = []
+
+    def recording(x, weight, bias):
+        calls.append(tuple(weight.shape))
+        return winograd_conv3d(x, weight, bias)
+
+    monkeypatch.setattr(conv, "winograd_conv3d", recording)
+    return calls
+
+
+def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
+    x, weight, bias = make(1, 128, 128, 3, 4, 8, 8)
+    expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
+    out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
+    assert spy == [(128, 128, 3, 3, 3)]
+    # Switch off: the oneDNN path, bit for bit.
+    off = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=False)
+    assert torch.equal(off, conv._cpu_conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1)))
+    # Not eligible: stride 2, 1x1x1 kernel, other padding, few channels, autograd.
+    conv.conv3d(x, weight, bias, (1, 2, 2), (0, 1, 1), winograd=True)
+    conv.conv3d(x, weight[:, :, :, 1:2, 1:2], bias, (1, 1, 1), (0, 0, 0), winograd=True)
+    conv.conv3d(x, weight, bias, (1, 1, 1), (1, 1, 1), winograd=True)
+    conv.conv3d(x[:, :32], weight[:, :32], bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    conv.conv3d(x[:, :64], weight[:64, :64], bias[:64], (1, 1, 1), (0, 1, 1), winograd=True)
+    conv.conv3d(x[:, :96], weight[:96, :96, 1:2], bias[:96], (1, 1, 1), (0, 1, 1), winograd=True)  # kt=1: 128
+    conv.conv3d(x, weight.requires_grad_(), bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    assert len(spy) == 1
+
+
+def test_causal_conv_passes_the_switch(spy):
+    from vae.blocks import CausalConv3d, StreamContext
+
+    layer = CausalConv3d(128, 128, 3, head="replicate")
+    x = torch.randn(1, 128, 3, 8, 8)
+    with torch.inference_mode():
+        off = layer(x, StreamContext(Optimizations().with_(winograd_conv=False)))
+        assert not spy
+        on = layer(x, StreamContext(Optimizations()))
+    assert spy == [(128, 128, 3, 3, 3)]
+    torch.testing.assert_close(on, off, atol=3e-5, rtol=0)
+
+
+def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
+    """With the channel floors lowered so every 3x3 conv of the tiny SeedVR2 model takes Winograd,
+    its decode still matches the upstream fixture (the models' tolerance)."""
+    from tests.reference import load_tiny, tensors
+
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNEL_TAPS", 1)
+    fixtures = tensors("seedvr2", "tiny_outputs.safetensors")
+    out = load_tiny("seedvr2").decode(fixtures["dec.input"])
+    torch.testing.assert_close(out, fixtures["dec.video"], atol=1e-4, rtol=1e-4)
+    assert len(spy) > 30 and all(shape[3:] == (3, 3) for shape in spy)
