@@ -1,0 +1,37 @@
+"""The ComfyUI node layer of StreamVAE (V3 schema). Imported by the pack's `comfy_entrypoint()` only,
+inside a running ComfyUI; the library (`vae`, `optimizations`) never imports it.
+
+One file per node (loader, encode, decode, settings, core_vae, test_pattern); shared pieces live in
+`common` (layouts, clips, LATENT metadata, tiling inputs), `model` (the STREAMVAE handle and ComfyUI
+memory management), `execution` (progress, interrupts, memory plans around the engine), `planning`
+and `routes` (plans and checkpoint facts for the web extension).
+"""
+import logging
+
+from comfy_api.latest import ComfyExtension, io
+
+from . import routes
+from .decode import Decode
+from .encode import Encode
+from .loader import LoadVAE
+from .settings import GPUOptimizations, TorchCompileSettings
+from .test_pattern import TestPattern
+
+log = logging.getLogger("streamvae")
+
+
+def node_list() -> list[type[io.ComfyNode]]:
+    nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, TestPattern]
+    try:  # the adapter subclasses core's VAE class; without it the other nodes still work
+        from .core_vae import ToCoreVAE
+    except Exception as error:  # any import failure in core internals must not take the pack down
+        log.warning("StreamVAE: 'StreamVAE to core VAE' is unavailable with this ComfyUI (%s)", error)
+    else:
+        nodes.append(ToCoreVAE)
+    return nodes
+
+
+class StreamVAEExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        routes.register()
+        return node_list()

@@ -1,0 +1,203 @@
+"""Shared pieces of the node layer: IMAGE <-> video layout, clip splitting, LATENT metadata, and the
+tiling inputs (definitions and queue-time validation) that Encode, Decode and the core-VAE adapter
+share. Pure torch; the ComfyUI schema objects are built in `tiling_inputs()` only.
+
+Layouts (ComfyUI conventions, docs/comfyui.md section 10):
+- IMAGE: float32 N,H,W,3 in 0..1, video frames along N.
+- LATENT: {"samples": B,C,T',h,w raw latents}. StreamVAE adds `streamvae_frames` (true pixel frames
+  of each of the B clips) and `streamvae_size` ([H, W] in pixels) so Decode trims the padding Encode
+  added. Other nodes (KSampler) copy the dict, so the keys survive sampling; Decode ignores them when
+  they no longer fit the latent.
+"""
+from dataclasses import dataclass
+
+import torch
+
+FRAMES_KEY = "streamvae_frames"
+SIZE_KEY = "streamvae_size"
+
+MIN_TILE = 64  # pixels; below this a tile holds 4-8 latents and the overlap would be most of it
+MAX_TILE = 8192
+MAX_FRAMES = 16385
+TILING_MODES = ("exact", "fast")
+
+
+def latent_frames(frames: int, temporal_factor: int = 4) -> int:
+    """Latent frames for `frames` pixel frames (padded up to the next 4n+1)."""
+    return (frames - 1 + temporal_factor - 1) // temporal_factor + 1
+
+
+def pixel_frames(latents: int, temporal_factor: int = 4) -> int:
+    return temporal_factor * (latents - 1) + 1
+
+
+def is_4n1(frames: int) -> bool:
+    return frames >= 1 and (frames - 1) % 4 == 0
+
+
+# --- IMAGE <-> video -----------------------------------------------------------------------------
+
+@dataclass
+class Clips:
+    """An IMAGE split into clips: clip i is frames `spans[i]` of the batch, `length` frames long
+    after padding (the last clip repeats its last frame when it is short)."""
+
+    spans: list[tuple[int, int]]
+    length: int
+
+    @property
+    def frames(self) -> list[int]:
+        return [stop - start for start, stop in self.spans]
+
+
+def split_clips(num_frames: int, batch_size: int) -> Clips:
+    """How `num_frames` IMAGE frames become clips: 0 = one clip, k = clips of k frames."""
+    if num_frames < 1:
+        raise ValueError("the IMAGE batch is empty")
+    size = num_frames if batch_size == 0 else batch_size
+    spans = [(start, min(start + size, num_frames)) for start in range(0, num_frames, size)]
+    return Clips(spans, size if batch_size else num_frames)
+
+
+def clip_video(image: torch.Tensor, span: tuple[int, int], length: int) -> torch.Tensor:
+    """Frames `span` of IMAGE (N,H,W,3, 0..1) as a video 1,3,length,H,W in [-1, 1] (a new tensor),
+    padded to `length` frames by repeating the last frame."""
+    start, stop = span
+    index = torch.arange(start, start + length).clamp_(max=stop - 1)
+    frames = image.index_select(0, index.to(image.device))[..., :3]
+    # Contiguous B,C,T,H,W: a channels-last view would make every conv and norm take slow paths.
+    return frames.permute(3, 0, 1, 2).unsqueeze(0).float().contiguous().mul_(2).sub_(1)
+
+
+def image_view(image: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """IMAGE frames [start, stop) as a 1,3,T,H,W view, for the decoder to write into directly."""
+    return image[start:stop].permute(3, 0, 1, 2).unsqueeze(0)
+
+
+def finish_image(image: torch.Tensor) -> torch.Tensor:
+    """Decoder output in [-1, 1] (not clamped) -> IMAGE values 0..1, in place."""
+    return image.add_(1).mul_(0.5).clamp_(0, 1)
+
+
+# --- LATENT ----------------------------------------------------------------------------------------
+
+def make_latent(samples: torch.Tensor, frames: list[int], size: tuple[int, int]) -> dict:
+    return {"samples": samples, FRAMES_KEY: list(frames), SIZE_KEY: [int(size[0]), int(size[1])]}
+
+
+@dataclass
+class LatentClips:
+    """A LATENT made ready for decoding: `samples` B,C,T',h,w, true `frames` per clip and the pixel
+    `size` to trim to (None: decode everything)."""
+
+    samples: torch.Tensor
+    frames: list[int]
+    size: tuple[int, int] | None
+
+
+def read_latent(latent: dict, family: str, channels: int, spatial: int, temporal: int = 4) -> LatentClips:
+    """Validate a LATENT against the loaded VAE and recover its clip metadata.
+
+    Accepts B,C,T',h,w (core video latents), B,C,h,w (image latents) and SeedVR2's 4-D B,16*T',h,w.
+    Raises ValueError with what to do when the channel count does not match the VAE.
+    """
+    z = latent["samples"]
+    if z.dim() == 4:
+        if family == "seedvr2" and z.shape[1] != channels and z.shape[1] % channels == 0:
+            # SeedVR2 latents in core ComfyUI: frames folded into channels, channel-major (view(b, 16, t, h, w)).
+            z = z.view(z.shape[0], channels, z.shape[1] // channels, *z.shape[2:])
+        else:
+            z = z.unsqueeze(2)
+    if z.dim() != 5:
+        raise ValueError(f"a video LATENT must be 5-D (B,C,T,H,W) or 4-D (B,C,H,W); got shape {tuple(z.shape)}")
+    if z.shape[1] != channels:
+        raise ValueError(
+            f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel latents. "
+            f"Load the VAE that made it: 16 channels = Wan2.1 / Wan2.2-A14B / SeedVR2, 48 channels = Wan2.2-TI2V-5B.")
+    b, _, t, h, w = z.shape
+    full = pixel_frames(t, temporal)
+    frames = latent.get(FRAMES_KEY)
+    if not (isinstance(frames, (list, tuple)) and len(frames) == b
+            and all(isinstance(f, int) and latent_frames(f, temporal) == t for f in frames)):
+        frames = [full] * b
+    size = latent.get(SIZE_KEY)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2
+            and -(-size[0] // spatial) == h and -(-size[1] // spatial) == w):
+        size = None
+    return LatentClips(z, list(frames), None if size is None else (int(size[0]), int(size[1])))
+
+
+# --- tiling settings -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tiling:
+    """The tiling inputs of a node, in engine units (None = automatic)."""
+
+    tile_size: int | None
+    tile_overlap: int
+    temporal_chunk: int | None
+    tiling: str
+    memory_budget: int | str | None  # bytes, or "auto"
+
+    @classmethod
+    def from_inputs(cls, tile_size=0, tile_overlap=64, temporal_chunk=0, tiling="exact", memory_budget_gb=0.0):
+        budget = "auto" if not memory_budget_gb else int(memory_budget_gb * 2**30)
+        return cls(tile_size or None, tile_overlap, temporal_chunk or None, tiling, budget)
+
+
+def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None) -> str | None:
+    """Queue-time validation of the tiling inputs; the error message says what to do, or None.
+
+    Inputs that arrive through a link are None here and are checked at run time by the engine.
+    """
+    if tile_size is not None:
+        if tile_size < 0 or tile_size > MAX_TILE:
+            return f"tile_size must be between 0 and {MAX_TILE} pixels; got {tile_size}."
+        if 0 < tile_size < MIN_TILE:
+            return (f"tile_size {tile_size} px is too small to be useful: use 0 (automatic) or at least "
+                    f"{MIN_TILE} px (256-512 px is typical).")
+    if tile_overlap is not None:
+        if tile_overlap < 0:
+            return f"tile_overlap must be 0 or more pixels; got {tile_overlap}."
+        if tile_size and tile_overlap >= tile_size:
+            return (f"tile_overlap ({tile_overlap} px) must be smaller than tile_size ({tile_size} px): lower the "
+                    f"overlap (a quarter of the tile is typical) or raise the tile size.")
+    if temporal_chunk is not None and temporal_chunk < 0:
+        return f"temporal_chunk must be 0 (automatic) or a positive number of latent frames; got {temporal_chunk}."
+    if memory_budget_gb is not None and memory_budget_gb < 0:
+        return f"memory_budget_gb must be 0 (automatic) or a positive number of GiB; got {memory_budget_gb}."
+    return None
+
+
+def check_batch_size(batch_size=None) -> str | None:
+    """0 (one clip), 1 (independent images) or 4n+1 frames per clip (the SeedVR2 rule)."""
+    if batch_size is None:
+        return None
+    if batch_size < 0 or batch_size > MAX_FRAMES:
+        return f"batch_size must be between 0 and {MAX_FRAMES}; got {batch_size}."
+    if batch_size and not is_4n1(batch_size):
+        lower, upper = batch_size - (batch_size - 1) % 4, batch_size - (batch_size - 1) % 4 + 4
+        return (f"batch_size must be 0 (the whole batch is one clip), 1 (every frame is its own image) or 4n+1 "
+                f"frames per clip (5, 9, 13, ...); got {batch_size}: use {lower} or {upper}.")
+    return None
+
+
+def tiling_inputs(io) -> list:
+    """The tiling inputs shared by Encode, Decode and the core-VAE adapter (`io` is comfy_api's io)."""
+    return [
+        io.Int.Input("tile_size", default=0, min=0, max=MAX_TILE, step=8, tooltip=(
+            "Spatial tile edge in pixels of the video. 0 = automatic: untiled when it fits the memory budget, "
+            f"otherwise the largest tile that fits. Else at least {MIN_TILE} px; 256-512 px is typical.")),
+        io.Int.Input("tile_overlap", default=64, min=0, max=4096, step=8, tooltip=(
+            "Overlap between neighbouring tiles in pixels; must be smaller than tile_size. Exact tiling is seamless "
+            "without it; fast tiling blends over it (64-128 px hides seams). Ignored when untiled.")),
+        io.Int.Input("temporal_chunk", default=0, min=0, max=4096, step=1, tooltip=(
+            "Latent frames per step (1 latent frame = 4 video frames). 0 = automatic: the most that fit the memory "
+            "budget. Every value gives the same result (the causal cache is carried); smaller uses less memory.")),
+        io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=1024.0, step=0.25, tooltip=(
+            "GiB the VAE may use on its device. 0 = automatic: the free memory after ComfyUI "
+            "unloads other models, minus a safety margin. Tiles and chunks shrink to fit.")),
+        io.Combo.Input("tiling", options=list(TILING_MODES), default="exact", tooltip=(
+            "exact: tiles add up to exactly the untiled result (seamless; slower). fast: independent tiles blended "
+            "with cosine ramps over the overlap (less memory and time; faint seams are possible).")),
+    ]

@@ -1,0 +1,42 @@
+"""StreamVAE Decode: LATENT -> IMAGE frames, tiled and chunked within a memory budget."""
+from comfy_api.latest import io
+
+from . import execution
+from .common import Tiling, check_tiling, read_latent, tiling_inputs
+from .types import STREAMVAE
+
+
+class Decode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEDecode",
+            display_name="StreamVAE Decode",
+            category="StreamVAE",
+            description="Decodes a raw latent to video frames in tiles and chunks that fit the memory budget. Takes "
+                        "LATENTs from StreamVAE Encode (trimmed back to the original frame count and size), core "
+                        "samplers and empty-latent nodes (Wan B,16,T,H,W; Wan2.2 48 channels) and SeedVR2 4-D latents.",
+            inputs=[
+                io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
+                                                          "match the latent's channel count."),
+                io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); every batch entry is one clip."),
+                *tiling_inputs(io),
+            ],
+            outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
+                                             "of every clip one after another.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
+        return check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+
+    @classmethod
+    def execute(cls, vae, samples, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
+                tiling="exact") -> io.NodeOutput:
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
+        if error:
+            raise ValueError(error)
+        latent = read_latent(samples, vae.family, vae.latent_channels, vae.spatial_factor, vae.temporal_factor)
+        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        image, report = execution.decode(vae, latent, settings)
+        return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

@@ -1,0 +1,48 @@
+"""StreamVAE Encode: IMAGE frames -> LATENT, split into clips, tiled and chunked within a memory budget."""
+from comfy_api.latest import io
+
+from . import execution
+from .common import MAX_FRAMES, Tiling, check_batch_size, check_tiling, make_latent, split_clips, tiling_inputs
+from .types import STREAMVAE
+
+
+class Encode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEEncode",
+            display_name="StreamVAE Encode",
+            category="StreamVAE",
+            description="Encodes video frames to a raw latent (B,C,T',H',W'), exactly as the untiled VAE would, in "
+                        "tiles and chunks that fit the memory budget. Any frame count works: it is padded to 4n+1 "
+                        "and the true count travels in the LATENT, so StreamVAE Decode gives every frame back.",
+            inputs=[
+                io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
+                io.Image.Input("image", tooltip="Video frames along the batch axis (N,H,W,3), values 0..1. "
+                                                "Width and height need not be multiples of 8 or 16 (edges are padded)."),
+                io.Int.Input("batch_size", default=0, min=0, max=MAX_FRAMES, step=1, tooltip=(
+                    "Frames per clip. 0 = the whole batch is one video; 1 = every frame is an independent image "
+                    "(unrelated images never bleed into each other through the causal cache); otherwise 4n+1 "
+                    "(5, 9, 13, ...): the batch is cut into clips of that many frames, the last one padded.")),
+                *tiling_inputs(io),
+            ],
+            outputs=[io.Latent.Output(tooltip="Raw latent B,C,T',H/f,W/f (f = 8, or 16 for Wan2.2), one clip per "
+                                              "batch entry, with the true frame counts for StreamVAE Decode.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, batch_size=None, tile_size=None, tile_overlap=None, temporal_chunk=None,
+                        memory_budget_gb=None):
+        return check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+
+    @classmethod
+    def execute(cls, vae, image, batch_size=0, tile_size=0, tile_overlap=64, temporal_chunk=0,
+                memory_budget_gb=0.0, tiling="exact") -> io.NodeOutput:
+        error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
+        if error:  # values that arrived through links are only known now
+            raise ValueError(error)
+        clips = split_clips(image.shape[0], batch_size)
+        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        samples, report = execution.encode(vae, image, clips, settings)
+        latent = make_latent(samples, clips.frames, (image.shape[1], image.shape[2]))
+        return io.NodeOutput(latent, ui={"streamvae_run": [report.as_dict()]})

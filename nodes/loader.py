@@ -1,0 +1,77 @@
+"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE."""
+from comfy_api.latest import io
+
+from .. import vae
+from . import planning
+from .model import DEVICE_CHOICES, DTYPE_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
+from .types import COMPILE, GPU_OPTIONS, STREAMVAE
+
+try:
+    import folder_paths
+except ImportError:  # outside ComfyUI
+    folder_paths = None
+
+
+def vae_files() -> list[str]:
+    return folder_paths.get_filename_list("vae") if folder_paths is not None else []
+
+
+class LoadVAE(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster on "
+                      "Ampere and newer; fp16 = like bf16, but can overflow to black or NaN frames.")
+        return io.Schema(
+            node_id="StreamVAELoader",
+            display_name="StreamVAE Load VAE",
+            category="StreamVAE",
+            description="Loads a SeedVR2, Wan2.1 or Wan2.2 video VAE for the StreamVAE Encode/Decode nodes. "
+                        "The family is detected from the checkpoint.",
+            inputs=[
+                io.Combo.Input("vae_name", options=vae_files(), tooltip=(
+                    "Checkpoint in ComfyUI's models/vae folder: SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 "
+                    "(wan_2.1_vae.safetensors) or Wan2.2 (wan2.2_vae.safetensors). The family is shown after loading.")),
+                io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
+                    "Precision of the encoder weights and compute. " + dtype_help.format(
+                        auto="fp32, because bf16 encode visibly hurts image-to-video"))),
+                io.Combo.Input("decode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
+                    "Precision of the decoder weights and compute. " + dtype_help.format(
+                        auto="bf16 where the GPU supports it (near-lossless), else fp32"))),
+                io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=(
+                    "Where encode/decode run. auto = ComfyUI's VAE device (honours --cpu-vae); gpu = ComfyUI's "
+                    "main device; cpu = system memory (slow).")),
+                io.Combo.Input("offload_device", options=list(OFFLOAD_CHOICES), default="auto", tooltip=(
+                    "Where the weights wait between runs, so ComfyUI can free the GPU for other models. auto = "
+                    "ComfyUI's choice (cpu, or the GPU with --gpu-only); none = stay on the compute device.")),
+                io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
+                    "Optional torch.compile settings from a StreamVAE Torch Compile Settings node; without it "
+                    "the VAE runs eagerly.")),
+                io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
+                    "Optional backend switches from a StreamVAE GPU Optimizations node; without it PyTorch's "
+                    "global settings are left as they are.")),
+            ],
+            outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
+                                                 tooltip="The loaded video VAE, for StreamVAE Encode/Decode.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, vae_name=None):
+        if vae_name is None:
+            return True
+        if folder_paths is not None and vae_name not in vae_files():
+            return f"{vae_name!r} is not in models/vae; put the file there and press R to refresh the list."
+        path = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None else None
+        if path and path.lower().endswith(vae.loading.SAFETENSORS_SUFFIXES):
+            try:
+                planning.inspect_checkpoint(path)
+            except vae.CheckpointError as error:
+                return str(error)
+        return True
+
+    @classmethod
+    def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
+                compile=None, gpu_options=None) -> io.NodeOutput:
+        path = folder_paths.get_full_path_or_raise("vae", vae_name)
+        handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
+                                      compile_settings=compile, gpu=gpu_options)
+        return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})

@@ -1,0 +1,119 @@
+"""HTTP routes for the web extension (served under / and /api by ComfyUI's PromptServer).
+
+- GET /streamvae/checkpoint?vae_name=NAME: family, latent channels and spatial factor of a checkpoint in
+  models/vae, from its safetensors header only.
+- GET /streamvae/plan?vae_name=NAME&op=encode|decode&width=W&height=H&frames=T&tile_size=..&tile_overlap=..
+  &temporal_chunk=..&tiling=..&memory_budget_gb=..&device=..&encode_dtype=..&decode_dtype=..: the tile grid
+  (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels.
+
+Errors answer HTTP 400 with {"error": message}.
+"""
+import logging
+
+import torch
+
+from .. import vae
+from . import planning
+from .common import TILING_MODES, Tiling, check_tiling
+from .model import DEVICE_CHOICES, DTYPE_CHOICES, resolve_device, resolve_dtype
+
+log = logging.getLogger("streamvae")
+_registered = False
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _int(query, name: str, default: int, low: int = 0, high: int = 1 << 20) -> int:
+    try:
+        value = int(float(query.get(name, default)))
+    except ValueError:
+        raise BadRequest(f"{name} must be a number, got {query.get(name)!r}") from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _choice(query, name: str, choices, default: str) -> str:
+    value = query.get(name, default)
+    if value not in choices:
+        raise BadRequest(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+def _checkpoint(query) -> planning.CheckpointInfo:
+    import folder_paths
+
+    name = query.get("vae_name")
+    if not name:
+        raise BadRequest("vae_name is required")
+    path = folder_paths.get_full_path("vae", name)
+    if path is None:
+        raise BadRequest(f"{name!r} is not in models/vae")
+    try:
+        return planning.inspect_checkpoint(path)
+    except vae.CheckpointError as error:
+        raise BadRequest(str(error)) from None
+
+
+def checkpoint_info(query) -> dict:
+    info = _checkpoint(query)
+    return {"family": info.family, "latent_channels": info.latent_channels, "spatial_factor": info.spatial_factor,
+            "stored_dtype": info.stored_dtype}
+
+
+def plan_info(query) -> dict:
+    info = _checkpoint(query)
+    op = _choice(query, "op", ("encode", "decode"), "decode")
+    width, height = _int(query, "width", 512, 1), _int(query, "height", 512, 1)
+    frames = _int(query, "frames", 1, 1)
+    tile_size, tile_overlap = _int(query, "tile_size", 0), _int(query, "tile_overlap", 64)
+    temporal_chunk = _int(query, "temporal_chunk", 0)
+    try:
+        budget = float(query.get("memory_budget_gb", 0))
+    except ValueError:
+        raise BadRequest("memory_budget_gb must be a number") from None
+    error = check_tiling(tile_size, tile_overlap, temporal_chunk, budget)
+    if error:
+        raise BadRequest(error)
+    tiling = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, _choice(query, "tiling", TILING_MODES, "exact"),
+                                budget)
+    device = resolve_device(_choice(query, "device", DEVICE_CHOICES, "auto"))
+    model = info.model  # meta device: only shapes, dtypes and config matter to the plan
+    model.set_dtypes(encode=resolve_dtype(_choice(query, "encode_dtype", DTYPE_CHOICES, "auto"), device, "encode"),
+                     decode=resolve_dtype(_choice(query, "decode_dtype", DTYPE_CHOICES, "auto"), device, "decode"))
+    shape = planning.plan_input_shape(model, op, frames, height, width)
+    plan = planning.make_plan(model, op, shape, tiling, device)
+    return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
+
+
+def register() -> None:
+    """Add the routes to ComfyUI's server (once; a no-op outside a running server)."""
+    global _registered
+    if _registered:
+        return
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return
+    if getattr(PromptServer, "instance", None) is None:
+        return
+
+    def handler(compute):
+        async def handle(request):
+            try:
+                with torch.inference_mode():
+                    return web.json_response(compute(request.rel_url.query))
+            except BadRequest as error:
+                return web.json_response({"error": str(error)}, status=400)
+            except Exception as error:  # a route must answer; log it and report it to the page
+                log.exception("StreamVAE route %s failed", request.path)
+                return web.json_response({"error": f"{type(error).__name__}: {error}"}, status=500)
+        return handle
+
+    routes = PromptServer.instance.routes
+    routes.get("/streamvae/checkpoint")(handler(checkpoint_info))
+    routes.get("/streamvae/plan")(handler(plan_info))
+    _registered = True

@@ -1,0 +1,97 @@
+"""The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
+from comfy_api.latest import io
+
+from ..optimizations import BackendFlags, CompileSettings
+from ..optimizations.backend import ATTENTION_BACKENDS
+from ..optimizations.compile import MODES
+from .model import GpuOptions
+from .types import COMPILE, GPU_OPTIONS
+
+COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+
+
+class TorchCompileSettings(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAETorchCompileSettings",
+            display_name="StreamVAE Torch Compile Settings",
+            category="StreamVAE",
+            description="torch.compile for the VAE's encoder/decoder blocks (fixed tile shapes compile once and are "
+                        "reused). Where inductor/Triton cannot run (e.g. Windows without triton-windows) the VAE runs "
+                        "eagerly and one warning says why. Connect to StreamVAE Load VAE.",
+            inputs=[
+                io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor", tooltip=(
+                    "inductor = generated Triton (GPU) / C++ (CPU) kernels, the fast one; cudagraphs = replay CUDA "
+                    "graphs without kernel generation; aot_eager / eager = trace only, for debugging.")),
+                io.Combo.Input("mode", options=list(MODES), default="default", tooltip=(
+                    "inductor mode. default = quick compile; max-autotune = benchmark kernels (minutes of compile, "
+                    "fastest); -no-cudagraphs skips CUDA graphs; reduce-overhead = CUDA graphs, more memory.")),
+                io.Boolean.Input("fullgraph", default=False, tooltip=(
+                    "Require one graph per block; a block with a graph break then falls back to eager. Off lets "
+                    "dynamo split blocks at graph breaks (recommended).")),
+                io.Boolean.Input("dynamic", default=False, tooltip=(
+                    "Compile shape-generic graphs. Off = one graph per tile/chunk shape, fastest for fixed tiles; on "
+                    "avoids recompiling when sizes keep changing, but is often slower.")),
+                io.Int.Input("dynamo_recompile_limit", default=64, min=1, max=4096, step=1, tooltip=(
+                    "Recompilations allowed per block (each new tile or chunk shape costs one) before dynamo runs "
+                    "that block eagerly; torch._dynamo.config.recompile_limit (formerly cache_size_limit).")),
+                io.Int.Input("dynamo_cache_size_limit", default=512, min=1, max=65536, step=1, tooltip=(
+                    "Compiled graphs kept over all blocks together (torch._dynamo.config.accumulated_recompile_limit); "
+                    "raise it when the log says the accumulated limit was hit.")),
+            ],
+            outputs=[io.Custom(COMPILE).Output(display_name="COMPILE", tooltip="Connect to StreamVAE Load VAE's compile input.")],
+        )
+
+    @classmethod
+    def execute(cls, backend="inductor", mode="default", fullgraph=False, dynamic=False, dynamo_recompile_limit=64,
+                dynamo_cache_size_limit=512) -> io.NodeOutput:
+        return io.NodeOutput(CompileSettings(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=dynamic,
+                                             recompile_limit=dynamo_recompile_limit,
+                                             accumulated_recompile_limit=dynamo_cache_size_limit))
+
+
+class GPUOptimizations(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEGPUOptimizations",
+            display_name="StreamVAE GPU Optimizations",
+            category="StreamVAE",
+            description="Backend switches for StreamVAE on NVIDIA GPUs (Ampere to Blackwell). They apply only while "
+                        "StreamVAE runs; PyTorch's global settings are restored afterwards. No effect on CPU.",
+            inputs=[
+                io.Boolean.Input("cudnn_benchmark", default=False, tooltip=(
+                    "cuDNN times its conv algorithms for every new tile shape and keeps the fastest. Faster with "
+                    "fixed tiles after a slow first tile; turn off if memory spikes at the start or shapes vary.")),
+                io.Boolean.Input("tf32", default=True, tooltip=(
+                    "TensorFloat-32 for float32 matmuls and convs (Ampere and newer): much faster fp32 with a 10-bit "
+                    "mantissa. Turn off for bit-exact fp32 comparisons. No effect in bf16/fp16.")),
+                io.Boolean.Input("channels_last_3d", default=False, tooltip=(
+                    "Store conv weights channels-last (NDHWC) so cuDNN picks channels-last kernels: large speed-up "
+                    "for conv3d on PyTorch 2.9. Turn off if it is slower on your GPU or PyTorch version.")),
+                io.Boolean.Input("fused_norm_silu", default=True, tooltip=(
+                    "Norm + SiLU in one pass written straight into the next conv's input buffer (less memory "
+                    "traffic). Turn off only to compare against the straightforward path.")),
+                io.Combo.Input("attention_backend", options=list(ATTENTION_BACKENDS), default="auto", tooltip=(
+                    "Kernel for the mid-block attention. auto = PyTorch's choice; flash / efficient / cudnn force "
+                    "one (math stays as fallback); math = reference kernel, slow, for debugging.")),
+                io.Boolean.Input("cuda_graphs", default=False, tooltip=(
+                    "Replay fixed-shape tiles as CUDA graphs (less CPU launch overhead). Needs fixed tile sizes and "
+                    "extra memory; turn off if memory is tight or results look wrong. Ignored where unavailable.")),
+                io.Boolean.Input("conv3d_workaround", default=True, tooltip=(
+                    "PyTorch 2.9/2.10 with cuDNN 9.10-9.14 route half-precision conv3d to a slow path using ~3x the "
+                    "memory (ComfyUI#10373); this calls cuDNN directly there. Only acts where that combination is "
+                    "detected; turn off if you see wrong colours or crashes in conv layers.")),
+            ],
+            outputs=[io.Custom(GPU_OPTIONS).Output(display_name="GPU_OPTIONS",
+                                                   tooltip="Connect to StreamVAE Load VAE's gpu_options input.")],
+        )
+
+    @classmethod
+    def execute(cls, cudnn_benchmark=False, tf32=True, channels_last_3d=False, fused_norm_silu=True,
+                attention_backend="auto", cuda_graphs=False, conv3d_workaround=True) -> io.NodeOutput:
+        flags = BackendFlags(cudnn_benchmark=cudnn_benchmark, tf32=tf32, attention=attention_backend,
+                             conv3d_workaround=conv3d_workaround)
+        return io.NodeOutput(GpuOptions(flags, channels_last_3d=channels_last_3d, fused_norm_silu=fused_norm_silu,
+                                        cuda_graphs=cuda_graphs))

@@ -1,0 +1,190 @@
+"""One real ComfyUI server process on a throwaway base directory.
+
+The base directory (`--base-directory`) holds everything ComfyUI would otherwise write into its own tree:
+`custom_nodes/StreamVAE` (a symlink to this repository, so the server imports our working copy),
+`models/vae` (the tiny fixture checkpoints), `input/`, `output/`, `temp/` and `user/`.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from .client import ComfyClient
+from .environment import COMFYUI, FIXTURE_CONFIGS, FIXTURE_VAES, PACK_FOLDER, REPO, SHARED, STUBS
+
+STARTUP_TIMEOUT_S = 120
+LOG_TAIL_CHARS = 6000
+
+# Frontend settings for the test user. With the tutorial marked done, the frontend loads its default
+# workflow on start instead of opening the template browser over the canvas, and `ComfyPage` uses
+# "default workflow loaded" as the sign that the frontend finished starting.
+FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True}
+
+
+class ServerDied(RuntimeError):
+    """The ComfyUI process exited (or never answered); the message carries the end of its log."""
+
+
+def build_base_directory(base: Path) -> Path:
+    """Lay out a ComfyUI base directory with our pack and the fixture VAEs; returns `base`."""
+    for sub in ("custom_nodes", "models/vae", "input", "output", "temp", "user/default"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    (base / "custom_nodes" / PACK_FOLDER).symlink_to(REPO, target_is_directory=True)
+    for name, rel in FIXTURE_VAES.items():
+        install_fixture(SHARED / rel, base / "models" / "vae" / name, FIXTURE_CONFIGS.get(name))
+    settings = base / "user" / "default" / "comfy.settings.json"
+    settings.write_text(json.dumps(FRONTEND_SETTINGS))
+    return base
+
+
+def install_fixture(source: Path, target: Path, config: dict | None) -> None:
+    """Copy a fixture checkpoint; with `config`, rewrite it with that config in its metadata."""
+    if not config:
+        shutil.copyfile(source, target)
+        return
+    import vae  # the repository root is on sys.path in the test process (pyproject pythonpath)
+
+    state_dict, _ = vae.read_checkpoint(source)
+    vae.save_checkpoint(state_dict, target, config=config)
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it; the tiny race is acceptable in tests)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ComfyServer:
+    """A ComfyUI 0.3.75 process serving `base` on 127.0.0.1; use `start()` / `stop()` or `with`."""
+
+    def __init__(self, base: Path, port: int | None = None):
+        self.base = Path(base)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = self.base / "comfyui.log"
+        self._process: subprocess.Popen | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, str(COMFYUI / "main.py"),
+            "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+            "--base-directory", str(self.base),
+            # The default database path is inside the ComfyUI tree; keep the tree read-only.
+            "--database-url", "sqlite:///:memory:",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: our torchvision stand-in first on PYTHONPATH, unbuffered logs."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start(self, timeout: float = STARTUP_TIMEOUT_S) -> "ComfyServer":
+        """Launch the server and block until `/system_stats` answers; raises `ServerDied` otherwise."""
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                self.command(), cwd=self.base, env=self.environment(),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        self._wait_until_ready(timeout)
+        return self
+
+    def _wait_until_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if requests.get(f"{self.url}/system_stats", timeout=2).ok:
+                    return
+            except requests.ConnectionError:
+                pass  # not listening yet
+            time.sleep(0.25)
+        self.stop()
+        raise ServerDied(f"ComfyUI did not answer /system_stats within {timeout:.0f} s\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15) -> None:
+        """Terminate the server (SIGTERM, then SIGKILL after `timeout` seconds)."""
+        if self._process is None or self._process.poll() is not None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def __enter__(self) -> "ComfyServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise `ServerDied` with the log tail if the process has exited."""
+        if not self.alive:
+            code = None if self._process is None else self._process.returncode
+            raise ServerDied(f"ComfyUI exited (code {code})\n{self.log_tail()}")
+
+    # -- log ---------------------------------------------------------------------------------
+
+    @property
+    def log(self) -> str:
+        """Everything the server has logged so far (stdout and stderr)."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
+        return f"--- end of {self.log_path} ---\n{self.log[-chars:]}"
+
+    def pack_import_line(self, folder: str = PACK_FOLDER) -> str | None:
+        """The line for `custom_nodes/<folder>` in ComfyUI's "Import times for custom nodes" table
+        (e.g. "0.1 seconds (IMPORT FAILED): <path>"), or None if ComfyUI did not try to import it."""
+        path = re.escape(str(self.base / "custom_nodes" / folder))
+        found = re.search(rf"^\s*[\d.]+ seconds(?: \(IMPORT FAILED\))?: {path}\s*$", self.log, re.M)
+        return found.group(0).strip() if found else None
+
+    def pack_import_failure(self, folder: str = PACK_FOLDER) -> str | None:
+        """Why ComfyUI failed to import `custom_nodes/<folder>`, or None if it imported.
+
+        ComfyUI keeps running when a pack fails (and `--quick-test-for-ci` still exits 0), so the only
+        reliable signals are the import table and what was logged before it: a traceback ending in
+        "Cannot import <path> module for custom nodes: <error>" when the import raised, or a one-line
+        warning naming the path (e.g. "Error while calling comfy_entrypoint in <path>: <error>").
+        """
+        line = self.pack_import_line(folder)
+        if line is None:
+            return f"custom_nodes/{folder} is not in ComfyUI's import table (not found?)"
+        if "(IMPORT FAILED)" not in line:
+            return None
+        path = str(self.base / "custom_nodes" / folder)
+        traceback = re.search(rf"Traceback \(most recent call last\):\n(?:(?!Traceback).*\n)*?"
+                              rf"Cannot import {re.escape(path)} module for custom nodes: .*", self.log)
+        if traceback:
+            return traceback.group(0)
+        return "\n".join(text for text in self.log.splitlines() if path in text)
+
+    def assert_pack_imported(self, folder: str = PACK_FOLDER) -> None:
+        """Fail with ComfyUI's traceback unless `custom_nodes/<folder>` imported cleanly."""
+        failure = self.pack_import_failure(folder)
+        assert failure is None, f"ComfyUI failed to import custom_nodes/{folder}:\n{failure}"
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def client(self) -> ComfyClient:
+        """A new API client (own client id and websocket) that notices if this server dies."""
+        return ComfyClient(self.url, check_alive=self.check_alive)

@@ -1,0 +1,214 @@
+"""The pieces behind the two settings nodes: backend flags that are restored, torch.compile per block
+with a clean eager fallback and one warning. CPU tests; the GPU-only paths skip without CUDA."""
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from optimizations import BackendFlags, CompileSettings, backend, compile_blocks, run_with_fallback
+from optimizations.compile import CompileFallback, blocks, dynamo_limits, is_compiled, unavailable_reason
+from reference import load_tiny
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def global_state():
+    return torch.backends.cudnn.benchmark, backend._tf32_get(), backend.conv3d_workaround_active()
+
+
+# -- backend flags -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("benchmark, tf32", [(True, True), (False, False)])
+def test_backend_flags_are_applied_and_restored(benchmark, tf32):
+    before = global_state()
+    api = before[1][0]
+    with backend.applied(BackendFlags(cudnn_benchmark=benchmark, tf32=tf32, attention="math")):
+        assert torch.backends.cudnn.benchmark is benchmark
+        expected = backend._tf32_value(tf32, api)
+        assert backend._tf32_get()[1:] == (expected, expected)
+    assert global_state() == before
+
+
+def test_backend_flags_are_restored_after_an_error():
+    before = global_state()
+    with pytest.raises(RuntimeError, match="boom"):
+        with backend.applied(BackendFlags(cudnn_benchmark=not before[0], tf32=True)):
+            raise RuntimeError("boom")
+    assert global_state() == before
+
+
+def test_none_leaves_switches_alone():
+    before = global_state()
+    with backend.applied(BackendFlags()):  # cudnn_benchmark=None, tf32=None
+        assert global_state()[:2] == before[:2]
+    with backend.applied(None):
+        assert global_state() == before
+
+
+@pytest.mark.parametrize("attention", backend.ATTENTION_BACKENDS)
+def test_attention_backend_choice_still_computes_attention(attention):
+    q, k, v = (torch.randn(1, 1, 16, 8) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v)
+    with backend.applied(BackendFlags(attention=attention)):  # forced kernels fall back to math on CPU
+        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), expected)
+
+
+def test_unknown_attention_backend_is_rejected():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        BackendFlags(attention="fastest")
+
+
+def test_conv3d_workaround_probe(monkeypatch):
+    assert backend.torch_version() >= (2, 0)
+    if not torch.cuda.is_available():
+        assert not backend.conv3d_regression_affected()
+        with backend.applied(BackendFlags(conv3d_workaround=True)):
+            assert not backend.conv3d_workaround_active()  # nothing to work around here
+    assert "torch" in backend.describe()
+
+
+def test_channels_last_3d_keeps_results():
+    conv = nn.Conv3d(4, 8, 3, padding=1)
+    x = torch.randn(1, 4, 3, 8, 8)
+    expected = conv(x)
+    assert backend.to_channels_last_3d(conv) == 1
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
+    assert backend.to_contiguous(conv) == 1 and conv.weight.is_contiguous()
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cudnn_conv3d_matches_conv3d(dtype):
+    x = torch.randn(1, 8, 5, 16, 16, device="cuda", dtype=dtype)
+    w = torch.randn(16, 8, 3, 3, 3, device="cuda", dtype=dtype) * 0.1
+    b = torch.randn(16, device="cuda", dtype=dtype)
+    expected = F.conv3d(x.float(), w.float(), b.float(), 1, 1)
+    torch.testing.assert_close(backend.cudnn_conv3d(x, w, b, (1, 1, 1), (1, 1, 1)).float(), expected, rtol=2e-2, atol=2e-2)
+
+
+# -- torch.compile -------------------------------------------------------------------------------------
+
+
+class ToyVAE(nn.Module):
+    """Two conv blocks per half with plain F.conv3d, shaped like a VideoVAE for `compile_blocks`."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv3d(3, 8, 3, padding=1), nn.SiLU(), nn.Conv3d(8, 4, 1))
+        self.decoder = nn.ModuleList([nn.Conv3d(4, 8, 3, padding=1), nn.Conv3d(8, 3, 1)])
+
+    def encode_modules(self):
+        return [self.encoder]
+
+    def decode_modules(self):
+        return [self.decoder]
+
+    def forward(self, x):
+        z = self.encoder(x)
+        for block in self.decoder:
+            z = block(z)
+        return z
+
+
+def counting_backend(graphs):
+    def compiler(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return compiler
+
+
+def failing_backend(gm, example_inputs):
+    raise RuntimeError("no kernels for you")
+
+
+def warnings_from(caplog):
+    return [r for r in caplog.records if r.name == "streamvae" and r.levelno == logging.WARNING]
+
+
+def test_blocks_are_the_children_of_encoder_and_decoder():
+    names = [name for name, _ in blocks(ToyVAE())]
+    assert names == ["Sequential.0", "Sequential.2", "ModuleList.0", "ModuleList.1"]
+    for family in ("seedvr2", "wan21", "wan22"):
+        found = blocks(load_tiny(family))
+        assert len(found) >= 8 and all(any(True for _ in m.parameters()) for _, m in found)
+
+
+def test_compiled_blocks_give_the_same_result():
+    graphs = []
+    model = ToyVAE()
+    x = torch.randn(1, 3, 3, 8, 8)
+    expected = model(x)
+    report = compile_blocks(model, CompileSettings(backend=counting_backend(graphs)))
+    torch.testing.assert_close(model(x), expected)
+    assert report.status == "compiled 4 blocks" and len(graphs) == 4  # dynamo really traced each block
+    assert all(is_compiled(m) for _, m in blocks(model))
+    compile_blocks(model, CompileSettings(backend="no_such_backend"))  # recompiling first restores eager
+    assert not any(is_compiled(m) for _, m in blocks(model))
+
+
+def test_unavailable_backend_falls_back_with_one_warning(caplog):
+    model = load_tiny("wan22")
+    x = torch.rand(1, 3, 5, 32, 32) * 2 - 1
+    expected = model.encode(x)
+    with caplog.at_level(logging.WARNING, logger="streamvae"):
+        report = compile_blocks(model, CompileSettings(backend="no_such_backend"))
+        out = run_with_fallback(model.encode, x)
+    assert report.status.startswith("eager (fallback: backend 'no_such_backend' is not registered")
+    assert not any(is_compiled(m) for _, m in blocks(model))
+    assert len(warnings_from(caplog)) == 1
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_inductor_without_triton_is_reported_unavailable(monkeypatch):
+    import optimizations.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "_has_triton", lambda: False)
+    reason = unavailable_reason(CompileSettings(backend="inductor"), "cuda")
+    assert "Triton" in reason and "triton-windows" in reason
+    monkeypatch.setattr(compile_module, "_has_cpp_compiler", lambda: False)
+    assert "C++ compiler" in unavailable_reason(CompileSettings(backend="inductor"), "cpu")
+
+
+def test_compile_failure_mid_run_restarts_eagerly_with_one_warning(caplog):
+    """A block that fails to compile on its first call: every block goes back to eager, the whole
+    encode runs again from the start (caches may hold part of the failed step), one warning."""
+    model = load_tiny("seedvr2")
+    x = torch.rand(1, 3, 5, 32, 32) * 2 - 1
+    expected = model.encode(x)
+    with caplog.at_level(logging.WARNING, logger="streamvae"):
+        report = compile_blocks(model, CompileSettings(backend=failing_backend))
+        assert report.fallback_reason is None and report.compiled
+        with pytest.raises(CompileFallback):
+            model.encode(x)
+        out = run_with_fallback(model.encode, x)  # already eager: runs once
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert "no kernels for you" in report.status
+    assert not any(is_compiled(m) for _, m in blocks(model))
+    assert len(warnings_from(caplog)) == 1
+
+
+def test_run_with_fallback_reruns_once():
+    model = load_tiny("wan21")
+    x = torch.rand(1, 3, 1, 16, 16) * 2 - 1
+    expected = model.encode(x)
+    compile_blocks(model, CompileSettings(backend=failing_backend))
+    torch.testing.assert_close(run_with_fallback(model.encode, x), expected, rtol=0, atol=0)
+
+
+def test_dynamo_limits_are_scoped():
+    from torch._dynamo import config
+
+    before = (config.recompile_limit, config.accumulated_recompile_limit)
+    with dynamo_limits(CompileSettings(recompile_limit=3, accumulated_recompile_limit=7)):
+        assert (config.recompile_limit, config.accumulated_recompile_limit) == (3, 7)
+    assert (config.recompile_limit, config.accumulated_recompile_limit) == before
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        CompileSettings(mode="ludicrous")
