@@ -1,0 +1,163 @@
+"""Shared benchmark machinery: random full-size models, isolated timed runs, ceilings, tables.
+
+Benchmarks print ratio tables; they are never tests. Each measured variant runs in its own
+subprocess so that its peak memory is its own (Linux VmHWM, reset after the model is built), and
+timings are medians of several runs after a warm-up, so side-by-side ratios survive a noisy machine.
+"""
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import vae  # noqa: E402
+from optimizations import Optimizations, cpu_has_native  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Deterministic weights for a model built on the meta device: conv and linear weights
+    N(0,1)/sqrt(fan_in), norm scales 1, biases 0 (keeps activations O(1) through the depth)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            key = f"{module_name}.{name}" if module_name else name
+            if isinstance(module, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear)) and name == "weight":
+                out[key] = torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5
+            elif name in ("weight", "gamma"):
+                out[key] = torch.ones(p.shape)
+            else:
+                out[key] = torch.zeros(p.shape)
+    return out
+
+
+def build_random_model(family_cls, cfg, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
+    """A full-size model of `family_cls(cfg)` with random weights, loaded through `vae.load`."""
+    with torch.device("meta"):
+        meta = family_cls(cfg)
+    return vae.load(random_state_dict(meta, seed), device=device, dtype=dtype)
+
+
+def reset_peak_rss() -> None:
+    """Reset this process's peak-RSS mark (Linux: VmHWM) so a later read covers only what follows."""
+    try:
+        Path(f"/proc/{os.getpid()}/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int:
+    for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_bytes() -> int:
+    for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def count_flops(fn) -> int:
+    """FLOPs (2 x multiply-adds) of `fn()` as counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def ceilings(dtypes=("fp32", "bf16"), seconds: float = 2.0) -> dict[str, float]:
+    """This machine's GEMM and conv3d throughput (FLOP/s) right now, the yardstick for model TFLOP/s."""
+    result = {}
+    for name in dtypes:
+        dtype = DTYPES[name]
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        result[f"gemm_{name}"] = _rate(lambda: a @ b, 2 * 2048 ** 3, seconds)
+        x = torch.randn(1, 256, 6, 64, 64, dtype=dtype)
+        w = torch.randn(256, 256, 3, 3, 3, dtype=dtype)
+        flops = 2 * 256 * 256 * 27 * 4 * 64 * 64
+        from optimizations import conv3d
+
+        result[f"conv3d_{name}"] = _rate(lambda: conv3d(x, w, None, (1, 1, 1), (0, 1, 1)), flops, seconds)
+    return result
+
+
+def _rate(fn, flops: int, seconds: float) -> float:
+    fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed > seconds or n >= 50:
+            return flops * n / elapsed
+
+
+def run_worker(module: str, spec: dict, timeout: float | None = None) -> dict:
+    """Run `python -m <module> <json spec>` in a fresh process; it prints one JSON line last."""
+    cmd = [sys.executable, "-m", module, json.dumps(spec)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def scratch_dir() -> Path:
+    path = Path(tempfile.gettempdir()) / "streamvae-bench"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def machine_summary() -> dict:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16_conv": cpu_has_native(torch.bfloat16),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor, peak_to_peak: float = 2.0) -> float:
+    mse = torch.mean((a.double() - b.double()) ** 2).item()
+    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(peak_to_peak ** 2 / mse)).item()
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    """columns: (key, header, format spec); missing values print as '-'."""
+    cells = [[h for _, h, _ in columns]]
+    for row in rows:
+        cells.append([format(row[k], f) if row.get(k) is not None else "-" for k, _, f in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    for i, r in enumerate(cells):
+        print("| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
