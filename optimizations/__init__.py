@@ -5,10 +5,15 @@
 - `norm_act`: fused norm + SiLU (GroupNorm per frame, RMS norm) with float32 statistics.
 - `conv`: convolution dispatch (float32 compute for half precision on CPUs without native kernels;
   Winograd for eligible CPU convs when the caller enables it).
-- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight.
+- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (LRU,
+  byte-capped: STREAMVAE_WINOGRAD_CACHE_GB, default 1 GiB).
 - `backend`: process-wide torch switches (cuDNN autotuning, TF32, attention kernel, the PyTorch 2.9
   conv3d workaround) applied around one encode/decode and restored afterwards.
 - `compile`: torch.compile per encoder/decoder block, falling back to eager with one warning.
+- `cuda_graphs`: `GraphedTile`, a fixed-shape tile function replayed from a CUDA graph (eager off CUDA).
+- `streams`: `copy_out_pipeline`, the next tile's compute overlapping the previous tile's copy into
+  pinned host memory (synchronous off CUDA).
+- `fp8_weights`: `Fp8WeightStore`, weights kept as float8 between runs, dequantized for one run.
 """
 from .backend import BackendFlags
 from .compile import CompileFallback, CompileReport, CompileSettings, compile_blocks, run_with_fallback

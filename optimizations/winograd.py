@@ -23,8 +23,10 @@ depend on T), so a clip run in any temporal chunking gives bit-identical frames,
 The jobs in flight hold at most one output frame's size (or 32 MiB) of working memory.
 """
 import math
+import os
 import threading
 import weakref
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from functools import lru_cache
@@ -53,11 +55,108 @@ MIN_PART_CHANNELS = 64
 # Jobs run on worker threads only with OpenMP, whose thread counts are per thread (see _run_parallel).
 _OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 
-# Filter transforms: id(anchor) -> (weakref to anchor, its version, {view key: U}), the anchor being the
-# weight tensor or, for a view of one (weight.unsqueeze(2), a slice), its base. An entry is dropped
-# when its anchor is freed (weakref.finalize), so no model's transforms outlive it. Not a
-# WeakKeyDictionary: that compares keys with ==, which for tensors is elementwise.
-_FILTER_CACHE: dict[int, tuple] = {}
+# Default byte cap of the filter-transform cache (STREAMVAE_WINOGRAD_CACHE_GB overrides it). A transform
+# is 4x its weight in float32, so an uncapped cache grows to 16x a bf16 model's 3x3 conv weights:
+# 2.2 GiB for the SeedVR2 decoder, 7.7 GiB for the Wan2.2 decoder.
+DEFAULT_CACHE_BYTES = 1 << 30
+
+
+class FilterCache:
+    """Filter transforms per weight, the least recently used dropped beyond `limit_bytes`.
+
+    Entries are keyed by the weight's anchor (the tensor, or the base of a view such as
+    weight.unsqueeze(2) or a tap slice) and the view's layout. An anchor's entries are dropped when
+    it is freed (weakref.finalize), so no model's transforms outlive it, and when it changes in place
+    (version counter). Not a WeakKeyDictionary: that compares tensor keys elementwise. A transform
+    larger than the whole cap is returned without being kept.
+
+    When one pass over a model needs more than the cap, each call recomputes what was evicted (LRU
+    on a cyclic pattern keeps nothing useful); that costs one small batched GEMM per conv, measured
+    by bench/bench_vae.py's winograd cache row.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+        self._entries: OrderedDict = OrderedDict()  # (id(anchor), view key) -> U, oldest use first
+        self._anchors: dict[int, list] = {}  # id(anchor) -> [weakref(anchor), version, set(view keys)]
+        self._lock = threading.RLock()  # a finalizer may run inside get() (garbage collection)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def anchors(self) -> set[int]:
+        return set(self._anchors)
+
+    def get(self, weight: torch.Tensor, key: tuple, compute) -> torch.Tensor:
+        """The cached value for (weight, key), else compute() stored under it (if it fits the cap)."""
+        anchor = weight if weight._base is None else weight._base
+        version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
+        aid = id(anchor)
+        with self._lock:
+            record = self._anchors.get(aid)
+            if record is None or record[0]() is not anchor:  # new anchor (or a reused id)
+                if record is not None:
+                    self._drop_anchor(aid)
+                weakref.finalize(anchor, self.drop_anchor, aid)
+                record = self._anchors[aid] = [weakref.ref(anchor), version, set()]
+            elif record[1] != version:  # changed in place: every view's transform is stale
+                self._drop_entries(aid)
+                record[1] = version
+            value = self._entries.get((aid, key))
+            if value is not None:
+                self._entries.move_to_end((aid, key))
+                return value
+        value = compute()
+        with self._lock:
+            if value.nbytes <= self.limit_bytes and self._anchors.get(aid) is record and record[1] == version:
+                self._entries[(aid, key)] = value
+                record[2].add(key)
+                self.bytes += value.nbytes
+                self._evict()
+        return value
+
+    def set_limit(self, limit_bytes: int) -> None:
+        with self._lock:
+            self.limit_bytes = limit_bytes
+            self._evict()
+
+    def clear(self) -> None:
+        with self._lock:
+            for aid in list(self._anchors):
+                self._drop_anchor(aid)
+
+    def drop_anchor(self, aid: int) -> None:
+        """Forget a freed anchor's entries (its finalizer: by then the anchor's weakref is dead, which
+        tells it from a live tensor that reused the id)."""
+        with self._lock:
+            record = self._anchors.get(aid)
+            if record is not None and record[0]() is None:
+                self._drop_anchor(aid)
+
+    def _drop_entries(self, aid: int) -> None:
+        keys = self._anchors[aid][2]
+        for key in keys:
+            self.bytes -= self._entries.pop((aid, key)).nbytes
+        keys.clear()
+
+    def _drop_anchor(self, aid: int) -> None:
+        self._drop_entries(aid)
+        del self._anchors[aid]
+
+    def _evict(self) -> None:
+        while self.bytes > self.limit_bytes:
+            (aid, key), value = self._entries.popitem(last=False)
+            self._anchors[aid][2].discard(key)
+            self.bytes -= value.nbytes
+
+
+def _default_limit() -> int:
+    value = os.environ.get("STREAMVAE_WINOGRAD_CACHE_GB")
+    return DEFAULT_CACHE_BYTES if not value else int(float(value) * 2**30)
+
+
+FILTER_CACHE = FilterCache(_default_limit())
 
 
 @lru_cache(maxsize=None)
@@ -107,26 +206,21 @@ def _data_transforms(m: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE) -> torch.Tensor:
     """U (kt, P, Cout, Cin) float32 of weight (Cout, Cin, kt, 3, 3): U[k, p] is position p of
-    G w[:, :, k] G^T. Cached per weight tensor (or view of one) and recomputed when it changes in
-    place (version counter). 4x the weight's float32 size (P = 36 positions per 9 taps).
+    G w[:, :, k] G^T. Cached per weight tensor (or view of one) in FILTER_CACHE (capped, least
+    recently used dropped first) and recomputed when it changes in place (version counter). 4x the
+    weight's float32 size (P = 36 positions per 9 taps).
 
     One batched GEMM (G kron G) @ w in float32: a float64 transform is 4-5x slower (the first decode
     computes every layer's) and only moves the conv's rms error by 2-3%."""
-    anchor = weight if weight._base is None else weight._base
-    version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
-    entry = _FILTER_CACHE.get(id(anchor))
-    if entry is None or entry[0]() is not anchor:
-        weakref.finalize(anchor, _FILTER_CACHE.pop, id(anchor), None)
-        entry = None
-    if entry is None or entry[1] != version:
-        entry = _FILTER_CACHE[id(anchor)] = (weakref.ref(anchor), version, {})
     key = (m, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
-    if key not in entry[2]:
+
+    def compute():
         cout, cin, kt = weight.shape[:3]
         with torch.no_grad():
             taps = weight.detach().to("cpu", torch.float32).permute(2, 3, 4, 0, 1).reshape(kt, 9, cout * cin)
-            entry[2][key] = torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
-    return entry[2][key]
+            return torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
+
+    return FILTER_CACHE.get(weight, key, compute)
 
 
 def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -94,7 +94,7 @@ def test_filter_transform_is_cached_per_weight_and_follows_changes():
     key = id(weight)
     del weight, u
     gc.collect()
-    assert key not in winograd._FILTER_CACHE  # freed with its weight
+    assert key not in winograd.FILTER_CACHE.anchors()  # freed with its weight
 
 
 def test_inference_mode_weights():
@@ -161,3 +161,43 @@ def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
     out = load_tiny("seedvr2").decode(fixtures["dec.input"])
     torch.testing.assert_close(out, fixtures["dec.video"], atol=1e-4, rtol=1e-4)
     assert len(spy) > 30 and all(shape[3:] == (3, 3) for shape in spy)
+
+
+def test_filter_cache_is_capped_least_recently_used_first():
+    cache = winograd.FilterCache(limit_bytes=0)
+    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(4)]
+    one = filter_transform(weights[0]).nbytes  # 3 x 36 x 4 x 8 float32
+    cache.set_limit(2 * one)
+
+    def get(w):
+        return cache.get(w, ("u",), lambda: filter_transform(w).clone())
+
+    a, b = get(weights[0]), get(weights[1])
+    assert len(cache) == 2 and cache.bytes == 2 * one and get(weights[0]) is a  # hit; weights[0] now newest
+    get(weights[2])  # over the cap: the least recently used (weights[1]) goes
+    assert cache.bytes == 2 * one and get(weights[0]) is a and get(weights[1]) is not b
+    cache.set_limit(one)  # lowering the cap evicts at once
+    assert len(cache) == 1 and cache.bytes == one
+    cache.set_limit(one - 1)  # a value larger than the whole cap is returned but not kept
+    assert torch.equal(get(weights[3]), filter_transform(weights[3])) and len(cache) == 0 and cache.bytes == 0
+
+
+def test_default_cap_applies_to_the_shared_cache(monkeypatch):
+    assert winograd.FILTER_CACHE.limit_bytes == winograd._default_limit()
+    monkeypatch.setenv("STREAMVAE_WINOGRAD_CACHE_GB", "0.5")
+    assert winograd._default_limit() == 1 << 29
+    monkeypatch.delenv("STREAMVAE_WINOGRAD_CACHE_GB")
+    assert winograd._default_limit() == winograd.DEFAULT_CACHE_BYTES == 1 << 30
+
+
+def test_capped_cache_still_gives_exact_convs():
+    """Thrashing (cap smaller than one layer's transform) recomputes; results do not change."""
+    x, weight, bias = make(1, 96, 96, 3, 4, 9, 9)
+    expected = winograd_conv3d(x, weight, bias)
+    limit = winograd.FILTER_CACHE.limit_bytes
+    try:
+        winograd.FILTER_CACHE.set_limit(0)
+        assert torch.equal(winograd_conv3d(x, weight, bias), expected)
+        assert winograd.FILTER_CACHE.bytes == 0
+    finally:
+        winograd.FILTER_CACHE.set_limit(limit)
