@@ -1,16 +1,25 @@
-"""Encode/decode speed, memory and error of the full released VAE configs, side by side.
+"""Speed, memory and error of the full released VAE configs: every optimization, one row each.
 
-    python bench/bench_vae.py                      # SeedVR2, 5 and 9 frames of 256x256, fp32+bf16
-    python bench/bench_vae.py --quick              # smaller and faster, for a smoke run
-    python bench/bench_vae.py --json out/bench.json
+    python bench/bench_vae.py                                   # SeedVR2 decode 9x256x256, fp32 + bf16
+    python bench/bench_vae.py --families seedvr2 wan21 wan22    # + Wan (and ComfyUI core's Wan VAE)
+    python bench/bench_vae.py --quick                           # smoke run: 5x64x64, 1 run, few rows
+    python bench/bench_vae.py --json out/bench.json             # also write the table
 
-Every variant (dtype x optimized/straightforward path) runs in its own process with random weights
-(fixed seed) and the same input. Speed-up, max error and PSNR are against the float32 straightforward
-path of the same run; TFLOP/s is the model's FLOPs over the median time, next to this machine's
-GEMM / conv3d throughput measured in the same run.
+Rows per family, op and shape (bench/variants.py): "straightforward" (every switch off: upstream's
+behaviour) and "optimized" (every switch on) in each of --dtypes; in each of --toggle-dtypes one
+"no-<switch>" row per switch (the optimized path with that switch alone off: the switch's effect),
+the extras (channels_last_3d, fp8 weight storage, the Winograd cache without its cap, torch.compile
+with --compile) and, for Wan, ComfyUI core's VAE with the same weights and input. Every row runs in
+its own process: the model is built with random seeded weights, warmed up (--warmup runs), then run
+--repeats times; the median is reported. Speed-up and error (max abs, PSNR over the [-1, 1] range)
+are against the float32 straightforward row of the same run; TFLOP/s is upstream's FLOP count (torch's
+FLOP counter over the baseline's first warm-up; the optimized path does fewer) over the median, next
+to this machine's GEMM throughput measured in the same run. A second table lists the optimizations this machine cannot
+measure (CUDA-only ones without a GPU) with their verdicts.
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -19,82 +28,128 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from bench.common import ceilings, count_flops, machine_summary, print_table, psnr, run_worker, scratch_dir  # noqa: E402
-from bench.families import FULL_CONFIGS, make_input  # noqa: E402
+from bench.common import ceilings, machine_summary, print_table, psnr, run_worker, scratch_dir  # noqa: E402
+from bench.core_vae import CORE_WAN  # noqa: E402
+from bench.families import FULL_CONFIGS  # noqa: E402
+from bench.variants import NOT_MEASURED, SWITCHES, describe, verdict  # noqa: E402
 
 BASELINE = ("fp32", "straightforward")
+DEFAULT_EXTRAS = ("channels_last_3d", "fp8_weights", "winograd_uncapped")
+COLUMNS = [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s"), ("dtype", "dtype", "s"),
+           ("variant", "variant", "s"), ("time", "median s", ".2f"), ("fastest", "min s", ".2f"),
+           ("speedup", "vs fp32 straight", ".2f"), ("tflops", "TFLOP/s", ".3f"), ("pct_gemm", "% GEMM", ".0f"),
+           ("peak_gib", "peak act GiB", ".2f"), ("weights_gib", "weights GiB", ".2f"),
+           ("max_err", "max err", ".1e"), ("psnr", "PSNR dB", ".1f"), ("verdict", "verdict", "s")]
 
 
-def model_flops(family: str, spec: dict) -> int:
-    """FLOPs of one encode/decode, counted on the meta device (no weights, no compute)."""
-    family_cls, cfg = FULL_CONFIGS[family]()
-    with torch.device("meta"):
-        model = family_cls(cfg)
-    x = make_input(model, spec).to("meta")
-    fn = model.encode if spec["op"] == "encode" else model.decode
-    return count_flops(lambda: fn(x, temporal_chunk=spec.get("temporal_chunk")))
+def variants_for(family: str, args) -> list[tuple[str, str]]:
+    """(dtype, variant) in run order, the fp32 straightforward baseline first."""
+    toggles = [f"no-{s}" for s in SWITCHES if s != "triton_norm" or torch.cuda.is_available()]
+    out = [BASELINE]
+    for dtype in args.dtypes:
+        names = ["straightforward", "optimized"]
+        if dtype in args.toggle_dtypes:
+            names += toggles + list(args.extras)
+        if dtype == "fp32" and family in CORE_WAN and args.core:
+            names.append("core")
+        out += [(dtype, v) for v in names if (dtype, v) != BASELINE]
+    return out
 
 
-def bench_workload(family, op, frames, height, width, args) -> list[dict]:
-    base_spec = dict(family=family, op=op, frames=frames, height=height, width=width,
-                     repeats=args.repeats, warmup=args.warmup, temporal_chunk=args.temporal_chunk)
-    flops = model_flops(family, base_spec)
-    variants = [BASELINE] + [(d, p) for d in args.dtypes for p in args.paths if (d, p) != BASELINE]
-    rows, baseline = [], None
-    for dtype, path in variants:
-        out = scratch_dir() / f"{family}-{op}-{frames}-{dtype}-{path}.safetensors"
-        result = run_worker("bench.worker", dict(base_spec, dtype=dtype, path=path, out=str(out)))
-        output = load_file(str(out))["out"]
-        row = dict(family=family, op=op, shape=f"{frames}x{height}x{width}", dtype=dtype, path=path,
-                   time=result["median_s"], peak_gib=result["peak_activation"] / 2**30, tflops=flops / result["median_s"] / 1e12)
+def bench_workload(family: str, op: str, frames: int, height: int, width: int, args, gemm: dict) -> tuple[list, list]:
+    spec = dict(family=family, op=op, frames=frames, height=height, width=width, repeats=args.repeats,
+                warmup=args.warmup, temporal_chunk=args.temporal_chunk)
+    notes, rows, baseline, fastest, upstream = [], [], None, {}, None
+    for dtype, variant in variants_for(family, args):
+        out = scratch_dir() / f"{family}-{op}-{frames}x{height}x{width}-{dtype}-{variant}.safetensors"
+        try:
+            result = run_worker("bench.worker", dict(spec, dtype=dtype, variant=variant, out=str(out),
+                                                     count_flops=upstream is None))
+        except RuntimeError as error:
+            notes.append(f"{family} {dtype} {variant}: failed, no row ({str(error).strip().splitlines()[-1][:200]})")
+            print(f"  {family} {op} {dtype} {variant}: FAILED", file=sys.stderr, flush=True)
+            continue
+        output, median = load_file(str(out))["out"], statistics.median(result["times_s"])
         if baseline is None:
-            baseline = (result["median_s"], output)
-        row["speedup"] = baseline[0] / result["median_s"]
-        row["max_err"] = (output - baseline[1]).abs().max().item()
+            baseline, upstream = (median, output), result["flops"]
+            notes.append(f"{family} {op} {frames}x{height}x{width}: {upstream / 1e12:.3f} TFLOP as upstream computes it")
+        if variant == "optimized":
+            fastest[dtype] = median
+        row = dict(family=family, op=op, shape=f"{frames}x{height}x{width}", dtype=dtype, variant=variant,
+                   what=describe(variant), time=median, fastest=min(result["times_s"]), times=result["times_s"],
+                   speedup=baseline[0] / median, tflops=upstream / median / 1e12,
+                   pct_gemm=100 * upstream / median / gemm[dtype], peak_gib=result["peak_activation"] / 2**30,
+                   retained_gib=result["retained"] / 2**30, weights_gib=result["weight_bytes"] / 2**30,
+                   max_err=(output - baseline[1]).abs().max().item())
         row["psnr"] = psnr(output, baseline[1]) if row["max_err"] > 0 else None
+        row["verdict"] = verdict(variant, median, fastest.get(dtype))
         rows.append(row)
-        print(f"  {family} {op} {row['shape']} {dtype} {path}: {row['time']:.2f} s", file=sys.stderr, flush=True)
-    return rows
+        print(f"  {family} {op} {row['shape']} {dtype} {variant}: median {median:.2f} s of "
+              f"{[round(t, 2) for t in result['times_s']]}", file=sys.stderr, flush=True)
+    return rows, notes
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=sorted(FULL_CONFIGS))
-    parser.add_argument("--ops", nargs="+", default=["decode", "encode"], choices=["encode", "decode"])
-    parser.add_argument("--frames", nargs="+", type=int, default=[5, 9])
+    parser.add_argument("--ops", nargs="+", default=["decode"], choices=["encode", "decode"])
+    parser.add_argument("--frames", nargs="+", type=int, default=[9], help="pixel frames (1 + 4k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
-    parser.add_argument("--paths", nargs="+", default=["optimized", "straightforward"],
-                        help="optimized, straightforward, or the name of one switch to turn off")
+    parser.add_argument("--toggle-dtypes", nargs="*", default=["fp32"],
+                        help="dtypes that get the per-switch and extra rows (others: optimized + straightforward)")
+    parser.add_argument("--extras", nargs="*", default=list(DEFAULT_EXTRAS),
+                        choices=["channels_last_3d", "fp8_weights", "winograd_uncapped", "compile"])
+    parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
+    parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")
-    parser.add_argument("--quick", action="store_true", help="5 frames of 128x128, 1 repeat, no warm-up")
-    parser.add_argument("--json", help="also write the table and machine info to this file")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 5x64x64, fp32, 1 run after 1 warm-up, optimized/straightforward/core only")
+    parser.add_argument("--json", help="also write the rows, ceilings and machine info to this file")
     args = parser.parse_args()
+    if args.compile and "compile" not in args.extras:
+        args.extras.append("compile")
     if args.quick:
-        args.frames, args.size, args.repeats, args.warmup = [5], "128x128", 1, 0
+        args.frames, args.size, args.repeats, args.warmup = [5], "64x64", 1, 1
+        args.dtypes, args.toggle_dtypes, args.extras = ["fp32"], [], []
+    if "fp32" not in args.dtypes:
+        args.dtypes.insert(0, "fp32")  # the baseline
     height, width = (int(v) for v in args.size.lower().split("x"))
 
     machine = machine_summary()
-    limits = ceilings(args.dtypes)
-    rows = []
+    limits = ceilings(sorted({"fp32", *args.dtypes}))
+    # The GEMM throughput a dtype's convs can reach here: without native half-precision kernels they
+    # run in float32, so float32's GEMM is their ceiling too.
+    gemm = {d: max(limits[f"gemm_{d}"], limits["gemm_fp32"]) for d in args.dtypes}
+    rows, notes = [], []
     for family in args.families:
         for op in args.ops:
             for frames in args.frames:
-                rows.extend(bench_workload(family, op, frames, height, width, args))
-    for row in rows:
-        row["pct_conv_ceiling"] = 100 * row["tflops"] * 1e12 / limits[f"conv3d_{row['dtype']}"]
+                r, n = bench_workload(family, op, frames, height, width, args, gemm)
+                rows.extend(r)
+                notes.extend(n)
+    if not machine["native_bf16_conv"]:
+        notes.append("this CPU has no native bf16/fp16 conv kernels: half-precision convs are computed in fp32 "
+                     "(optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
+    if not torch.cuda.is_available():
+        notes.append("no CUDA device: the triton_norm switch changes nothing on the CPU and has no row; "
+                     "CUDA-only optimizations are listed below as not measured")
 
     print(f"\nmachine: {machine}")
     print("ceilings (same run): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in limits.items()) + "\n")
-    print_table(rows, [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s"), ("dtype", "dtype", "s"),
-                       ("path", "path", "s"), ("time", "median s", ".2f"), ("speedup", "speed-up", ".2f"),
-                       ("tflops", "TFLOP/s", ".3f"), ("pct_conv_ceiling", "% conv ceiling", ".0f"),
-                       ("peak_gib", "peak act GiB", ".2f"), ("max_err", "max err", ".2e"), ("psnr", "PSNR dB", ".1f")])
+    print_table(rows, COLUMNS)
+    print()
+    for note in notes:
+        print(f"note: {note}")
+    print("\nNot measured on this machine:\n")
+    not_measured = [dict(optimization=o, verdict=v) for o, v in NOT_MEASURED]
+    print_table(not_measured, [("optimization", "optimization", "s"), ("verdict", "verdict", "s")])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"machine": machine, "ceilings": limits, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": machine, "ceilings": limits, "rows": rows, "notes": notes,
+                                               "not_measured": not_measured, "argv": sys.argv[1:]}, indent=1))
 
 
 if __name__ == "__main__":

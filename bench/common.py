@@ -72,22 +72,34 @@ def rss_bytes() -> int:
     return 0
 
 
-def median_time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+def timed_runs(fn, repeats: int, warmup: int = 1) -> tuple[list[float], object]:
+    """Wall times of `repeats` calls of fn() after `warmup` untimed ones, and the last call's result."""
     for _ in range(warmup):
         fn()
-    times = []
+    times, result = [], None
     for _ in range(repeats):
+        result = None  # free the previous output before the next run allocates its own
         start = time.perf_counter()
-        fn()
+        result = fn()
         times.append(time.perf_counter() - start)
+    return times, result
+
+
+def median_time(fn, repeats: int, warmup: int = 1) -> tuple[float, list[float]]:
+    times, _ = timed_runs(fn, repeats, warmup)
     return statistics.median(times), times
 
 
 def count_flops(fn) -> int:
-    """FLOPs (2 x multiply-adds) of `fn()` as counted by torch's FlopCounterMode."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs (2 x multiply-adds) of `fn()` as counted by torch's FlopCounterMode, including the oneDNN
+    convolutions the CPU conv dispatch calls directly (which the counter does not know). Ops run on
+    other threads (the Winograd kernel's workers) are not seen."""
+    from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
-    counter = FlopCounterMode(display=False)
+    def mkldnn_conv_flop(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, w_shape, out_shape, transposed=False)
+
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.mkldnn_convolution: mkldnn_conv_flop})
     with counter:
         fn()
     return counter.get_total_flops()

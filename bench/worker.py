@@ -1,9 +1,14 @@
-"""One measured benchmark variant, run in its own process by the bench scripts.
+"""One measured benchmark variant, run in its own process by bench/bench_vae.py.
 
-    python -m bench.worker '{"family": "seedvr2", "op": "decode", "frames": 9, "height": 256, ...}'
+    python -m bench.worker '{"family": "seedvr2", "op": "decode", "frames": 9, "height": 256, "width": 256,
+                             "dtype": "fp32", "variant": "optimized", "repeats": 3, "warmup": 1, "out": "..."}'
 
-Builds the family's full released config with random weights, runs the op `repeats` times after a
-warm-up, saves the output for error comparison and prints one JSON line: times, peak memory.
+Builds the family's full released config with random weights (bench.common.random_state_dict), sets
+it up for the variant (bench.variants), runs the op `repeats` times after `warmup` runs (the first
+one under torch's FLOP counter when `count_flops`), saves the last output for the error comparison
+and prints one JSON line: times, memory and FLOPs. Memory: "peak
+activation" is the most the timed runs allocate above the RSS they start from (VmHWM reset after the
+warm-up), "retained" what the warm-up left resident (caches such as the Winograd filter transforms).
 """
 import json
 import sys
@@ -11,35 +16,59 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from bench.common import DTYPES, build_random_model, median_time, peak_rss_bytes, reset_peak_rss, rss_bytes
+from bench.common import DTYPES, count_flops, peak_rss_bytes, random_state_dict, reset_peak_rss, rss_bytes, timed_runs
 from bench.families import FULL_CONFIGS, make_input
-from optimizations import Optimizations
+from bench.variants import prepared
+
+import vae
 
 
-def options(spec: dict) -> Optimizations:
-    path = spec.get("path", "optimized")
-    if path == "optimized":
-        return Optimizations()
-    if path == "straightforward":
-        return Optimizations.straightforward()
-    return Optimizations().with_(**{path: False})  # one switch off: "fused_norm_act", ...
+def build(spec: dict):
+    """(model, fn): the variant's model and the zero-argument op to time."""
+    family_cls, cfg = FULL_CONFIGS[spec["family"]]()
+    with torch.device("meta"):
+        meta = family_cls(cfg)
+    state = random_state_dict(meta, spec.get("seed", 0))
+    dtype = DTYPES[spec["dtype"]]
+    x = make_input(meta, spec)
+    if spec["variant"] == "core":
+        from bench.core_vae import core_model
+
+        model = core_model(spec["family"], state, dtype)
+        x = x.to(dtype)
+        op = model.encode if spec["op"] == "encode" else model.decode
+        return model, lambda: op(x)
+    model = vae.load(state, dtype=dtype)
+    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"))
+    op = model.encode if spec["op"] == "encode" else model.decode
+    return model, lambda: op(x, **kwargs)
 
 
 def run(spec: dict) -> dict:
-    family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-    model = build_random_model(family_cls, cfg, DTYPES[spec["dtype"]])
-    model.opts = options(spec)
-    x = make_input(model, spec)
-    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"))
-    fn = (lambda: model.encode(x, **kwargs)) if spec["op"] == "encode" else (lambda: model.decode(x, **kwargs))
-    reset_peak_rss()
-    base = rss_bytes()
-    median, times = median_time(fn, spec.get("repeats", 3), spec.get("warmup", 1))
-    peak = peak_rss_bytes()
-    out = fn() if spec.get("out") else None
-    if out is not None:
+    model, op = build(spec)
+    weights = rss_bytes()
+    with torch.inference_mode(), prepared(model, spec["variant"]) as setup:
+        def fn():
+            with setup.per_run():
+                return op()
+
+        weight_bytes = setup.weight_bytes
+        if weight_bytes is None:
+            weight_bytes = sum(p.nbytes for p in model.parameters())
+
+        flops = None
+        if spec.get("count_flops"):  # the first warm-up run, counted (FLOPs on worker threads are not seen)
+            flops = count_flops(fn)
+        times, _ = timed_runs(fn, 0, spec.get("warmup", 1) - bool(flops is not None))
+        retained = rss_bytes() - weights
+        before = rss_bytes()
+        reset_peak_rss()
+        times, out = timed_runs(fn, spec.get("repeats", 3), 0)
+        peak = peak_rss_bytes() - before
+    if spec.get("out"):
         save_file({"out": out.float().contiguous()}, spec["out"])
-    return {"median_s": median, "times_s": times, "peak_rss": peak, "peak_activation": peak - base, "weights_rss": base}
+    return {"times_s": times, "peak_activation": peak, "retained": retained, "weight_bytes": weight_bytes,
+            "flops": flops}
 
 
 if __name__ == "__main__":

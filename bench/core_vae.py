@@ -1,0 +1,52 @@
+"""ComfyUI core's own VAE of a family, built from the same state dict as StreamVAE's, for comparison.
+
+Core's Wan VAEs (comfy/ldm/wan/vae.py, vae2_2.py) use the checkpoint's key names, which are also
+StreamVAE's native ones, so one random state dict loads into both. Their `decode` takes the raw
+latent and returns unclamped pixels in [-1, 1], as StreamVAE's does; `encode` returns the raw mean.
+The ComfyUI checkout is found as the tests find it (STREAMVAE_COMFYUI, default .cache/ComfyUI).
+"""
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+COMFYUI = Path(os.environ.get("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI")).resolve()
+
+# family -> (core module, constructor arguments as comfy.sd.VAE passes them for the released files)
+CORE_WAN = {
+    "wan21": ("comfy.ldm.wan.vae", dict(dim=96, z_dim=16)),
+    "wan22": ("comfy.ldm.wan.vae2_2", dict(dim=160, z_dim=48)),
+}
+
+
+def _import_core(module: str):
+    """Import a ComfyUI module for CPU use (its model_management reads the command line on import)."""
+    if not (COMFYUI / "comfy").is_dir():
+        raise RuntimeError(f"ComfyUI not found at {COMFYUI} (set STREAMVAE_COMFYUI)")
+    if str(COMFYUI) not in sys.path:
+        sys.path.insert(0, str(COMFYUI))
+    import importlib
+
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    argv, sys.argv = sys.argv, [sys.argv[0], "--cpu"]
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.argv = argv
+
+
+def core_model(family: str, state_dict: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """Core's VAE of `family` with `state_dict` loaded (strict), in `dtype`, eval mode, on the CPU."""
+    if family not in CORE_WAN:
+        raise ValueError(f"no ComfyUI core VAE to compare for {family!r} (have {sorted(CORE_WAN)})")
+    module, kwargs = CORE_WAN[family]
+    core = _import_core(module)
+    with torch.device("meta"):
+        model = core.WanVAE(dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                            temperal_downsample=[False, True, True], dropout=0.0, **kwargs)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model.to(dtype).eval()

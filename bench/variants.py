@@ -1,0 +1,133 @@
+"""What each benchmark row runs, and the verdicts for the optimizations a CPU cannot measure.
+
+A variant name is one of
+- "optimized": every switch of `Optimizations` on (StreamVAE's default);
+- "straightforward": every switch off (what the upstream reference code does);
+- "no-<switch>": the optimized path with that one switch off, so its row shows that switch's effect;
+- an extra in EXTRAS: the optimized path plus one thing that is not a switch (a weight layout, a
+  compiler, a weight format, a cache setting), or "core": ComfyUI core's own VAE of the family.
+"""
+import contextlib
+from dataclasses import fields
+from types import SimpleNamespace
+
+import torch
+
+from optimizations import Optimizations
+
+SWITCHES = tuple(f.name for f in fields(Optimizations))
+
+# What each switch does, in the table's words (the full story is in optimizations/settings.py).
+SWITCH_NOTES = {
+    "fused_norm_act": "norm + SiLU in one pass, fp32 statistics, written into the next conv's buffer",
+    "buffered_causal_pad": "causal cache + pads in one preallocated buffer (memory-efficient concat)",
+    "sdpa_attention": "mid-block attention by SDPA instead of an explicit softmax(QK^T)V",
+    "native_pixel_shuffle": "3-D pixel shuffle as one copy + chunked channel-expanding conv",
+    "inplace_residual": "residual adds in place",
+    "skip_zero_head_taps": "Wan: skip conv taps that only see the zero causal head",
+    "subpixel_upsample_conv": "Wan: nearest 2x + 3x3 conv as four 2x2 phase convs",
+    "winograd_conv": "CPU: 3x3 convs by Winograd F(4x4,3x3)",
+    "triton_norm": "CUDA: norm + SiLU as Triton kernels (CPU: no effect)",
+}
+
+# Extras run on the optimized path. Each maps to a context manager factory (model -> context).
+EXTRA_NOTES = {
+    "channels_last_3d": "conv weights stored NDHWC (backend.to_channels_last_3d)",
+    "compile": "torch.compile (inductor) per block, eager fallback",
+    "fp8_weights": "weights stored float8 e4m3 + per-channel scale, dequantized per run",
+    "winograd_uncapped": "Winograd filter-transform cache without its byte cap",
+    "core": "ComfyUI core's VAE, same weights and input",
+}
+EXTRAS = tuple(EXTRA_NOTES)
+
+# Optimizations from the design documents that this CPU cannot exercise, or that live outside the
+# timed network path; each gets a row with its verdict. Measured ones are in the main table.
+NOT_MEASURED = [
+    ("cuDNN benchmark (autotuned conv algorithms)", "CUDA only; switch in backend.BackendFlags. Not measured (no GPU)."),
+    ("TF32 matmul/conv", "CUDA (Ampere+) only; switch in backend.BackendFlags. Not measured (no GPU)."),
+    ("pinned memory + non-blocking copies", "CUDA only; optimizations/streams.py copy-out pipeline. Not measured (no GPU)."),
+    ("CUDA streams: compute / copy-out overlap", "CUDA only; optimizations/streams.py. Not measured (no GPU); CPU fallback tested."),
+    ("CUDA graphs for a fixed tile", "CUDA only; optimizations/cuda_graphs.py. Not measured (no GPU); CPU fallback tested."),
+    ("torch.compile reduce-overhead / max-autotune", "CUDA modes (CUDA graphs, Triton autotuning). Not measured (no GPU)."),
+    ("fused GroupNorm+SiLU Triton kernel", "CUDA only (switch triton_norm); matches torch under TRITON_INTERPRET. Speed not measured (no GPU)."),
+    ("flash / memory-efficient SDPA kernels", "CUDA kernels; on CPU SDPA is the sdpa_attention row. Not measured (no GPU)."),
+    ("fp16/bf16 autocast", "Not used: weights are cast per half (encode/decode dtype) with fp32 norm statistics; "
+                           "bf16 rows measure it."),
+    ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
+    ("chunked upsampling (4-8x channel-expansion peak)", "Part of native_pixel_shuffle (its row): the expanding conv runs "
+                                                         "a few frames at a time."),
+    ("preallocated outputs, cached blend ramps, separable blending", "Tiling/streaming engine (vae/tiling.py, "
+                                                                     "vae/streaming.py); always on, not timed here."),
+]
+
+
+def options(variant: str) -> Optimizations:
+    """The switches a variant runs with."""
+    if variant == "straightforward":
+        return Optimizations.straightforward()
+    if variant.startswith("no-"):
+        name = variant[3:]
+        if name not in SWITCHES:
+            raise ValueError(f"unknown switch {name!r}; one of {SWITCHES}")
+        return Optimizations().with_(**{name: False})
+    if variant == "optimized" or variant in EXTRAS:
+        return Optimizations()
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def describe(variant: str) -> str:
+    if variant == "optimized":
+        return "all switches on"
+    if variant == "straightforward":
+        return "all switches off (upstream behaviour)"
+    if variant.startswith("no-"):
+        return "off: " + SWITCH_NOTES[variant[3:]]
+    return EXTRA_NOTES[variant]
+
+
+@contextlib.contextmanager
+def prepared(model, variant: str):
+    """Set `model` up for `variant` for the duration of the block. Yields `per_run` (a context factory
+    each timed run enters) and `weight_bytes` (resident weight bytes when not the parameters')."""
+    from optimizations import winograd
+    from optimizations.backend import to_channels_last_3d
+    from optimizations.compile import CompileSettings, compile_blocks, uncompile_blocks, blocks
+    from optimizations.fp8_weights import Fp8WeightStore
+
+    model.opts = options(variant)
+    setup = SimpleNamespace(per_run=contextlib.nullcontext, weight_bytes=None)
+    limit = winograd.FILTER_CACHE.limit_bytes
+    try:
+        if variant == "channels_last_3d":
+            to_channels_last_3d(model)
+        elif variant == "compile":
+            report = compile_blocks(model, CompileSettings())
+            if report.fallback_reason:
+                raise RuntimeError(f"compile unavailable: {report.fallback_reason}")
+        elif variant == "fp8_weights":
+            store = Fp8WeightStore(model)
+            setup.per_run, setup.weight_bytes = store.materialized, store.stored_bytes
+        elif variant == "winograd_uncapped":
+            winograd.FILTER_CACHE.set_limit(1 << 62)
+        yield setup
+    finally:
+        winograd.FILTER_CACHE.set_limit(limit)
+        if variant == "compile":
+            uncompile_blocks([m for _, m in blocks(model)])
+
+
+def verdict(variant: str, time_s: float, optimized_s: float | None) -> str:
+    """One line on what the row shows, from its time next to the optimized row's."""
+    if variant.startswith("no-") and optimized_s:
+        gain = time_s / optimized_s
+        if abs(gain - 1) < 0.03:
+            return "no measurable gain here (within 3%)"
+        return f"switch gains {gain:.2f}x" if gain > 1 else f"switch costs {1 / gain:.2f}x here"
+    if variant in EXTRAS and variant != "core" and optimized_s:
+        ratio = optimized_s / time_s
+        if abs(ratio - 1) < 0.03:
+            return "no measurable change vs optimized (within 3%)"
+        return f"{ratio:.2f}x the optimized speed"
+    if variant == "core" and optimized_s:
+        return f"StreamVAE optimized is {time_s / optimized_s:.2f}x faster than core"
+    return ""
