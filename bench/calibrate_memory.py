@@ -26,11 +26,10 @@ FAMILIES = ("seedvr2", "wan21", "wan22")
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured
 # peak is that of a steady 4-frame chunk.
 FIT_POINTS = {
-    "untiled": [(64, None), (96, None), (128, None)],
+    "untiled": [(96, None), (160, None)],
     "exact": [(128, 32), (128, 64), (192, 64)],
-    "fast": [(128, 32), (128, 64), (192, 64)],
 }
-CHECK_POINTS = {"untiled": [(80, None), (160, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)]}
+CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)]}
 FRAMES = 5
 
 
@@ -60,11 +59,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--ops", nargs="+", default=["decode", "encode"])
-    parser.add_argument("--modes", nargs="+", default=list(FIT_POINTS), choices=list(FIT_POINTS))
+    parser.add_argument("--modes", nargs="+", default=None, choices=list(CHECK_POINTS),
+                        help="default: untiled and exact (fitted); with --check also fast")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help="compare predictions with measurements at new sizes")
     args = parser.parse_args()
     device_type = torch.device(args.device).type
+    args.modes = args.modes or list(CHECK_POINTS if args.check else FIT_POINTS)
     table = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
     for family in args.families:
         for op in args.ops:

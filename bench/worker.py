@@ -39,7 +39,7 @@ def build(spec: dict):
         op = model.encode if spec["op"] == "encode" else model.decode
         return model, lambda: op(x)
     model = vae.load(state, dtype=dtype)
-    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"))
+    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), **spec.get("engine", {}))  # engine: tiling kwargs
     op = model.encode if spec["op"] == "encode" else model.decode
     return model, lambda: op(x, **kwargs)
 

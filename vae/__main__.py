@@ -71,16 +71,19 @@ def write_video(path: Path, frames: torch.Tensor, fps: float) -> None:
 
 
 class Progress:
-    """A one-line text progress bar on stderr (units: temporal chunks)."""
+    """A one-line text progress bar on stderr (units: tile x temporal chunk steps)."""
 
     def __init__(self, label: str):
-        self.label, self.start = label, time.perf_counter()
+        self.label, self.start, self.shown = label, time.perf_counter(), 0.0
 
     def __call__(self, done: int, total: int) -> None:
         filled = int(30 * done / total)
         elapsed = time.perf_counter() - self.start
+        if done < total and elapsed - self.shown < 0.5:  # redraw twice a second at most
+            return
+        self.shown = elapsed
         end = "\n" if done == total else ""
-        print(f"\r{self.label:7s} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} chunks {elapsed:6.1f}s", end=end, file=sys.stderr, flush=True)
+        print(f"\r{self.label:7s} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} steps {elapsed:6.1f}s", end=end, file=sys.stderr, flush=True)
 
 
 def roundtrip(args: argparse.Namespace) -> None:
@@ -101,9 +104,12 @@ def roundtrip(args: argparse.Namespace) -> None:
         print(f"no input given: generated a {frames.shape[0]}-frame {height}x{width} test pattern")
     t, h, w, _ = frames.shape
     video = (frames.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1)  # B,3,T,H,W in [-1, 1]
-    z = model.encode(video, temporal_chunk=args.temporal_chunk, progress=Progress("encode"))
+    budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
+    tiling = dict(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
+                  tiling=args.tiling, memory_budget=budget)
+    z = model.encode(video, progress=Progress("encode"), **tiling)
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
-    out = model.decode(z, temporal_chunk=args.temporal_chunk, num_frames=t, height=h, width=w, progress=Progress("decode"))
+    out = model.decode(z, num_frames=t, height=h, width=w, progress=Progress("decode"), **tiling)
     result = ((out[0].permute(1, 2, 3, 0) + 1) / 2).clamp(0, 1)
     mse = torch.mean((result - frames) ** 2).item()
     psnr = 10 * math.log10(1 / mse) if mse > 0 else float("inf")
@@ -122,7 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     rt.add_argument("--size", default="256x256", help="HxW of the generated pattern in pixels (default: %(default)s)")
     rt.add_argument("--dtype", choices=DTYPES, default="fp32", help="compute dtype (default: %(default)s)")
     rt.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    rt.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step (default: engine's choice)")
+    rt.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step (default: 1, or the budget's choice)")
+    rt.add_argument("--tile-size", type=int, default=None, help="spatial tile in pixels (default: untiled)")
+    rt.add_argument("--tile-overlap", type=int, default=0, help="tile overlap in pixels (fast tiling only)")
+    rt.add_argument("--tiling", choices=("exact", "fast"), default="exact", help="exact: equals untiled; fast: blended tiles")
+    rt.add_argument("--memory-budget", default=None, help="GiB, or 'auto': picks the largest chunk and tile that fit")
     args = parser.parse_args(argv)
     roundtrip(args)
 

@@ -1,8 +1,9 @@
 """Memory model and planning: predict an encode/decode's peak memory, pick settings that fit a budget.
 
 Peak = weights + input/output buffers on the compute device + activations. Activations follow a
-linear model calibrated by measurement for each family, op and tiling mode (bench/calibrate_memory.py
-writes `memory_calibration.json` beside this file):
+linear model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles
+are untiled runs of one tile) on the CPU (bench/calibrate_memory.py writes `memory_calibration.json`
+beside this file; a CUDA calibration is used on CUDA where one exists):
 
     activations = element_size * (per_pixel * chunk_pixels + per_tile_pixel * tile_pixels) + fixed
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .tiling import as_pair
+from .tiling import as_pair, latent_grid
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
@@ -111,26 +112,39 @@ def _geometry(model, op: str, shape):
 
 
 def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str = "exact", device=None) -> int:
-    """Predicted peak bytes on the compute device for one encode/decode with these settings."""
+    """Predicted peak bytes on the compute device for one encode/decode with these settings.
+
+    Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
+    coefficients at tile size, plus the tile's own output buffer that is blended into the result.
+    """
     device = torch.device(device) if device is not None else model.device
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     elem = torch.finfo(dtype).bits // 8
     b, n_lat, height, width, buffers = _geometry(model, op, shape)
     frames = model.temporal_factor * min(temporal_chunk, n_lat)  # pixel frames of a full chunk
-    mode = "untiled" if tile_size is None else tiling
-    coef = coefficients(model.family, op, mode, device.type)
-    act = coef["per_pixel"] * b * frames * height * width
+    tile_pixels = 0
     if tile_size is not None:
         th, tw = as_pair(tile_size)
-        act += coef.get("per_tile_pixel", 0.0) * b * frames * min(th, height) * min(tw, width)
+        tile_pixels = b * frames * min(th, height) * min(tw, width)
+    if tile_size is not None and tiling == "fast":
+        coef = coefficients(model.family, op, "untiled", device.type)
+        clip_frames = model.temporal_factor * (n_lat - 1) + 1
+        act = coef["per_pixel"] * tile_pixels + 3 * clip_frames * tile_pixels / frames
+    else:
+        coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
+        act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
     return int(weight_bytes(model) + buffers * 4 + elem * act + coef.get("fixed", 0))
 
 
-def _grid(model, op, shape, temporal_chunk, tile_size) -> tuple[int, int, int]:
+def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
     _, n_lat, height, width, _ = _geometry(model, op, shape)
     chunks = -(-n_lat // temporal_chunk)
     if tile_size is None:
         return 1, 1, chunks
+    if tiling == "fast":
+        sf = model.spatial_factor
+        grid = latent_grid(height // sf, width // sf, tile_size, tile_overlap, sf)
+        return (len(grid[0]), len(grid[1]), chunks) if grid else (1, 1, chunks)
     th, tw = as_pair(tile_size)
     return -(-height // th), -(-width // tw), chunks
 
@@ -154,7 +168,8 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     def make(chunk, tile):
         peak = estimate(model, op, input_shape, chunk, tile, tiling, device)
         fits = budget is None or peak <= budget
-        return Plan(op, chunk, tile, tiling, _grid(model, op, input_shape, chunk, tile), peak, budget, fits)
+        grid = _grid(model, op, input_shape, chunk, tile, tile_overlap, tiling)
+        return Plan(op, chunk, tile, tiling, grid, peak, budget, fits)
 
     if budget is None:
         return make(max_chunk, given_tile)
@@ -165,7 +180,12 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
             if candidate.fits:
                 return candidate
     limit = given_tile or (height, width)
-    tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if t < max(height, width)]
+    # Exact tiles below 4 latent cells cost far more time than they save; fast tiles must exceed
+    # twice the overlap to make progress.
+    smallest = 4 * model.spatial_factor
+    if tiling == "fast":
+        smallest = max(smallest, 2 * max(as_pair(tile_overlap)) + model.spatial_factor)
+    tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
     tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
     for tile in tiles:
         for chunk in chunks:

@@ -4,19 +4,25 @@ Pixel frames and latent frames correspond as 0 <-> 0 and latent i <-> pixels 4i-
 c latent frames is 1 + 4(c-1) pixel frames for the first chunk and 4c afterwards. The causal caches
 in the `StreamContext` make every chunking produce the whole-clip result; chunks are written into a
 preallocated output (optionally on another device), so memory does not grow with clip length beyond
-the output itself. Spatial tiling (`tiling.py`) composes with the chunking.
+the output itself. Spatial tiling (`tiling.py`) composes with the chunking; a memory budget picks
+chunk and tile (`memory.py`); out-of-memory and fp16 overflow are recovered from (`recovery.py`).
 """
+import logging
+import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from . import memory, recovery
 from . import tiling as tiles
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
 TILING_MODES = ("exact", "fast")
+NONFINITE_MODES = ("error", "zero")
+log = logging.getLogger("streamvae")
 
 
 class Cancelled(RuntimeError):
@@ -26,13 +32,28 @@ class Cancelled(RuntimeError):
 class Steps:
     """Counts units of work (tile x chunk), reports (done, total) and honours cancellation.
 
-    A chunk is `per_chunk` units: one per tile of every tiled conv under exact tiling (estimated from
-    the model's conv count; `chunk_done` realigns the count at the end of each chunk), else one.
+    A chunk is `per_chunk` units: one per tile of every tiled conv under exact tiling (`convs`
+    tiled convs per chunk; `chunk_done` realigns the count at the end of each chunk), else one.
     """
 
-    def __init__(self, chunks: int, progress: ProgressFn | None, cancel: CancelFn | None, per_chunk: int = 1):
-        self.done, self.per_chunk, self.total = 0, per_chunk, chunks * per_chunk
+    def __init__(self, chunks: int, progress: ProgressFn | None, cancel: CancelFn | None, convs: int = 0):
+        self.chunks, self.chunks_done, self.per_chunk, self.done, self.convs = chunks, 0, 1, 0, convs
         self.progress, self.cancel = progress, cancel
+
+    @property
+    def total(self) -> int:
+        return self.chunks * self.per_chunk
+
+    def units_per_chunk(self, tiling) -> int:
+        if tiling is None:
+            return 1
+        rows, cols = tiling.grid
+        return max(1, self.convs * rows * cols)
+
+    def replan(self, chunks_left: int, per_chunk: int) -> None:
+        """Settings changed mid-stream (out-of-memory retry): recount what is left."""
+        self.per_chunk, self.chunks = per_chunk, self.chunks_done + chunks_left
+        self.done = self.chunks_done * per_chunk
 
     def check(self) -> None:
         if self.cancel is not None and self.cancel():
@@ -45,26 +66,28 @@ class Steps:
     def __call__(self) -> None:
         """One unit done (a tile of a conv, or a chunk of a fast-mode tile), then check cancellation.
         Under exact tiling the last unit of a chunk is left for `chunk_done`, as the estimate may be high."""
-        if self.per_chunk == 1 or self.done % self.per_chunk != self.per_chunk - 1:
-            self.done += 1
+        if self.done % self.per_chunk != self.per_chunk - 1 or self.per_chunk == 1:
+            self.done = min(self.done + 1, self.total)
             self._report()
         self.check()
 
-    def chunk_done(self, index: int) -> None:
-        self.done = (index + 1) * self.per_chunk
+    def chunk_done(self) -> None:
+        self.chunks_done += 1
+        self.done = self.chunks_done * self.per_chunk
         self._report()
         self.check()
 
 
-def _exact_tiling(model, modules, reference_hw, size, steps: Steps):
-    """An ExactTiling for the path through `modules`, or None when one tile covers the frame."""
+def _conv_count(modules) -> int:
+    return sum(isinstance(m, (CausalConv3d, FrameConv2d)) for root in modules for m in root.modules())
+
+
+def _exact_tiling(reference_hw, size, steps: Steps):
+    """An ExactTiling on the video size `reference_hw`, or None when one tile covers the frame."""
     if size is None or (size[0] >= reference_hw[0] and size[1] >= reference_hw[1]):
         return None
     tiling = tiles.ExactTiling(reference_hw, size, steps)
-    convs = sum(isinstance(m, (CausalConv3d, FrameConv2d)) for root in modules for m in root.modules())
-    rows, cols = tiling.grid
-    steps.per_chunk = convs * rows * cols
-    steps.total *= steps.per_chunk
+    steps.replan(steps.chunks, steps.units_per_chunk(tiling))
     return tiling
 
 
@@ -77,11 +100,10 @@ def pixel_frames(num_latent: int, temporal_factor: int = 4) -> int:
     return temporal_factor * (num_latent - 1) + 1
 
 
-def _pixel_span(chunk_index: int, chunk: int, n_latent: int, temporal_factor: int) -> tuple[int, int]:
-    """Pixel-frame range [start, stop) of latent frames [chunk_index*chunk, (chunk_index+1)*chunk)."""
-    first, last = chunk_index * chunk, min((chunk_index + 1) * chunk, n_latent) - 1
+def _pixel_span(first: int, count: int, temporal_factor: int) -> tuple[int, int]:
+    """Pixel-frame range [start, stop) of latent frames [first, first + count)."""
     start = 0 if first == 0 else temporal_factor * (first - 1) + 1
-    return start, temporal_factor * last + 1
+    return start, temporal_factor * (first + count - 1) + 1
 
 
 def _check_chunk(temporal_chunk: int | None, total: int) -> int:
@@ -92,14 +114,16 @@ def _check_chunk(temporal_chunk: int | None, total: int) -> int:
     return min(temporal_chunk, total)
 
 
-def _check_tiling(tiling: str, tile_size, tile_overlap):
+def _check_tiling(model, tiling: str, tile_size, tile_overlap):
     if tiling not in TILING_MODES:
         raise ValueError(f"tiling must be one of {TILING_MODES}, got {tiling!r}")
     if tile_size is None:
         return None, None
     size, overlap = tiles.as_pair(tile_size), tiles.as_pair(tile_overlap)
-    if min(size) < 1:
-        raise ValueError(f"tile_size must be positive pixels, got {tile_size!r}")
+    smallest = 2 * model.spatial_factor
+    if min(size) < smallest:
+        raise ValueError(f"tile_size {tile_size!r} is below {smallest} px (2 latent cells of this {model.family} VAE); "
+                         "use a larger tile, or None for no tiling")
     if min(overlap) < 0 or overlap[0] >= size[0] or overlap[1] >= size[1]:
         raise ValueError(f"tile_overlap {tile_overlap!r} must be >= 0 and smaller than tile_size {tile_size!r}")
     return size, overlap
@@ -114,6 +138,59 @@ def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
     return x, image
 
 
+def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling):
+    """(temporal_chunk, tile_size) to run with: the given ones, or the plan's for a memory budget."""
+    if memory_budget is None:
+        return temporal_chunk, tile_size
+    plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
+                       tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget)
+    if not plan.fits:
+        log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
+                    op, plan.describe(), plan.budget_bytes / 2**30)
+    return plan.temporal_chunk, plan.tile_size
+
+
+def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, reference_hw, step, count: bool) -> None:
+    """step(first, count) for consecutive runs of latent frames until done or step returns False.
+
+    Out of memory inside a step rolls the causal caches back to the chunk's start, shrinks tile then
+    chunk (`recovery.Shrinker`) and retries; finished chunks stay written."""
+    shrinker, lo = None, 0
+    while lo < n_lat:
+        n = min(chunk, n_lat - lo)
+        cache, first = dict(ctx.cache), ctx.first_chunk
+        try:
+            more = step(lo, n)
+        except (RuntimeError, MemoryError) as error:
+            if not recovery.is_oom(error):
+                raise
+            reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
+        else:
+            ctx.first_chunk = False
+            lo += n
+            steps.chunk_done() if count else steps()
+            if more is False:
+                return
+            continue
+        ctx.cache, ctx.first_chunk = cache, first
+        recovery.free_cached_memory(model.device)
+        shrinker = shrinker or recovery.Shrinker(model, ctx, steps, reference_hw, chunk, count)
+        chunk = shrinker.shrink(reason, n_lat - lo)
+
+
+def _with_half_fallback(model, op: str, run):
+    """run(), rerun in bf16/fp32 if fp16 compute overflowed (see recovery.fall_back_from_half)."""
+    try:
+        return run()
+    except recovery.HalfOverflow:
+        recovery.fall_back_from_half(model, op)
+        return run()
+
+
+def _overflowed(y: torch.Tensor) -> bool:
+    return y.dtype == torch.float16 and not bool(torch.isfinite(y).all())
+
+
 def encode(
     model,
     video: torch.Tensor,
@@ -122,6 +199,7 @@ def encode(
     tile_size=None,
     tile_overlap=0,
     tiling: str = "exact",
+    memory_budget=None,
     return_logvar: bool = False,
     out_device: torch.device | str | None = None,
     progress: ProgressFn | None = None,
@@ -132,7 +210,8 @@ def encode(
     T is padded to 4n+1 by repeating the last frame and H, W to multiples of the spatial factor by
     edge replication, one chunk at a time (the padded clip is never materialised). `tile_size` and
     `tile_overlap` (pixels) tile the frame; `tiling` is "exact" (equals untiled) or "fast"
-    (independent blended tiles). With `return_logvar` the result is (mean, logvar).
+    (independent blended tiles). `memory_budget` (bytes or "auto") picks the largest chunk and tile
+    that fit, the given ones acting as upper limits. With `return_logvar` the result is (mean, logvar).
     """
     video, image = _as_video(video, "encode input")
     b, c, t, h, w = video.shape
@@ -140,7 +219,9 @@ def encode(
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
-    size, overlap = _check_tiling(tiling, tile_size, tile_overlap)
+    _check_tiling(model, tiling, tile_size, tile_overlap)
+    temporal_chunk, tile_size = _budgeted(model, "encode", video.shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling)
+    size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     n_lat = latent_frames(t, tf)
     chunk = _check_chunk(temporal_chunk, n_lat)
@@ -151,50 +232,60 @@ def encode(
     logvar = torch.empty(shape, dtype=out_dtype, device=out_device) if return_logvar else None
     n_chunks = -(-n_lat // chunk)
     grid = tiles.latent_grid(shape[3], shape[4], size, overlap, sf) if size and tiling == "fast" else None
-    with torch.inference_mode():
+
+    def run():
         if grid is None:
-            steps = Steps(n_chunks, progress, cancel)
-            exact = _exact_tiling(model, model.encode_modules(), (shape[3] * sf, shape[4] * sf), size, steps) if size else None
-            _encode_stream(model, video, mean, logvar, chunk, steps, exact)
-        else:
-            steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
+            steps = Steps(n_chunks, progress, cancel, _conv_count(model.encode_modules()))
+            _encode_stream(model, video, mean, logvar, chunk, steps, size)
+            return
+        steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
 
-            def encode_tile(pixels):
-                tile_shape = (b, model.latent_channels, n_lat, -(-pixels.shape[3] // sf), -(-pixels.shape[4] // sf))
-                m = torch.empty(tile_shape, dtype=out_dtype, device=out_device)
-                lv = torch.empty_like(m) if logvar is not None else None
-                _encode_stream(model, pixels, m, lv, chunk, steps, count=False)
-                return (m, lv) if lv is not None else (m,)
+        def encode_tile(pixels):
+            tile_shape = (b, model.latent_channels, n_lat, -(-pixels.shape[3] // sf), -(-pixels.shape[4] // sf))
+            m = torch.empty(tile_shape, dtype=out_dtype, device=out_device)
+            lv = torch.empty_like(m) if logvar is not None else None
+            _encode_stream(model, pixels, m, lv, chunk, steps, None, count=False)
+            return (m, lv) if lv is not None else (m,)
 
-            tiles.encode_fast(video, mean, logvar, grid, sf, encode_tile, steps.check)
+        tiles.encode_fast(video, mean, logvar, grid, sf, encode_tile, steps.check)
+
+    with torch.inference_mode():
+        _with_half_fallback(model, "encode", run)
     if image:
         mean = mean.squeeze(2)
         logvar = logvar.squeeze(2) if logvar is not None else None
     return (mean, logvar) if return_logvar else mean
 
 
-def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tiling=None, count: bool = True) -> None:
-    """Temporal chunks of `video` through the encoder into the preallocated `mean` (and `logvar`)."""
+def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, count: bool = True) -> None:
+    """Temporal chunks of `video` through the encoder into the preallocated `mean` (and `logvar`),
+    exactly tiled when `tile_size` is smaller than the (padded) frame."""
     t, h, w = video.shape[2:]
     sf, tf = model.spatial_factor, model.temporal_factor
     hp, wp = mean.shape[3] * sf, mean.shape[4] * sf
-    n_lat = mean.shape[2]
     device, dtype = model.device, model.encode_dtype
-    ctx = StreamContext(model.opts, tiling)
-    for i in range(-(-n_lat // chunk)):
-        start, stop = _pixel_span(i, chunk, n_lat, tf)
+    ctx = StreamContext(model.opts, _exact_tiling((hp, wp), tile_size, steps) if count else None)
+
+    def step(first, n):
+        start, stop = _pixel_span(first, n, tf)
         # Frames past the end repeat the last real frame (T -> next 4n+1).
         index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
         x = video.index_select(2, index).to(device=device, dtype=dtype)
         if hp != h or wp != w:
             x = F.pad(x, (0, wp - w, 0, hp - h, 0, 0), mode="replicate")
         m, lv = model.encode_chunk(x, ctx)
-        ctx.first_chunk = False
-        lo = i * chunk
-        mean[:, :, lo:lo + m.shape[2]] = m
+        if _overflowed(m):
+            raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
+        mean[:, :, first:first + m.shape[2]] = m
         if logvar is not None:
-            logvar[:, :, lo:lo + lv.shape[2]] = lv
-        steps.chunk_done(i) if count else steps()
+            logvar[:, :, first:first + lv.shape[2]] = lv
+
+    _stream(model, ctx, steps, mean.shape[2], chunk, (hp, wp), step, count)
+
+
+def _nonfinite_frames(z: torch.Tensor) -> list[int]:
+    bad = ~torch.isfinite(z)
+    return torch.nonzero(bad.any(dim=(0, 1, 3, 4))).flatten().tolist() if bad.any() else []
 
 
 def decode(
@@ -208,6 +299,8 @@ def decode(
     tile_size=None,
     tile_overlap=0,
     tiling: str = "exact",
+    memory_budget=None,
+    nonfinite: str = "error",
     out: torch.Tensor | None = None,
     out_device: torch.device | str | None = None,
     out_dtype: torch.dtype | None = None,
@@ -218,7 +311,9 @@ def decode(
 
     `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
     are written straight into a preallocated buffer (`out`, or a new one on `out_device`).
-    `tile_size` / `tile_overlap` (output pixels) and `tiling` as in `encode`.
+    `tile_size` / `tile_overlap` (output pixels), `tiling` and `memory_budget` as in `encode`.
+    A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
+    values are then replaced by 0 (with a warning) and the clip is decoded.
     """
     z, image = _as_video(z, "decode input")
     b, c, n_lat, h, w = z.shape
@@ -228,7 +323,21 @@ def decode(
             f"(shape {tuple(z.shape)}); was the latent made by another VAE family?")
     if n_lat < 1 or h < 1 or w < 1:
         raise ValueError(f"decode got an empty latent of shape {tuple(z.shape)}")
-    size, overlap = _check_tiling(tiling, tile_size, tile_overlap)
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    bad = _nonfinite_frames(z)
+    if bad and nonfinite == "error":
+        raise ValueError(f"the latent has NaN/Inf values in latent frame(s) {bad} (of {n_lat}): the sampler that made it "
+                         "diverged (often fp16 overflow; try bf16/fp32 sampling). Pass nonfinite='zero' to decode "
+                         "anyway with those values set to 0.")
+    if bad:
+        message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
+    _check_tiling(model, tiling, tile_size, tile_overlap)
+    temporal_chunk, tile_size = _budgeted(model, "decode", z.shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling)
+    size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     full_t, full_h, full_w = pixel_frames(n_lat, tf), h * sf, w * sf
     t_out = full_t if num_frames is None else num_frames
@@ -246,36 +355,43 @@ def decode(
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
     n_chunks = -(-n_lat // chunk)
     grid = tiles.latent_grid(h, w, size, overlap, sf) if size and tiling == "fast" else None
-    with torch.inference_mode():
+
+    def run():
         if grid is None:
-            steps = Steps(n_chunks, progress, cancel)
-            exact = _exact_tiling(model, model.decode_modules(), (full_h, full_w), size, steps) if size else None
-            _decode_stream(model, z, out, chunk, steps, exact)
-        else:
-            steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
+            steps = Steps(n_chunks, progress, cancel, _conv_count(model.decode_modules()))
+            _decode_stream(model, z, out, chunk, steps, size)
+            return
+        steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
 
-            def decode_tile(zt):
-                tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
-                return _decode_stream(model, zt, tile_out, chunk, steps, count=False)
+        def decode_tile(zt):
+            tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
+            return _decode_stream(model, zt, tile_out, chunk, steps, None, count=False)
 
-            tiles.decode_fast(model, z, out, grid, decode_tile, steps.check)
+        tiles.decode_fast(model, z, out, grid, decode_tile, steps.check)
+
+    with torch.inference_mode():
+        _with_half_fallback(model, "decode", run)
     return out.squeeze(2) if image else out
 
 
-def _decode_stream(model, z, out, chunk, steps: Steps, tiling=None, count: bool = True) -> torch.Tensor:
-    """Temporal chunks of `z` through the decoder into the preallocated `out` (cropped to its size)."""
+def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, count: bool = True) -> torch.Tensor:
+    """Temporal chunks of `z` through the decoder into the preallocated `out` (cropped to its size),
+    exactly tiled when `tile_size` is smaller than the frame."""
     t_out, h_out, w_out = out.shape[2:]
+    reference = (z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor)
     device, dtype = model.device, model.decode_dtype
-    ctx = StreamContext(model.opts, tiling)
+    ctx = StreamContext(model.opts, _exact_tiling(reference, tile_size, steps) if count else None)
     pos = 0
-    for i in range(-(-z.shape[2] // chunk)):
-        zc = z[:, :, i * chunk:(i + 1) * chunk].to(device=device, dtype=dtype)
-        y = model.decode_chunk(zc, ctx)
-        ctx.first_chunk = False
-        n = min(y.shape[2], t_out - pos)
-        out[:, :, pos:pos + n] = y[:, :, :n, :h_out, :w_out]
-        pos += n
-        steps.chunk_done(i) if count else steps()
-        if pos >= t_out:
-            break
+
+    def step(first, n):
+        nonlocal pos
+        y = model.decode_chunk(z[:, :, first:first + n].to(device=device, dtype=dtype), ctx)
+        if _overflowed(y):
+            raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
+        k = min(y.shape[2], t_out - pos)
+        out[:, :, pos:pos + k] = y[:, :, :k, :h_out, :w_out]
+        pos += k
+        return pos < t_out
+
+    _stream(model, ctx, steps, z.shape[2], chunk, reference, step, count)
     return out

@@ -1,0 +1,21 @@
+"""The memory model (vae/memory.py, calibrated by bench/calibrate_memory.py) predicts the peak of a
+real full-size decode within 15%: each measurement is a fresh process's peak RSS (bench/memory_worker.py),
+at sizes the calibration did not use."""
+import pytest
+
+from bench.common import run_worker
+from vae import memory
+
+# (size in pixels, tile in pixels or None): untiled and exact-tiled, none of them calibration points
+POINTS = [(112, None), (192, 96)]
+
+
+@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
+@pytest.mark.parametrize("size,tile", POINTS, ids=["untiled-112px", "exact-192px-tile96"])
+def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile):
+    spec = dict(family="seedvr2", op="decode", frames=5, height=size, width=size, tile_size=tile,
+                tiling="exact", temporal_chunk=1)
+    result = run_worker("bench.memory_worker", spec, timeout=600)
+    assert result["predicted_bytes"] is not None
+    error = result["predicted_bytes"] / result["peak_bytes"] - 1
+    assert abs(error) <= 0.15, (result, f"{100 * error:+.1f}%")

@@ -1,0 +1,202 @@
+"""Spatial tiling: exact mode equals untiled for every family, encode and decode, at tile sizes that
+do not divide the frame; fast mode reproduces the community SeedVR2 node and its error is measured;
+a memory budget picks the settings; out of memory mid-decode shrinks the tile and keeps finished work;
+progress and cancellation per tile."""
+import logging
+
+import pytest
+import torch
+
+import vae
+from tests.reference import load_tiny, tensors
+from vae import memory, recovery, streaming
+from vae.blocks import CausalConv3d
+
+FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+# (file, video input, raw decoder input) of each family's upstream fixture
+FIXTURES = {
+    "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
+    "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+    "wan22": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+}
+EXACT_ATOL = 1e-3
+# pixels on the fixtures' 64x64 frames: the smallest tile (2 latent cells of Wan2.2, 4 of the others),
+# one that does not divide the frame, and an uneven (h, w) pair; overlaps are ignored by exact mode.
+TILES = [(32, 0), (40, 8), ((56, 32), (8, 4))]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return load_tiny(request.param)
+
+
+def fixture_video(family):
+    file, name, _, _ = FIXTURES[family]
+    return tensors(family, file)[name]
+
+
+def fixture_latent(family):
+    _, _, file, name = FIXTURES[family]
+    return tensors(family, file)[name]
+
+
+@pytest.fixture(scope="module")
+def untiled(model):
+    video, z = fixture_video(model.family), fixture_latent(model.family)
+    return model.encode(video, temporal_chunk=1), model.decode(z, temporal_chunk=1)
+
+
+@pytest.mark.parametrize("tile,overlap", TILES, ids=str)
+def test_exact_tiled_encode_equals_untiled(model, untiled, tile, overlap):
+    got = model.encode(fixture_video(model.family), temporal_chunk=2, tile_size=tile, tile_overlap=overlap)
+    assert (got - untiled[0]).abs().max() <= EXACT_ATOL
+
+
+@pytest.mark.parametrize("tile,overlap", TILES, ids=str)
+def test_exact_tiled_decode_equals_untiled(model, untiled, tile, overlap):
+    got = model.decode(fixture_latent(model.family), temporal_chunk=2, tile_size=tile, tile_overlap=overlap)
+    assert (got - untiled[1]).abs().max() <= EXACT_ATOL
+
+
+def test_33_frames_in_one_frame_chunks_equal_the_whole_clip(model):
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(1, model.latent_channels, 9, 4, 3, generator=g)
+    whole = model.decode(z, temporal_chunk=9)
+    assert whole.shape[2] == 33
+    torch.testing.assert_close(model.decode(z, temporal_chunk=1), whole, atol=1e-5, rtol=0)
+    tiled = model.decode(z, temporal_chunk=1, tile_size=2 * model.spatial_factor)
+    assert (tiled - whole).abs().max() <= EXACT_ATOL
+
+
+def test_fast_mode_reproduces_the_community_seedvr2_node():
+    """numz's tiled_decode / tiled_encode with 32 px tiles and 16 px overlap (blended moments)."""
+    m = load_tiny("seedvr2")
+    ref = tensors("seedvr2", "tiny_outputs.safetensors")
+    video = tensors("seedvr2", "tiny_inputs.safetensors")["video"]
+    decoded = m.decode(ref["dec.input"], tile_size=32, tile_overlap=16, tiling="fast")
+    torch.testing.assert_close(decoded, ref["tiled_dec.video"], atol=1e-4, rtol=1e-4)
+    mean, logvar = m.encode(video, tile_size=32, tile_overlap=16, tiling="fast", return_logvar=True)
+    torch.testing.assert_close(torch.cat([mean, logvar], 1), ref["tiled_enc.moments"], atol=1e-4, rtol=1e-4)
+
+
+def test_fast_mode_error_is_measured_and_bounded(model, untiled):
+    """Fast tiles are not exact (their norms and attention see one tile): the error is far above exact
+    mode's, yet smaller than the signal itself."""
+    z = fixture_latent(model.family)
+    sf = model.spatial_factor
+    errors = [(model.decode(z, tile_size=4 * sf if sf == 8 else 48, tile_overlap=ov, tiling="fast") - untiled[1]).abs().mean().item()
+              for ov in (sf, 2 * sf)]
+    signal = untiled[1].abs().mean().item()
+    assert all(1e-3 < e < signal for e in errors), (errors, signal)
+
+
+def test_budget_picks_untiled_when_it_fits_and_tiles_when_not():
+    m = load_tiny("seedvr2")
+    shape = (1, 16, 3, 32, 48)
+    roomy = memory.plan(m, "decode", shape, memory_budget=2**40)
+    assert roomy.tile_size is None and roomy.temporal_chunk == 3 and roomy.fits
+    untiled_one_frame = memory.estimate(m, "decode", shape, 1, None)
+    tight = memory.plan(m, "decode", shape, memory_budget=int(untiled_one_frame * 0.8))
+    assert tight.tile_size is not None and tight.peak_bytes <= tight.budget_bytes
+    assert min(tight.tile_size) >= 4 * m.spatial_factor
+    fast = memory.plan(m, "decode", shape, tiling="fast", tile_overlap=64, memory_budget=int(untiled_one_frame * 0.8))
+    assert fast.tile_size is None or min(fast.tile_size) > 2 * 64
+
+
+def test_decode_under_a_budget_equals_untiled():
+    m = load_tiny("seedvr2")
+    z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
+    whole = m.decode(z)
+    budget = int(memory.estimate(m, "decode", tuple(z.shape), 1, None) * 0.9)
+    chosen = memory.plan(m, "decode", tuple(z.shape), memory_budget=budget)
+    assert chosen.tile_size is not None
+    assert (m.decode(z, memory_budget=budget) - whole).abs().max() <= EXACT_ATOL
+
+
+def _last_causal_conv(model):
+    return [m for m in model.decoder.modules() if isinstance(m, CausalConv3d)][-1]
+
+
+def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(model, monkeypatch, caplog):
+    """The decoder's last conv runs out of memory on every untiled chunk after the first, after all
+    other convs of the chunk updated their caches: the chunk is rolled back and redone in tiles;
+    the result still equals the untiled decode and no chunk is decoded twice."""
+    z = fixture_latent(model.family)
+    whole = model.decode(z, temporal_chunk=1)
+    conv, forward = _last_causal_conv(model), _last_causal_conv(model).forward
+    failures = []
+
+    def flaky(x, ctx, *args, **kwargs):
+        if ctx.tiling is None and not ctx.first_chunk:
+            failures.append(x.shape[2])
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return forward(x, ctx, *args, **kwargs)
+
+    chunks = []
+    decode_chunk = model.decode_chunk
+    monkeypatch.setattr(conv, "forward", flaky)
+    monkeypatch.setattr(model, "decode_chunk", lambda zc, ctx: chunks.append(zc.shape[2]) or decode_chunk(zc, ctx))
+    reports = []
+    with caplog.at_level(logging.WARNING, logger="streamvae"):
+        got = model.decode(z, temporal_chunk=1, progress=lambda d, t: reports.append((d, t)))
+    assert len(failures) == 1  # only chunk 1 failed; chunk 2 ran tiled straight away
+    assert chunks == [1, 1, 1, 1]  # chunk 0 once, chunk 1 failed once and was redone, chunk 2 once
+    assert (got - whole).abs().max() <= EXACT_ATOL
+    assert "retrying the chunk with tiles" in caplog.text
+    assert reports[-1][0] == reports[-1][1] and all(d <= t for d, t in reports)
+
+
+def test_out_of_memory_at_the_floor_says_what_was_tried(monkeypatch):
+    m = load_tiny("seedvr2")
+    conv = _last_causal_conv(m)
+
+    def always(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    monkeypatch.setattr(conv, "forward", always)
+    z = torch.randn(1, 16, 3, 8, 8)
+    with pytest.raises(recovery.OutOfMemory) as caught:
+        m.decode(z, temporal_chunk=2)
+    text = str(caught.value)
+    assert "untiled, 2 latent frame(s)" in text and "tiles 16x16 px, 1 latent frame(s)" in text
+    assert isinstance(caught.value, torch.OutOfMemoryError)
+
+
+def test_progress_counts_every_tile_and_cancel_stops_within_one(model):
+    z = fixture_latent(model.family)
+    reports = []
+    model.decode(z, temporal_chunk=1, tile_size=32, progress=lambda d, t: reports.append((d, t)))
+    totals = {t for _, t in reports}
+    assert len(totals) == 1 and reports[-1][0] == reports[-1][1]
+    assert [d for d, _ in reports] == sorted(d for d, _ in reports) and len(reports) > 3 * 4
+    seen = []
+    with pytest.raises(streaming.Cancelled):
+        model.decode(z, temporal_chunk=1, tile_size=32, progress=lambda d, t: seen.append(d), cancel=lambda: len(seen) >= 5)
+    assert len(seen) == 5
+
+
+def test_fp16_overflow_falls_back_and_says_so_once(monkeypatch, caplog):
+    """Inf from fp16 compute (forced here by scaling the last conv's weights past fp16's range; the weights stay finite) reruns
+    the decode in float32 on the CPU, warns once, and the model stays in float32."""
+    m = load_tiny("seedvr2")
+    z = fixture_latent("seedvr2")
+    m.set_dtypes(decode=torch.float16)
+    with torch.no_grad():
+        _last_causal_conv(m).weight.mul_(3e4)
+    with caplog.at_level(logging.WARNING, logger="streamvae"), pytest.warns(RuntimeWarning, match="fp16 decode overflowed"):
+        y = m.decode(z)
+    assert m.decode_dtype == torch.float32
+    assert torch.isfinite(y).all()
+    m.decode(z)
+    assert caplog.text.count("overflowed") == 1
+
+
+def test_nonfinite_latent_names_its_frames_or_decodes_with_zeros():
+    m = load_tiny("seedvr2")
+    z = fixture_latent("seedvr2").clone()
+    z[0, 3, 2, 1, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"latent frame\(s\) \[2\]"):
+        m.decode(z)
+    with pytest.warns(RuntimeWarning, match=r"\[2\]"):
+        y = m.decode(z, nonfinite="zero")
+    assert torch.isfinite(y).all() and y.shape[2] == 9
