@@ -4,14 +4,17 @@
     python bench/calibrate_memory.py --families seedvr2 --check
 
 Each measurement runs one encode/decode of the full released config (random weights, float32) in a
-fresh process and records the activation peak: peak RSS (CPU; VmHWM reset after the model, input and
-output buffers exist) or torch.cuda.max_memory_allocated (CUDA) minus what was resident before.
+fresh process (bench/memory_worker.py) and records what a warm-up call leaves resident (the CPU
+Winograd filter cache: `retained`) and the activation peak of the measured call: peak RSS (CPU; VmHWM
+reset after the model, buffers and warm-up) or torch.cuda.max_memory_allocated (CUDA) minus what was
+resident before.
 A least-squares fit of activations / element size = per_pixel * chunk pixel-frames
 + per_tile_pixel * tile pixel-frames + fixed gives the coefficients `vae.memory` uses. `--check`
 compares the stored model with fresh measurements at other sizes instead.
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,18 +74,21 @@ def main():
         for op in args.ops:
             for mode in args.modes:
                 points = (CHECK_POINTS if args.check else FIT_POINTS)[mode]
-                samples = []
+                samples, retained = [], []
                 for size, tile in points:
                     result = measure(family, op, size, tile, mode, args.device)
                     pixels, tile_pixels = features(family, op, size, tile)
                     samples.append((pixels, tile_pixels, result["activation_bytes"] / 4))
+                    retained.append(result["retained_bytes"])
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \
                                 f" ({100 * (result['predicted_bytes'] / result['peak_bytes'] - 1):+.1f}%)"
                     print(line, flush=True)
                 if not args.check:
-                    table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = fit(samples, mode != "untiled")
+                    entry = fit(samples, mode != "untiled")
+                    entry["retained"] = max(0, int(statistics.median(retained)))
+                    table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = entry
     if not args.check:
         memory.CALIBRATION.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         print(f"wrote {memory.CALIBRATION}")

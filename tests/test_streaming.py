@@ -119,8 +119,9 @@ def _decode_peak_beyond_output(family, latent, size):
 
 
 def test_memory_does_not_grow_with_clip_length(model):
-    """Peak memory beyond the (preallocated) output is the same for 3 and 17 latent frames."""
+    """Peak memory beyond the (preallocated) output is about the same for 3 and 17 latent frames
+    (decoding the 17 at once would take ~5x the 3; the margin absorbs allocator noise on a busy machine)."""
     size = 64 // model.spatial_factor * 2
     short = _decode_peak_beyond_output(model.family, 3, size)
     long = _decode_peak_beyond_output(model.family, 17, size)
-    assert long < short * 1.2 + 8 * 2**20, (short, long)
+    assert long < short * 1.5, (short, long)

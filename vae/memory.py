@@ -1,6 +1,7 @@
 """Memory model and planning: predict an encode/decode's peak memory, pick settings that fit a budget.
 
-Peak = weights + input/output buffers on the compute device + activations. Activations follow a
+Peak = weights + input/output buffers on the compute device + what stays resident between calls
+(the CPU Winograd filter cache) + activations. Activations follow a
 linear model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles
 are untiled runs of one tile) on the CPU (bench/calibrate_memory.py writes `memory_calibration.json`
 beside this file; a CUDA calibration is used on CUDA where one exists):
@@ -133,7 +134,7 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     else:
         coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
         act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
-    return int(weight_bytes(model) + buffers * 4 + elem * act + coef.get("fixed", 0))
+    return int(weight_bytes(model) + buffers * 4 + coef.get("retained", 0) + elem * act + coef.get("fixed", 0))
 
 
 def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
