@@ -38,7 +38,9 @@ def cpu_has_native(dtype: torch.dtype) -> bool:
 
 
 def _cpu_conv3d(x, weight, bias, stride, padding):
-    if torch.backends.mkldnn.is_available() and x.dtype == torch.float32:
+    # Under torch.compile the direct oneDNN call cannot be traced (fake tensors): inductor picks the
+    # CPU conv kernel itself from F.conv3d.
+    if torch.backends.mkldnn.is_available() and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         return torch.ops.aten.mkldnn_convolution(x, weight, bias, list(padding), list(stride), [1, 1, 1], 1)
     return F.conv3d(x, weight, bias, stride, padding)
 
@@ -61,11 +63,12 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
 
     `winograd`: allow the Winograd kernel where `winograd_eligible` (the caller's
-    `Optimizations.winograd_conv`); equal to oneDNN up to float32 rounding.
+    `Optimizations.winograd_conv`); equal to oneDNN up to float32 rounding. Not while torch.compile
+    traces (its worker threads and cache are not traceable): compiled blocks use inductor's convs.
     """
     if x.device.type != "cpu":
         return F.conv3d(x, weight, bias, stride, padding)
-    if winograd and winograd_eligible(x, weight, stride, padding):
+    if winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding):
         return winograd_conv3d(x, weight, bias)
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)

@@ -62,7 +62,7 @@ DEFAULT_CACHE_BYTES = 1 << 30
 
 
 class FilterCache:
-    """Filter transforms per weight, the least recently used dropped beyond `limit_bytes`.
+    """Filter transforms per weight, capped at `limit_bytes`; least recently used out first, scan-resistant.
 
     Entries are keyed by the weight's anchor (the tensor, or the base of a view such as
     weight.unsqueeze(2) or a tap slice) and the view's layout. An anchor's entries are dropped when
@@ -70,16 +70,21 @@ class FilterCache:
     (version counter). Not a WeakKeyDictionary: that compares tensor keys elementwise. A transform
     larger than the whole cap is returned without being kept.
 
-    When one pass over a model needs more than the cap, each call recomputes what was evicted (LRU
-    on a cyclic pattern keeps nothing useful); that costs one small batched GEMM per conv, measured
-    by bench/bench_vae.py's winograd cache row.
+    A model's convs are visited in the same cycle every chunk. Plain LRU keeps nothing useful when
+    one cycle needs more than the cap (each entry is evicted just before its next use), so an entry
+    is evicted only once it has gone unused for longer than the longest reuse interval seen (in
+    calls); until then a new transform is computed but not kept. A cycle then hits on the part that
+    fits (cap / total of it), and the entries of a model no longer used age out for a new one.
     """
 
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
         self.bytes = 0
         self._entries: OrderedDict = OrderedDict()  # (id(anchor), view key) -> U, oldest use first
-        self._anchors: dict[int, list] = {}  # id(anchor) -> [weakref(anchor), version, set(view keys)]
+        # id(anchor) -> [weakref(anchor), version, {view key: last use}] (uncached keys too)
+        self._anchors: dict[int, list] = {}
+        self._tick = 0  # calls so far
+        self._reuse = 0  # longest interval (in calls) between two uses of one key
         self._lock = threading.RLock()  # a finalizer may run inside get() (garbage collection)
 
     def __len__(self) -> int:
@@ -89,7 +94,7 @@ class FilterCache:
         return set(self._anchors)
 
     def get(self, weight: torch.Tensor, key: tuple, compute) -> torch.Tensor:
-        """The cached value for (weight, key), else compute() stored under it (if it fits the cap)."""
+        """The cached value for (weight, key), else compute(), kept if the cap allows."""
         anchor = weight if weight._base is None else weight._base
         version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
         aid = id(anchor)
@@ -99,27 +104,32 @@ class FilterCache:
                 if record is not None:
                     self._drop_anchor(aid)
                 weakref.finalize(anchor, self.drop_anchor, aid)
-                record = self._anchors[aid] = [weakref.ref(anchor), version, set()]
+                record = self._anchors[aid] = [weakref.ref(anchor), version, {}]
             elif record[1] != version:  # changed in place: every view's transform is stale
                 self._drop_entries(aid)
                 record[1] = version
+            self._tick += 1
+            last = record[2].get(key)
+            if last is not None:
+                self._reuse = max(self._reuse, self._tick - last)
+            record[2][key] = self._tick
             value = self._entries.get((aid, key))
             if value is not None:
                 self._entries.move_to_end((aid, key))
                 return value
         value = compute()
         with self._lock:
-            if value.nbytes <= self.limit_bytes and self._anchors.get(aid) is record and record[1] == version:
+            if self._anchors.get(aid) is record and record[1] == version and self._make_room(value.nbytes):
                 self._entries[(aid, key)] = value
-                record[2].add(key)
                 self.bytes += value.nbytes
-                self._evict()
         return value
 
     def set_limit(self, limit_bytes: int) -> None:
+        """Change the cap; entries beyond a lower one are evicted at once, least recently used first."""
         with self._lock:
             self.limit_bytes = limit_bytes
-            self._evict()
+            while self.bytes > self.limit_bytes:
+                self._evict_oldest()
 
     def clear(self) -> None:
         with self._lock:
@@ -134,21 +144,30 @@ class FilterCache:
             if record is not None and record[0]() is None:
                 self._drop_anchor(aid)
 
+    def _make_room(self, nbytes: int) -> bool:
+        """Evict entries unused for longer than the longest reuse interval until `nbytes` fit."""
+        if nbytes > self.limit_bytes:
+            return False
+        while self.bytes + nbytes > self.limit_bytes:
+            aid, key = next(iter(self._entries))
+            if self._tick - self._anchors[aid][2][key] <= self._reuse:
+                return False  # still part of the current cycle: keep it, do not keep the new one
+            self._evict_oldest()
+        return True
+
+    def _evict_oldest(self) -> None:
+        _, value = self._entries.popitem(last=False)
+        self.bytes -= value.nbytes
+
     def _drop_entries(self, aid: int) -> None:
-        keys = self._anchors[aid][2]
-        for key in keys:
-            self.bytes -= self._entries.pop((aid, key)).nbytes
-        keys.clear()
+        for key in self._anchors[aid][2]:
+            value = self._entries.pop((aid, key), None)
+            if value is not None:
+                self.bytes -= value.nbytes
 
     def _drop_anchor(self, aid: int) -> None:
         self._drop_entries(aid)
         del self._anchors[aid]
-
-    def _evict(self) -> None:
-        while self.bytes > self.limit_bytes:
-            (aid, key), value = self._entries.popitem(last=False)
-            self._anchors[aid][2].discard(key)
-            self.bytes -= value.nbytes
 
 
 def _default_limit() -> int:

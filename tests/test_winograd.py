@@ -163,23 +163,47 @@ def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
     assert len(spy) > 30 and all(shape[3:] == (3, 3) for shape in spy)
 
 
-def test_filter_cache_is_capped_least_recently_used_first():
-    cache = winograd.FilterCache(limit_bytes=0)
-    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(4)]
+class CountingCache:
+    """A FilterCache of real filter transforms that counts how many it had to compute."""
+
+    def __init__(self, limit_bytes):
+        self.cache, self.computed = winograd.FilterCache(limit_bytes), 0
+
+    def get(self, weight):
+        def compute():
+            self.computed += 1
+            return filter_transform(weight).clone()
+
+        return self.cache.get(weight, ("u",), compute)
+
+
+def test_filter_cache_is_capped_and_scan_resistant():
+    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(5)]
     one = filter_transform(weights[0]).nbytes  # 3 x 36 x 4 x 8 float32
-    cache.set_limit(2 * one)
-
-    def get(w):
-        return cache.get(w, ("u",), lambda: filter_transform(w).clone())
-
-    a, b = get(weights[0]), get(weights[1])
-    assert len(cache) == 2 and cache.bytes == 2 * one and get(weights[0]) is a  # hit; weights[0] now newest
-    get(weights[2])  # over the cap: the least recently used (weights[1]) goes
-    assert cache.bytes == 2 * one and get(weights[0]) is a and get(weights[1]) is not b
+    counting = CountingCache(2 * one)
+    cache = counting.cache
+    first = [counting.get(w) for w in weights[:3]]  # one cycle of three convs, room for two
+    assert counting.computed == 3 and len(cache) == 2 and cache.bytes == 2 * one
+    assert all(torch.equal(u, filter_transform(w)) for u, w in zip(first, weights))
+    # Later cycles: plain LRU would evict each entry just before its use (3 computes per cycle); the
+    # cache keeps what fits and recomputes only the rest.
+    for _ in range(3):
+        before = counting.computed
+        for w in weights[:3]:
+            counting.get(w)
+        assert counting.computed - before == 1 and cache.bytes <= 2 * one
+    # Another model takes over: the old entries age out and the new ones are kept.
+    for _ in range(3):
+        for w in weights[3:]:
+            counting.get(w)
+    before = counting.computed
+    kept = [counting.get(w) for w in weights[3:]]
+    assert counting.computed == before and all(counting.get(w) is u for w, u in zip(weights[3:], kept))
     cache.set_limit(one)  # lowering the cap evicts at once
     assert len(cache) == 1 and cache.bytes == one
-    cache.set_limit(one - 1)  # a value larger than the whole cap is returned but not kept
-    assert torch.equal(get(weights[3]), filter_transform(weights[3])) and len(cache) == 0 and cache.bytes == 0
+    cache.set_limit(one - 1)  # a transform larger than the whole cap is returned but not kept
+    assert len(cache) == 0 and torch.equal(counting.get(weights[0]), filter_transform(weights[0]))
+    assert len(cache) == 0 and cache.bytes == 0
 
 
 def test_default_cap_applies_to_the_shared_cache(monkeypatch):
