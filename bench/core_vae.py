@@ -14,11 +14,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 COMFYUI = Path(os.environ.get("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI")).resolve()
 
-# family -> (core module, constructor arguments as comfy.sd.VAE passes them for the released files)
-CORE_WAN = {
-    "wan21": ("comfy.ldm.wan.vae", dict(dim=96, z_dim=16)),
-    "wan22": ("comfy.ldm.wan.vae2_2", dict(dim=160, z_dim=48)),
-}
+# family -> the core module with its WanVAE
+CORE_WAN = {"wan21": "comfy.ldm.wan.vae", "wan22": "comfy.ldm.wan.vae2_2"}
 
 
 def _import_core(module: str):
@@ -39,14 +36,17 @@ def _import_core(module: str):
         sys.argv = argv
 
 
-def core_model(family: str, state_dict: dict, dtype: torch.dtype) -> torch.nn.Module:
-    """Core's VAE of `family` with `state_dict` loaded (strict), in `dtype`, eval mode, on the CPU."""
+def core_model(family: str, cfg, state_dict: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """Core's VAE of `family` for StreamVAE config `cfg` (a Wan21Config / Wan22Config), with
+    `state_dict` loaded (strict), in `dtype`, eval mode, on the CPU."""
     if family not in CORE_WAN:
         raise ValueError(f"no ComfyUI core VAE to compare for {family!r} (have {sorted(CORE_WAN)})")
-    module, kwargs = CORE_WAN[family]
-    core = _import_core(module)
+    core = _import_core(CORE_WAN[family])
+    kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
+                  attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
+    if hasattr(cfg, "dec_dim"):
+        kwargs["dec_dim"] = cfg.dec_dim
     with torch.device("meta"):
-        model = core.WanVAE(dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-                            temperal_downsample=[False, True, True], dropout=0.0, **kwargs)
+        model = core.WanVAE(**kwargs)
     model.load_state_dict(state_dict, strict=True, assign=True)
     return model.to(dtype).eval()

@@ -34,7 +34,7 @@ def build(spec: dict):
     if spec["variant"] == "core":
         from bench.core_vae import core_model
 
-        model = core_model(spec["family"], state, dtype)
+        model = core_model(spec["family"], cfg, state, dtype)
         x = x.to(dtype)
         op = model.encode if spec["op"] == "encode" else model.decode
         return model, lambda: op(x)

@@ -1,0 +1,46 @@
+"""The benchmark's comparison points: ComfyUI core's Wan VAE with StreamVAE's weights decodes what
+StreamVAE decodes, and each benchmark variant sets the model up as it says and undoes it."""
+import pytest
+import torch
+
+from bench.core_vae import COMFYUI, core_model
+from bench.variants import SWITCHES, options, prepared
+from optimizations import Optimizations, winograd
+from reference import load_tiny
+
+
+@pytest.mark.parametrize("family", ["wan21", "wan22"])
+def test_core_wan_vae_with_our_weights_decodes_like_streamvae(family):
+    if not (COMFYUI / "comfy").is_dir():
+        pytest.skip(f"no ComfyUI checkout at {COMFYUI} (run .ci/setup)")
+    ours = load_tiny(family)
+    core = core_model(family, ours.config, ours.state_dict(), torch.float32)
+    z = torch.randn(1, ours.latent_channels, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected, got = ours.decode(z), core.decode(z)
+    assert got.shape == expected.shape == (1, 3, 9, 4 * ours.spatial_factor, 4 * ours.spatial_factor)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_variant_switches():
+    assert options("optimized") == Optimizations() and options("straightforward") == Optimizations.straightforward()
+    for name in SWITCHES:
+        off = options(f"no-{name}")
+        assert getattr(off, name) is False and off == Optimizations().with_(**{name: False})
+    with pytest.raises(ValueError):
+        options("no-such_switch")
+
+
+def test_prepared_extras_are_applied_and_undone():
+    model = load_tiny("seedvr2")
+    limit = winograd.FILTER_CACHE.limit_bytes
+    with prepared(model, "winograd_uncapped"):
+        assert winograd.FILTER_CACHE.limit_bytes > 1 << 60
+    assert winograd.FILTER_CACHE.limit_bytes == limit
+    with prepared(model, "channels_last_3d"):
+        convs = [p for p in model.parameters() if p.dim() == 5]
+        assert convs and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in convs)
+    with prepared(model, "fp8_weights") as setup:
+        assert 0 < setup.weight_bytes < sum(p.nbytes for p in load_tiny("seedvr2").parameters()) / 3
+        with setup.per_run():
+            assert all(p.numel() > 0 for p in model.parameters())
