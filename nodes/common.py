@@ -18,6 +18,9 @@ SIZE_KEY = "streamvae_size"
 
 MIN_TILE = 64  # pixels; below this a tile holds 4-8 latents and the overlap would be most of it
 MAX_TILE = 8192
+MAX_OVERLAP = 4096
+MAX_CHUNK = 4096  # latent frames
+MAX_BUDGET_GB = 1024.0
 MAX_FRAMES = 16385
 TILING_MODES = ("exact", "fast")
 
@@ -36,6 +39,59 @@ def is_4n1(frames: int) -> bool:
 
 
 # --- IMAGE <-> video -----------------------------------------------------------------------------
+
+def _frame_list(mask: torch.Tensor) -> str:
+    frames = mask.nonzero().flatten().tolist()
+    return ", ".join(map(str, frames[:10])) + (f", ... ({len(frames)} frames)" if len(frames) > 10 else "")
+
+
+def check_image(image) -> tuple[torch.Tensor, list[str]]:
+    """An IMAGE made ready for encoding: N,H,W,3 floats, plus notes on what was adapted.
+
+    Alpha (RGBA, or gray + alpha) is dropped and grayscale copied to R, G and B, each with a note;
+    8-bit (uint8) frames are scaled to 0..1. Anything that would silently give a wrong latent (no
+    frames, another layout, integer or NaN/Inf values, values far outside 0..1) raises ValueError
+    saying what to do.
+    """
+    if not isinstance(image, torch.Tensor):
+        raise ValueError(f"the IMAGE input is a {type(image).__name__}, not an image tensor; connect an IMAGE output")
+    if image.dim() != 4:
+        raise ValueError(f"an IMAGE must be 4-D frames,height,width,channels; got shape {tuple(image.shape)}. "
+                         "Connect an IMAGE output (a MASK needs Convert Mask to Image first).")
+    n, h, w, c = image.shape
+    if n == 0 or h == 0 or w == 0:
+        raise ValueError(f"the IMAGE is empty (shape {tuple(image.shape)}): it has no frames or no pixels; "
+                         "check the node that made it (a load that matched no files, a crop to zero size)")
+    notes = []
+    if image.dtype == torch.uint8:
+        image = image.float() / 255
+        notes.append("8-bit IMAGE: values divided by 255")
+    elif image.dtype == torch.bool:
+        image = image.float()
+    elif not image.dtype.is_floating_point:
+        raise ValueError(f"IMAGE values are {str(image.dtype).removeprefix('torch.')}; StreamVAE needs floats in 0..1 "
+                         "(ComfyUI's IMAGE convention): convert with values / max value first")
+    if c in (2, 4):
+        notes.append(f"IMAGE has an alpha channel ({c} channels): alpha dropped, the VAE encodes colour only; "
+                     "composite over a background first if transparency matters")
+        image = image[..., :c - 1]
+    if image.shape[-1] not in (1, 3):
+        raise ValueError(f"an IMAGE needs 1, 3 or 4 channels on its last axis (N,H,W,C); got shape {tuple(image.shape)}"
+                         + (" - it looks channels-first (N,C,H,W): permute it to N,H,W,C" if h in (1, 3, 4) else ""))
+    low, high = image.reshape(n, -1).aminmax(dim=1)  # per frame, one pass; NaN propagates, Inf stays Inf
+    bad = ~(torch.isfinite(low) & torch.isfinite(high))
+    if bool(bad.any()):
+        raise ValueError(f"the IMAGE has NaN or Inf values in frame(s) {_frame_list(bad)} (0-based); fix the node "
+                         "that made them (an fp16 overflow upstream is the usual cause)")
+    low, high = float(low.min()), float(high.max())
+    if low < -0.5 or high > 1.5:
+        hint = "divide by 255" if high > 2 else "map -1..1 to 0..1 with (x + 1) / 2" if low < -0.5 else "clamp it to 0..1"
+        raise ValueError(f"IMAGE values range from {low:.3g} to {high:.3g}, but an IMAGE holds 0..1: {hint} first")
+    if image.shape[-1] == 1:
+        notes.append("grayscale IMAGE: copied to R, G and B")
+        image = image.expand(n, h, w, 3)
+    return image, notes
+
 
 @dataclass
 class Clips:
@@ -60,11 +116,11 @@ def split_clips(num_frames: int, batch_size: int) -> Clips:
 
 
 def clip_video(image: torch.Tensor, span: tuple[int, int], length: int) -> torch.Tensor:
-    """Frames `span` of IMAGE (N,H,W,3, 0..1) as a video 1,3,length,H,W in [-1, 1] (a new tensor),
-    padded to `length` frames by repeating the last frame."""
+    """Frames `span` of IMAGE (N,H,W,3, 0..1, see `check_image`) as a video 1,3,length,H,W in [-1, 1]
+    (a new tensor), padded to `length` frames by repeating the last frame."""
     start, stop = span
     index = torch.arange(start, start + length).clamp_(max=stop - 1)
-    frames = image.index_select(0, index.to(image.device))[..., :3]
+    frames = image.index_select(0, index.to(image.device))
     # Contiguous B,C,T,H,W: a channels-last view would make every conv and norm take slow paths.
     return frames.permute(3, 0, 1, 2).unsqueeze(0).float().contiguous().mul_(2).sub_(1)
 
@@ -101,7 +157,13 @@ def read_latent(latent: dict, family: str, channels: int, spatial: int, temporal
     Accepts B,C,T',h,w (core video latents), B,C,h,w (image latents) and SeedVR2's 4-D B,16*T',h,w.
     Raises ValueError with what to do when the channel count does not match the VAE.
     """
-    z = latent["samples"]
+    z = latent.get("samples") if isinstance(latent, dict) else None
+    if not isinstance(z, torch.Tensor):
+        raise ValueError("this LATENT has no 'samples' tensor; connect a LATENT output (a sampler, Empty Latent, "
+                         "Load Latent or StreamVAE Encode)")
+    if not z.dtype.is_floating_point:
+        raise ValueError(f"LATENT samples are {str(z.dtype).removeprefix('torch.')}, not floats; the node that made "
+                         "them is broken or the latent file is not a latent")
     if z.dim() == 4:
         if family == "seedvr2" and z.shape[1] != channels and z.shape[1] % channels == 0:
             # SeedVR2 latents in core ComfyUI: frames folded into channels, channel-major (view(b, 16, t, h, w)).
@@ -115,6 +177,9 @@ def read_latent(latent: dict, family: str, channels: int, spatial: int, temporal
             f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel latents. "
             f"Load the VAE that made it: 16 channels = Wan2.1 / Wan2.2-A14B / SeedVR2, 48 channels = Wan2.2-TI2V-5B.")
     b, _, t, h, w = z.shape
+    if min(b, t, h, w) == 0:
+        raise ValueError(f"this LATENT is empty (shape {tuple(z.shape)}: batch, channels, frames, height, width); "
+                         "check the node that made it")
     full = pixel_frames(t, temporal)
     frames = latent.get(FRAMES_KEY)
     if not (isinstance(frames, (list, tuple)) and len(frames) == b
@@ -148,24 +213,28 @@ class Tiling:
 def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None) -> str | None:
     """Queue-time validation of the tiling inputs; the error message says what to do, or None.
 
-    Inputs that arrive through a link are None here and are checked at run time by the engine.
+    ComfyUI skips its own min/max checks for inputs a node validates itself, so the limits of
+    `tiling_inputs` are enforced here. Inputs that arrive through a link are None here and are checked
+    again when the node runs.
     """
     if tile_size is not None:
         if tile_size < 0 or tile_size > MAX_TILE:
-            return f"tile_size must be between 0 and {MAX_TILE} pixels; got {tile_size}."
+            return f"tile_size must be between 0 (automatic) and {MAX_TILE} pixels; got {tile_size}."
         if 0 < tile_size < MIN_TILE:
             return (f"tile_size {tile_size} px is too small to be useful: use 0 (automatic) or at least "
                     f"{MIN_TILE} px (256-512 px is typical).")
     if tile_overlap is not None:
-        if tile_overlap < 0:
-            return f"tile_overlap must be 0 or more pixels; got {tile_overlap}."
+        if tile_overlap < 0 or tile_overlap > MAX_OVERLAP:
+            return f"tile_overlap must be between 0 and {MAX_OVERLAP} pixels; got {tile_overlap}."
         if tile_size and tile_overlap >= tile_size:
             return (f"tile_overlap ({tile_overlap} px) must be smaller than tile_size ({tile_size} px): lower the "
                     f"overlap (a quarter of the tile is typical) or raise the tile size.")
-    if temporal_chunk is not None and temporal_chunk < 0:
-        return f"temporal_chunk must be 0 (automatic) or a positive number of latent frames; got {temporal_chunk}."
-    if memory_budget_gb is not None and memory_budget_gb < 0:
-        return f"memory_budget_gb must be 0 (automatic) or a positive number of GiB; got {memory_budget_gb}."
+    if temporal_chunk is not None and not 0 <= temporal_chunk <= MAX_CHUNK:
+        return (f"temporal_chunk must be 0 (automatic) or 1 to {MAX_CHUNK} latent frames per step; "
+                f"got {temporal_chunk}.")
+    if memory_budget_gb is not None and not 0 <= memory_budget_gb <= MAX_BUDGET_GB:  # also rejects NaN
+        return (f"memory_budget_gb must be 0 (automatic) or a positive number of GiB up to {MAX_BUDGET_GB:g}; "
+                f"got {memory_budget_gb}.")
     return None
 
 
@@ -188,13 +257,13 @@ def tiling_inputs(io) -> list:
         io.Int.Input("tile_size", default=0, min=0, max=MAX_TILE, step=8, tooltip=(
             "Spatial tile edge in pixels of the video. 0 = automatic: untiled when it fits the memory budget, "
             f"otherwise the largest tile that fits. Else at least {MIN_TILE} px; 256-512 px is typical.")),
-        io.Int.Input("tile_overlap", default=64, min=0, max=4096, step=8, tooltip=(
+        io.Int.Input("tile_overlap", default=64, min=0, max=MAX_OVERLAP, step=8, tooltip=(
             "Overlap between neighbouring tiles in pixels; must be smaller than tile_size. Exact tiling is seamless "
             "without it; fast tiling blends over it (64-128 px hides seams). Ignored when untiled.")),
-        io.Int.Input("temporal_chunk", default=0, min=0, max=4096, step=1, tooltip=(
+        io.Int.Input("temporal_chunk", default=0, min=0, max=MAX_CHUNK, step=1, tooltip=(
             "Latent frames per step (1 latent frame = 4 video frames). 0 = automatic: the most that fit the memory "
             "budget. Every value gives the same result (the causal cache is carried); smaller uses less memory.")),
-        io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=1024.0, step=0.25, tooltip=(
+        io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=MAX_BUDGET_GB, step=0.25, tooltip=(
             "GiB the VAE may use on its device. 0 = automatic: the free memory after ComfyUI "
             "unloads other models, minus a safety margin. Tiles and chunks shrink to fit.")),
         io.Combo.Input("tiling", options=list(TILING_MODES), default="exact", tooltip=(

@@ -18,7 +18,7 @@ from comfy_api.latest import io
 import comfy.sd
 
 from . import execution, planning
-from .common import Tiling, check_tiling, latent_frames, read_latent, split_clips, tiling_inputs
+from .common import Tiling, check_image, check_tiling, latent_frames, read_latent, split_clips, tiling_inputs
 from .types import STREAMVAE
 
 try:
@@ -77,9 +77,9 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         if pixels.dim() == 5:
             clip_length = pixels.shape[1]
             pixels = pixels.reshape(-1, *pixels.shape[2:])
-        pixels = self.vae_encode_crop_pixels(pixels)[..., :3]
+        pixels, notes = check_image(self.vae_encode_crop_pixels(pixels))
         clips = split_clips(pixels.shape[0], clip_length)
-        samples, _ = execution.encode(self.handle, pixels, clips, tiling or self.tiling)
+        samples, _ = execution.encode(self.handle, pixels, clips, tiling or self.tiling, notes)
         return samples
 
     def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):

@@ -2,7 +2,8 @@
 from comfy_api.latest import io
 
 from . import execution
-from .common import MAX_FRAMES, Tiling, check_batch_size, check_tiling, make_latent, split_clips, tiling_inputs
+from .common import (MAX_FRAMES, Tiling, check_batch_size, check_image, check_tiling, make_latent, split_clips,
+                     tiling_inputs)
 from .types import STREAMVAE
 
 
@@ -41,8 +42,9 @@ class Encode(io.ComfyNode):
         error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
+        image, notes = check_image(image)
         clips = split_clips(image.shape[0], batch_size)
         settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
-        samples, report = execution.encode(vae, image, clips, settings)
+        samples, report = execution.encode(vae, image, clips, settings, notes)
         latent = make_latent(samples, clips.frames, (image.shape[1], image.shape[2]))
         return io.NodeOutput(latent, ui={"streamvae_run": [report.as_dict()]})

@@ -11,7 +11,7 @@ import torch
 from ..optimizations import backend, run_with_fallback
 from ..optimizations.compile import dynamo_limits
 from ..vae import streaming
-from . import planning
+from . import faults, planning
 from .common import Clips, LatentClips, Tiling, clip_video, finish_image, image_view
 
 try:
@@ -60,10 +60,11 @@ def _cancel() -> bool:
 
 
 @contextlib.contextmanager
-def _engine_scope(handle):
-    """Backend flags, dynamo limits, and Cancelled -> ComfyUI's execution_interrupted."""
+def _engine_scope(handle, op: str):
+    """Backend flags, dynamo limits, test faults (`faults`), and Cancelled -> ComfyUI's execution_interrupted."""
     try:
-        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
+        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings), \
+                faults.injected(handle.model, op):
             yield
     except streaming.Cancelled:
         if mm is not None:
@@ -72,11 +73,12 @@ def _engine_scope(handle):
 
 
 def _engine_kwargs(op: str, tiling: Tiling, plan: planning.PlanInfo) -> dict:
-    """Tiling arguments for `streaming.encode/decode`: the memory budget where the engine takes one
-    (it then picks chunk and tile itself), otherwise the plan's explicit values."""
+    """Tiling arguments for `streaming.encode/decode`: the memory budget where the engine takes one and
+    the memory model is calibrated for this case (the engine then picks chunk and tile itself),
+    otherwise the plan's explicit values."""
     kwargs = {"tiling": tiling.tiling, "tile_size": tiling.tile_size, "tile_overlap": tiling.tile_overlap,
               "temporal_chunk": tiling.temporal_chunk}
-    if planning.engine_accepts(op, "memory_budget"):
+    if planning.engine_accepts(op, "memory_budget") and plan.estimated:
         kwargs["memory_budget"] = tiling.memory_budget
     else:  # this library build cannot fit itself to a budget: run what the plan says
         kwargs.update(tile_size=plan.tile_size, temporal_chunk=plan.temporal_chunk)
@@ -115,15 +117,19 @@ def _finish(handle, report: RunReport) -> RunReport:
     return report
 
 
-def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling) -> tuple[torch.Tensor, RunReport]:
-    """IMAGE (N,H,W,3) split into `clips` -> raw latents n_clips,C,T',h,w on the intermediate device."""
+def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
+    """IMAGE (N,H,W,3, from `common.check_image`, whose `notes` are reported) split into `clips` -> raw
+    latents n_clips,C,T',h,w on the intermediate device."""
     out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
     n, height, width = len(clips.spans), image.shape[1], image.shape[2]
     report = _start(handle, "encode", (1, 3, clips.length, height, width), tiling, n)
+    for note in notes:
+        report.notes.append(note)
+        log.warning("StreamVAE encode: %s", note)
     kwargs = _engine_kwargs("encode", tiling, report.plan)
     progress = Progress(n, report)
     samples = None
-    with _engine_scope(handle):
+    with _engine_scope(handle, "encode"):
         for i, span in enumerate(clips.spans):
             progress.index = i
             video = clip_video(image, span, clips.length)
@@ -149,7 +155,7 @@ def decode(handle, latent: LatentClips, tiling: Tiling) -> tuple[torch.Tensor, R
     image = torch.empty((sum(latent.frames), height, width, 3), dtype=torch.float32, device=out_device)
     progress = Progress(b, report)
     start = 0
-    with _engine_scope(handle):
+    with _engine_scope(handle, "decode"):
         for i, frames in enumerate(latent.frames):
             progress.index = i
             out = image_view(image, start, start + frames)

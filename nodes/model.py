@@ -114,6 +114,8 @@ class StreamVAEHandle:
         with torch.inference_mode(False):
             model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec)
         handle = cls(model, name, load_device, offload, compile_settings, gpu)
+        if device == "gpu" and load_device.type == "cpu":
+            handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())
         return handle
 
@@ -157,23 +159,34 @@ class StreamVAEHandle:
                 "offload_device": str(self.offload_device), "compile": self.compile_status, "notes": self.notes}
 
     # -- settings nodes ----------------------------------------------------------------------------
+    def warn(self, note: str) -> None:
+        """A setting that could not be honoured: shown on the node and logged; the run goes on."""
+        self.notes.append(note)
+        log.warning("StreamVAE %s: %s", self.name, note)
+
     def _apply_gpu_options(self) -> None:
         gpu = self.gpu
         if gpu is None:
             return
+        cuda = self.load_device.type == "cuda"
         switches = {f.name for f in fields(Optimizations)}
         changes = {"fused_norm_act": gpu.fused_norm_silu}
         if "cuda_graphs" in switches:
-            changes["cuda_graphs"] = gpu.cuda_graphs and self.load_device.type == "cuda"
+            changes["cuda_graphs"] = gpu.cuda_graphs and cuda
         elif gpu.cuda_graphs:
-            self.notes.append("CUDA graphs: not available in this StreamVAE build")
+            self.warn("CUDA graphs: not available in this StreamVAE build")
+        if gpu.cuda_graphs and not cuda and "cuda_graphs" in switches:
+            self.warn(f"cuda_graphs: CUDA only, not applied on {self.load_device.type}")
         self.model.opts = self.model.opts.with_(**changes)
-        if gpu.channels_last_3d and self.load_device.type == "cuda":
+        if gpu.channels_last_3d and cuda:
             backend.to_channels_last_3d(self.model)
         elif gpu.channels_last_3d:
-            self.notes.append("channels_last_3d: CUDA only, not applied")
+            self.warn(f"channels_last_3d: CUDA only, not applied on {self.load_device.type}")
+        flags = gpu.flags
+        if not cuda and (flags.cudnn_benchmark or flags.attention not in ("auto", "math")):
+            self.warn(f"cudnn_benchmark / attention_backend: GPU switches, no effect on {self.load_device.type}")
         if gpu.flags.conv3d_workaround and backend.conv3d_regression_affected():
-            self.notes.append("PyTorch 2.9 cuDNN conv3d regression detected: workaround on")
+            self.notes.append("PyTorch 2.9 cuDNN conv3d regression detected: workaround on")  # info, not a warning
 
     # -- memory ----------------------------------------------------------------------------------
     def prepare(self, memory_required: int) -> None:

@@ -7,7 +7,6 @@ shapes, config metadata) and builds the model on the meta device, so the web ext
 the family and a plan for a multi-GB checkpoint without reading its weights.
 """
 import inspect
-import json
 import logging
 import math
 import os
@@ -16,7 +15,6 @@ from functools import lru_cache
 
 import torch
 
-from .. import vae
 from ..vae import loading, streaming
 from ..vae import tiling as vae_tiling
 from .common import latent_frames
@@ -124,9 +122,6 @@ def plan_input_shape(model, op: str, frames: int, height: int, width: int, batch
 
 # --- checkpoints without loading them ------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
 @dataclass
 class CheckpointInfo:
     family: str
@@ -137,31 +132,16 @@ class CheckpointInfo:
 
 
 def inspect_checkpoint(path: str) -> CheckpointInfo:
-    """Family and a meta-device model of a safetensors checkpoint, from its header only (cached by
-    path, size and modification time). Raises `vae.CheckpointError` for anything else."""
+    """Family and a meta-device model of a checkpoint without reading its weights: the safetensors
+    header, or a pickle's structure (cached by path, size and modification time). Raises
+    `vae.CheckpointError` with what to do for a file StreamVAE cannot use."""
     stat = os.stat(path)
     return _inspect(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
 
 
 @lru_cache(maxsize=16)
 def _inspect(path: str, size: int, mtime: int) -> CheckpointInfo:
-    if not path.lower().endswith(loading.SAFETENSORS_SUFFIXES):
-        raise vae.CheckpointError(f"{os.path.basename(path)}: only .safetensors files can be inspected without loading")
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            metadata = dict(f.metadata() or {})
-            shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
-        raise vae.CheckpointError(f"{os.path.basename(path)} is not a readable safetensors file ({error}); "
-                                  "it may be truncated: download it again") from error
-    state = {k: torch.empty(shape, dtype=_SAFETENSORS_DTYPES.get(dt, torch.float16), device="meta")
-             for k, (shape, dt) in shapes.items()}
-    overrides = json.loads(metadata[loading.CONFIG_METADATA_KEY]) if loading.CONFIG_METADATA_KEY in metadata else {}
-    cls, native = loading.detect_family(state)
-    config = cls.config_from_state_dict(native, overrides)
-    with torch.device("meta"):
-        model = cls(config)
-    stored = sorted({dt for _, dt in shapes.values()})
-    return CheckpointInfo(cls.family, model.latent_channels, model.spatial_factor, "/".join(stored), model)
+    state, metadata = loading.read_shapes(path)
+    model, _ = loading.build_empty(state, metadata)
+    stored = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}))
+    return CheckpointInfo(model.family, model.latent_channels, model.spatial_factor, stored, model)

@@ -30,15 +30,18 @@ _NESTED_KEYS = ("state_dict", "model", "module", "ema")
 _KEY_PREFIXES = ("first_stage_model.", "vae.", "model.", "module.")
 
 
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and safetensors metadata of a checkpoint file, on the CPU, in their stored dtype."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint not found: {path}")
+    """Tensors and safetensors metadata of a checkpoint file, on the CPU, in their stored dtype.
+    Pickles (.pth/.ckpt/...) are scanned for code first and read with `weights_only=True`."""
+    path = _existing(path)
     if path.lower().endswith(PICKLE_SUFFIXES):
         return _read_pickle(path), {}
     try:
@@ -46,28 +49,85 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
             return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as err:
         if path.lower().endswith(SAFETENSORS_SUFFIXES):
-            raise CheckpointError(
-                f"{path} is not a readable safetensors file ({err}); it may be truncated or corrupt: "
-                "download it again") from err
+            raise _unreadable(path, err) from err
         return _read_pickle(path), {}
 
 
-def _read_pickle(path: str) -> dict[str, torch.Tensor]:
+def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Like `read_checkpoint`, with meta-device tensors (names, shapes, dtypes) and without reading
+    the weights: the safetensors header, or a pickle memory-mapped where its format allows."""
+    path = _existing(path)
+    if path.lower().endswith(SAFETENSORS_SUFFIXES):
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+                metadata = dict(f.metadata() or {})
+        except (SafetensorError, OSError, ValueError) as err:
+            raise _unreadable(path, err) from err
+        return {k: torch.empty(shape, dtype=_SAFETENSORS_DTYPES.get(dt, torch.uint8), device="meta")
+                for k, (shape, dt) in shapes.items()}, metadata
+    tensors, metadata = (_read_pickle(path, mmap=True), {}) if path.lower().endswith(PICKLE_SUFFIXES) else read_checkpoint(path)
+    return {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in tensors.items()}, metadata
+
+
+def _existing(path) -> str:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {path}")
+    return path
+
+
+def _unreadable(path: str, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{os.path.basename(path)} is not a readable safetensors file ({err}); it is truncated or "
+                           "corrupt (an interrupted download, a full disk): download it again")
+
+
+def unsafe_globals(path: str) -> list[str]:
+    """The Python callables a pickle checkpoint would import besides tensor types (empty for a plain
+    state dict), read from its pickle opcodes without executing anything; [] where the format
+    (pre-1.6 torch.save) cannot be scanned, in which case `torch.load(weights_only=True)` decides."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except (ValueError, RuntimeError, OSError, pickle.UnpicklingError, AttributeError):
+        return []
+
+
+def _load_pickle(path: str, mmap: bool):
+    if mmap:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as err:
+            if "mmap" not in str(err):
+                raise  # anything but "this legacy (non-zip) format cannot be mapped"
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _refuse_code(name: str, found: list[str]) -> CheckpointError:
+    what = f" ({', '.join(found)})" if found else ""
+    return CheckpointError(
+        f"{name} holds Python objects besides tensors{what}, and StreamVAE never unpickles code from a checkpoint, "
+        "so nothing in it was run. Use the .safetensors release of this VAE, or convert the file with a tool you trust.")
+
+
+def _read_pickle(path: str, mmap: bool = False) -> dict[str, torch.Tensor]:
+    name = os.path.basename(path)
+    found = unsafe_globals(path)  # named before loading; weights_only=True would refuse them anyway
+    if found:
+        raise _refuse_code(name, found)
+    try:
+        obj = _load_pickle(path, mmap)
     except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"{path} holds Python objects besides tensors, and StreamVAE never unpickles code from a "
-            f"checkpoint ({err}). Convert it to .safetensors with a tool you trust.") from err
-    except (RuntimeError, EOFError) as err:
-        raise CheckpointError(f"{path} could not be read as a PyTorch checkpoint ({err}); it may be truncated or corrupt") from err
+        raise _refuse_code(name, []) from err
+    except (RuntimeError, EOFError, ValueError, OSError) as err:
+        raise CheckpointError(f"{name} could not be read as a PyTorch checkpoint ({str(err).splitlines()[0]}); "
+                              "it is truncated or corrupt: download it again") from err
     while isinstance(obj, Mapping) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
         inner = next((obj[k] for k in _NESTED_KEYS if isinstance(obj.get(k), Mapping)), None)
         if inner is None:
             break
         obj = inner
     if not isinstance(obj, Mapping):
-        raise CheckpointError(f"{path} does not contain a state dict (found {type(obj).__name__})")
+        raise CheckpointError(f"{name} does not contain a state dict (found {type(obj).__name__})")
     return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
@@ -77,24 +137,55 @@ def save_checkpoint(state_dict: Mapping[str, torch.Tensor], path: str | os.PathL
     save_file({k: v.contiguous() for k, v in state_dict.items()}, os.fspath(path), metadata=metadata)
 
 
-def _strip_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _candidates(sd: dict[str, torch.Tensor]):
+    """The state dict as given, with a prefix all keys share removed, and the part of a bigger
+    checkpoint (e.g. a full diffusion checkpoint) under a VAE prefix."""
+    yield sd
     for prefix in _KEY_PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
+        part = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+        if part:
+            yield part
+
+
+# Key fragments of models that are often put into models/vae by mistake, and where they belong.
+_FOREIGN = (
+    (("lora_", ".lora.", "lora_A", "lora_B", ".alpha", "lokr_", "hada_"),
+     "a LoRA (low-rank adapter), not a VAE: load it with a LoRA loader (models/loras)"),
+    (("text_model.", "encoder.block.", "shared.weight", "token_embedding", "embed_tokens", "text_projection",
+      "transformer.resblocks."),
+     "a text encoder (CLIP/T5/LLM), not a VAE: it belongs in models/text_encoders"),
+    (("diffusion_model.", "input_blocks.", "double_blocks.", "single_blocks.", "joint_blocks.", "time_embed",
+      "time_embedding.", "patch_embedding.", "blocks.0.self_attn", "blocks.0.cross_attn", "transformer_blocks."),
+     "a diffusion model (UNet/DiT), not a VAE: it belongs in models/diffusion_models"),
+    (("encoder.down.0.", "decoder.up.0.", "encoder.mid.attn_1."),
+     "an image VAE (SD/SDXL/Flux style): use core ComfyUI's Load VAE; StreamVAE handles the video VAEs"),
+)
+
+
+def _what_it_looks_like(keys) -> str | None:
+    for fragments, description in _FOREIGN:
+        if any(fragment in key for key in keys for fragment in fragments):
+            return description
+    return None
 
 
 def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE], dict[str, torch.Tensor]]:
     """The family class whose layout the keys match, and the state dict in that family's key names."""
-    sd = _strip_prefix(dict(state_dict))
-    for cls in FAMILIES:
-        native = cls.native_state_dict(sd)
-        if native is not None:
-            return cls, native
-    tried = "; ".join(f"{cls.family}: missing {', '.join(k for k in cls.probe_keys if k not in sd)}" for cls in FAMILIES)
+    sd = dict(state_dict)
+    for candidate in _candidates(sd):
+        for cls in FAMILIES:
+            native = cls.native_state_dict(candidate)
+            if native is not None:
+                return cls, native
+    if not sd:
+        raise CheckpointError("the checkpoint holds no tensors: it is empty or not a model file; download it again")
+    stripped = next((c for c in list(_candidates(sd))[1:] if len(c) == len(sd)), sd)  # a prefix all keys share
+    tried = "; ".join(f"{cls.family}: missing {', '.join(k for k in cls.probe_keys if k not in stripped)}" for cls in FAMILIES)
     sample = ", ".join(sorted(sd)[:5])
+    looks = _what_it_looks_like(sd)
+    head = f"this looks like {looks}. " if looks else ""
     raise CheckpointError(
-        f"not a video VAE checkpoint StreamVAE knows ({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
+        f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
         "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors) or Wan2.2 (wan2.2_vae.safetensors) VAE file.")
 
 
@@ -131,13 +222,31 @@ def load(
         state_dict, metadata = dict(source), {}
     else:
         state_dict, metadata = read_checkpoint(source)
-    overrides = json.loads(metadata[CONFIG_METADATA_KEY]) if CONFIG_METADATA_KEY in metadata else {}
-    overrides.update(config or {})
-    cls, state_dict = detect_family(state_dict)
-    cfg = cls.config_from_state_dict(state_dict, overrides)
-    with torch.device("meta"):
-        model = cls(cfg)
-    _check_layout(model.state_dict(), state_dict, cls.family)
+    model, state_dict = build_empty(state_dict, metadata, config)
     model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
     model.set_dtypes(encode=encode_dtype, decode=decode_dtype)
     return model.to(device).eval().requires_grad_(False)
+
+
+def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None,
+                config: Mapping | None = None) -> tuple[VideoVAE, dict[str, torch.Tensor]]:
+    """The model a state dict describes, on the meta device (no weights), and the state dict in its key
+    names, after the strict layout check. Tensors may be on the meta device (only shapes are used).
+    Config overrides: the file's `streamvae_config` metadata, then `config`."""
+    metadata = metadata or {}
+    try:
+        overrides = json.loads(metadata[CONFIG_METADATA_KEY]) if CONFIG_METADATA_KEY in metadata else {}
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"the checkpoint's {CONFIG_METADATA_KEY} metadata is not valid JSON ({err}); "
+                              "rewrite it with vae.save_checkpoint") from None
+    overrides.update(config or {})
+    cls, native = detect_family(state_dict)
+    try:
+        cfg = cls.config_from_state_dict(native, overrides)
+    except KeyError as err:
+        raise CheckpointError(f"checkpoint does not match the {cls.family} VAE layout; missing: {err.args[0]} "
+                              "(the file is incomplete: download it again)") from None
+    with torch.device("meta"):
+        model = cls(cfg)
+    _check_layout(model.state_dict(), native, cls.family)
+    return model, native

@@ -1,0 +1,268 @@
+"""Bad input, below the server: checkpoints that are not what they claim, IMAGEs and LATENTs the node
+layer must adapt or refuse, tiling values ComfyUI does not range-check for us, and the fault hook.
+
+Each case either gives the correct result or raises an error that names the problem and the fix.
+Complements test_loading.py (missing/unexpected/mis-shaped keys, malicious pickle, truncation),
+test_wan.py (diffusers names, fp16/bf16/fp8 storage) and test_streaming.py (T and H/W padding); the
+same cases as users meet them in ComfyUI are in test_bad_inputs_server.py.
+"""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+import vae
+from tests.reference import REPO, load_tiny, tensors, tiny_checkpoint
+
+
+def node_module(name: str):
+    """A pure-torch module of the node layer (nodes/<name>.py), imported without ComfyUI."""
+    spec = importlib.util.spec_from_file_location(f"streamvae_nodes_{name}", REPO / "nodes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+common = node_module("common")
+faults = node_module("faults")
+
+# Key layouts of models that end up in models/vae by mistake (names as the real files have them).
+FOREIGN = {
+    "unet": {"model.diffusion_model.input_blocks.0.0.weight": (32, 4, 3, 3),
+             "model.diffusion_model.time_embed.0.weight": (128, 32),
+             "model.diffusion_model.out.2.weight": (4, 32, 3, 3)},
+    "wan_dit": {"patch_embedding.weight": (64, 16, 1, 2, 2), "blocks.0.self_attn.q.weight": (64, 64),
+                "blocks.0.cross_attn.k.weight": (64, 64), "head.head.weight": (64, 64)},
+    "clip_text": {"text_model.embeddings.token_embedding.weight": (64, 32),
+                  "text_model.encoder.layers.0.self_attn.k_proj.weight": (32, 32)},
+    "t5_text": {"shared.weight": (64, 32), "encoder.block.0.layer.0.SelfAttention.k.weight": (32, 32)},
+    "lora": {"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight": (4, 32),
+             "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight": (32, 4),
+             "lora_unet_down_blocks_0_attentions_0_proj_in.alpha": ()},
+    "sd_image_vae": {"encoder.down.0.block.0.conv1.weight": (8, 8, 3, 3), "decoder.up.0.block.0.conv1.weight": (8, 8, 3, 3),
+                     "encoder.mid.attn_1.q.weight": (8, 8, 1, 1)},
+}
+FOREIGN_SAYS = {"unet": "diffusion model", "wan_dit": "diffusion model", "clip_text": "text encoder",
+                "t5_text": "text encoder", "lora": "LoRA", "sd_image_vae": "image VAE"}
+
+
+def write_foreign(kind: str, path):
+    vae.save_checkpoint({k: torch.zeros(shape) for k, shape in FOREIGN[kind].items()}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wan21_state():
+    return dict(tensors("wan21", "tiny_vae.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def wan21():
+    return load_tiny("wan21")
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(FOREIGN))
+def test_foreign_checkpoint_says_what_it_is_and_where_it_belongs(kind, tmp_path):
+    path = write_foreign(kind, tmp_path / f"{kind}.safetensors")
+    with pytest.raises(vae.CheckpointError) as error:
+        vae.load(path)
+    message = str(error.value)
+    assert "not a video VAE checkpoint" in message and FOREIGN_SAYS[kind] in message, message
+    assert "wan_2.1_vae.safetensors" in message  # and which files would work
+
+
+@pytest.mark.parametrize("damage", ["garbage_header", "header_longer_than_file", "zero_bytes"])
+def test_corrupt_safetensors_is_reported_with_the_fix(damage, tmp_path):
+    data = bytearray(tiny_checkpoint("wan21").read_bytes())
+    if damage == "garbage_header":
+        data[8:40] = b"\x00\xff" * 16
+    elif damage == "header_longer_than_file":
+        data[0:8] = (len(data) * 2).to_bytes(8, "little")
+    else:
+        data = b""
+    path = tmp_path / "broken.safetensors"
+    path.write_bytes(bytes(data))
+    for read in (vae.read_checkpoint, vae.loading.read_shapes):
+        with pytest.raises(vae.CheckpointError, match="truncated or corrupt.*download it again"):
+            read(path)
+
+
+def test_truncated_pickle_is_reported_with_the_fix(tmp_path, wan21_state):
+    path = tmp_path / "wan.pth"
+    torch.save(wan21_state, path)
+    path.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(vae.CheckpointError, match="truncated or corrupt: download it again"):
+        vae.load(path)
+
+
+@pytest.mark.parametrize("zipfile", [True, False], ids=["zip", "legacy"])
+def test_pickle_checkpoints_load_the_same_model(zipfile, tmp_path, wan21_state, wan21):
+    """Both torch.save formats: the structure is read without the weights (mmap), then loaded with
+    weights_only=True; the model equals the safetensors one."""
+    path = tmp_path / "wan.ckpt"
+    torch.save({"state_dict": wan21_state}, path, _use_new_zipfile_serialization=zipfile)
+    shapes, _ = vae.loading.read_shapes(path)
+    assert all(t.device.type == "meta" for t in shapes.values()) and len(shapes) == len(wan21_state)
+    loaded = vae.load(path)
+    z = torch.randn(1, 16, 2, 3, 2, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(loaded.decode(z), wan21.decode(z), atol=0, rtol=0)
+
+
+def test_vae_inside_a_full_checkpoint_is_found(wan21_state, wan21):
+    """A checkpoint bundling the VAE under `first_stage_model.` next to other weights (ComfyUI's
+    full-checkpoint layout) loads its VAE part."""
+    bundled = {f"first_stage_model.{k}": v for k, v in wan21_state.items()}
+    bundled["model.diffusion_model.out.weight"] = torch.zeros(4, 4)
+    bundled["cond_stage_model.transformer.shared.weight"] = torch.zeros(4, 4)
+    loaded = vae.load(bundled)
+    assert loaded.family == "wan21"
+    for k, v in wan21.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_incomplete_checkpoint_names_the_missing_key():
+    """A key the config is read from (not one of the family's probe keys) is missing: a CheckpointError
+    naming it, not a KeyError from deep inside."""
+    partial = {k: v for k, v in tensors("seedvr2", "tiny_vae.safetensors").items() if k != "encoder.conv_in.weight"}
+    with pytest.raises(vae.CheckpointError, match=r"seedvr2 VAE layout; missing: encoder\.conv_in\.weight.*download it again"):
+        vae.load(partial, config={"norm_num_groups": 8})
+
+
+def test_empty_checkpoint_is_not_mistaken_for_a_model(tmp_path):
+    path = tmp_path / "empty.safetensors"
+    vae.save_checkpoint({}, path)
+    with pytest.raises(vae.CheckpointError, match="holds no tensors"):
+        vae.load(path)
+
+
+def test_broken_config_metadata_is_reported(tmp_path, wan21_state):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "meta.safetensors"
+    save_file(wan21_state, str(path), metadata={vae.loading.CONFIG_METADATA_KEY: "{not json"})
+    with pytest.raises(vae.CheckpointError, match="streamvae_config metadata is not valid JSON"):
+        vae.load(path)
+
+
+# -- IMAGE inputs ---------------------------------------------------------------------------------------
+
+
+def frames(n=3, h=5, w=7, c=3, seed=0):
+    return torch.rand(n, h, w, c, generator=torch.Generator().manual_seed(seed))
+
+
+def test_alpha_channel_is_dropped_and_said():
+    rgba = frames(c=4)
+    image, notes = common.check_image(rgba)
+    assert torch.equal(image, rgba[..., :3])
+    assert len(notes) == 1 and "alpha dropped" in notes[0]
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_grayscale_is_copied_to_rgb_and_said(channels):
+    gray = frames(c=channels)
+    image, notes = common.check_image(gray)
+    assert image.shape == (3, 5, 7, 3)
+    for c in range(3):
+        assert torch.equal(image[..., c], gray[..., 0])
+    assert any("grayscale" in n for n in notes) and (channels == 1 or any("alpha" in n for n in notes))
+
+
+def test_uint8_image_is_scaled_to_0_1():
+    pixels = (frames() * 255).round().to(torch.uint8)
+    image, notes = common.check_image(pixels)
+    assert image.dtype == torch.float32 and torch.equal(image, pixels.float() / 255)
+    assert notes == ["8-bit IMAGE: values divided by 255"]
+
+
+@pytest.mark.parametrize("image, message", [
+    (torch.zeros(0, 8, 8, 3), "IMAGE is empty"),
+    (torch.zeros(2, 0, 8, 3), "IMAGE is empty"),
+    (torch.zeros(8, 8, 3), "must be 4-D"),
+    (torch.zeros(2, 3, 16, 16), "looks channels-first"),
+    (torch.zeros(2, 8, 8, 3, dtype=torch.int32), "int32; StreamVAE needs floats in 0..1"),
+    (torch.full((2, 8, 8, 3), 200.0), "divide by 255"),
+    (torch.full((2, 8, 8, 3), -1.0), r"map -1..1 to 0..1"),
+], ids=["no_frames", "no_rows", "rank3", "channels_first", "int32", "0_255_floats", "minus1_1_floats"])
+def test_unusable_image_is_refused_with_the_fix(image, message):
+    with pytest.raises(ValueError, match=message):
+        common.check_image(image)
+
+
+def test_nonfinite_image_names_the_frames():
+    image = frames(n=5)
+    image[1, 2, 3, 0] = float("nan")
+    image[3, 0, 0, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"frame\(s\) 1, 3 \(0-based\)"):
+        common.check_image(image)
+
+
+# -- LATENT inputs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("latent, message", [
+    ({"samples": torch.zeros(1, 16, 4)}, "must be 5-D"),
+    ({"samples": torch.zeros(1, 16, 2, 4, 4, 1)}, "must be 5-D"),
+    ({"samples": torch.zeros(1, 16, 0, 4, 4)}, "LATENT is empty"),
+    ({"samples": torch.zeros(0, 16, 2, 4, 4)}, "LATENT is empty"),
+    ({"samples": torch.zeros(1, 16, 2, 4, 4, dtype=torch.int64)}, "not floats"),
+    ({"noise_mask": torch.zeros(1)}, "no 'samples' tensor"),
+    ({"samples": torch.zeros(1, 48, 2, 4, 4)}, "Load the VAE that made it"),
+], ids=["rank3", "rank6", "no_frames", "no_batch", "int64", "no_samples", "other_family"])
+def test_unusable_latent_is_refused_with_the_fix(latent, message):
+    with pytest.raises(ValueError, match=message):
+        common.read_latent(latent, "wan21", 16, 8)
+
+
+def test_stale_latent_metadata_is_ignored_not_applied():
+    """Frame counts/sizes from Encode that no longer fit the latent (it was cut or resized on the way)
+    must not trim the wrong frames: Decode then returns everything."""
+    latent = common.make_latent(torch.zeros(1, 16, 3, 4, 4), [30], (100, 100))
+    clips = common.read_latent(latent, "wan21", 16, 8)
+    assert clips.frames == [9] and clips.size is None
+
+
+# -- tiling values ComfyUI does not range-check once a node validates them -------------------------------
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"tile_size": -8}, "between 0 (automatic) and 8192"),
+    ({"tile_size": 100_000}, "between 0 (automatic) and 8192"),
+    ({"tile_size": 40}, "too small to be useful"),
+    ({"tile_size": 256, "tile_overlap": 300}, "must be smaller than tile_size"),
+    ({"tile_overlap": 100_000}, "between 0 and 4096"),
+    ({"temporal_chunk": -1}, "0 (automatic) or 1 to 4096"),
+    ({"temporal_chunk": 10**9}, "0 (automatic) or 1 to 4096"),
+    ({"memory_budget_gb": float("nan")}, "memory_budget_gb must be 0"),
+    ({"memory_budget_gb": float("inf")}, "memory_budget_gb must be 0"),
+    ({"memory_budget_gb": 5000.0}, "up to 1024"),
+])
+def test_absurd_tiling_values_are_refused(values, message):
+    error = common.check_tiling(**values)
+    assert error is not None and message in error, error
+    assert common.check_tiling(tile_size=256, tile_overlap=64, temporal_chunk=4, memory_budget_gb=8.0) is None
+
+
+# -- the fault hook used by the server tests and bench/soak.py -------------------------------------------
+
+
+def test_fault_hook_is_one_shot_and_inert_without_the_variable(tmp_path, monkeypatch, wan21):
+    path = tmp_path / "faults.json"
+    path.write_text(json.dumps({"op": "decode", "oom_at_call": 1, "times": 1}))
+    monkeypatch.delenv(faults.ENV, raising=False)
+    with faults.injected(wan21, "decode"):  # no variable: nothing happens, the file stays
+        wan21.decode(torch.zeros(1, 16, 1, 2, 2))
+    assert path.exists()
+    monkeypatch.setenv(faults.ENV, str(path))
+    with faults.injected(wan21, "encode"):  # another op: left for the decode
+        wan21.encode(torch.zeros(1, 3, 1, 8, 8))
+    with pytest.raises(torch.OutOfMemoryError, match="injected"), faults.injected(wan21, "decode"):
+        wan21.decode(torch.zeros(1, 16, 1, 2, 2))  # one 16 px frame: no smaller setting to retry with
+    assert not path.exists()
+    with faults.injected(wan21, "decode"):  # consumed: the next run is clean
+        wan21.decode(torch.zeros(1, 16, 1, 2, 2))
+    assert not any(m._forward_pre_hooks for m in wan21.modules())
