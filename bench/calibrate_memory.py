@@ -89,7 +89,11 @@ def main():
                     entry = fit(samples, mode != "untiled")
                     entry["retained"] = max(0, int(statistics.median(retained)))
                     table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = entry
-    if not args.check:
+    if not args.check:  # merge into the file as it is now (other families may have been calibrated meanwhile)
+        current = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
+        for family in args.families:
+            current.setdefault(device_type, {})[family] = table[device_type][family]
+        table = current
         memory.CALIBRATION.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         print(f"wrote {memory.CALIBRATION}")
 

@@ -8,6 +8,7 @@ the measured op minus what was resident just before it), peak_bytes (peak minus 
 footprint before the model existed) and predicted_bytes (`vae.memory.estimate` for the same
 settings, if calibrated).
 """
+import ctypes
 import json
 import sys
 
@@ -16,6 +17,15 @@ import torch
 from bench.common import build_random_model, peak_rss_bytes, reset_peak_rss, rss_bytes
 from bench.families import FULL_CONFIGS, make_input
 from vae import memory
+
+
+def fixed_mmap_threshold(threshold: int = 1 << 16) -> None:
+    """glibc: serve every allocation >= 64 KiB with mmap and give it back on free (no dynamic
+    threshold), so peak RSS follows the peak of live tensors instead of what malloc kept around."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def run(spec: dict) -> dict:
@@ -55,4 +65,5 @@ def run(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    fixed_mmap_threshold()
     print(json.dumps(run(json.loads(sys.argv[1]))))

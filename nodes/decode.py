@@ -21,6 +21,9 @@ class Decode(io.ComfyNode):
                                                           "match the latent's channel count."),
                 io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); every batch entry is one clip."),
                 *tiling_inputs(io),
+                io.Combo.Input("nonfinite", options=["error", "zero"], default="error", tooltip=(
+                    "A latent with NaN/Inf values (a diverged sampler): 'error' stops and names the latent frames; "
+                    "'zero' decodes them with those values set to 0, with a warning.")),
             ],
             outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
                                              "of every clip one after another.")],
@@ -32,11 +35,11 @@ class Decode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, samples, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
-                tiling="exact") -> io.NodeOutput:
+                tiling="exact", nonfinite="error") -> io.NodeOutput:
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:
             raise ValueError(error)
         latent = read_latent(samples, vae.family, vae.latent_channels, vae.spatial_factor, vae.temporal_factor)
         settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
-        image, report = execution.decode(vae, latent, settings)
+        image, report = execution.decode(vae, latent, settings, nonfinite)
         return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

@@ -142,9 +142,9 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
     return samples, _finish(handle, report)
 
 
-def decode(handle, latent: LatentClips, tiling: Tiling) -> tuple[torch.Tensor, RunReport]:
+def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error") -> tuple[torch.Tensor, RunReport]:
     """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3), trimmed to the true frame counts
-    and pixel size; the decoder writes straight into the IMAGE tensor."""
+    and pixel size; the decoder writes straight into the IMAGE tensor. `nonfinite`: see `streaming.decode`."""
     z = latent.samples
     b, _, _, h, w = z.shape
     sf = handle.spatial_factor
@@ -160,6 +160,6 @@ def decode(handle, latent: LatentClips, tiling: Tiling) -> tuple[torch.Tensor, R
             progress.index = i
             out = image_view(image, start, start + frames)
             run_with_fallback(handle.model.decode, z[i:i + 1], num_frames=frames, height=height, width=width,
-                              out=out, progress=progress, cancel=_cancel, **kwargs)
+                              out=out, progress=progress, cancel=_cancel, nonfinite=nonfinite, **kwargs)
             start += frames
     return finish_image(image), _finish(handle, report)

@@ -142,8 +142,12 @@ def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_o
     """(temporal_chunk, tile_size) to run with: the given ones, or the plan's for a memory budget."""
     if memory_budget is None:
         return temporal_chunk, tile_size
-    plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
-                       tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget)
+    try:
+        plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
+                           tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget)
+    except KeyError as missing:  # no calibration for this family/op: run as given, OOM retry still guards
+        log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
+        return temporal_chunk, tile_size
     if not plan.fits:
         log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
                     op, plan.describe(), plan.budget_bytes / 2**30)
@@ -328,8 +332,8 @@ def decode(
     bad = _nonfinite_frames(z)
     if bad and nonfinite == "error":
         raise ValueError(f"the latent has NaN/Inf values in latent frame(s) {bad} (of {n_lat}): the sampler that made it "
-                         "diverged (often fp16 overflow; try bf16/fp32 sampling). Pass nonfinite='zero' to decode "
-                         "anyway with those values set to 0.")
+                         "diverged (often fp16 overflow; try bf16/fp32 sampling). To decode anyway with those values "
+                         "set to 0, pass nonfinite='zero' (StreamVAE Decode: nonfinite = zero).")
     if bad:
         message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
         log.warning(message)
