@@ -46,6 +46,8 @@ def variants_for(family: str, args) -> list[tuple[str, str]]:
     """(dtype, variant) in run order, the fp32 straightforward baseline first."""
     toggles = [f"no-{s}" for s in SWITCHES if s != "triton_norm" or torch.cuda.is_available()]
     out = [BASELINE]
+    if args.only:
+        return out + [(d, v) for d in args.dtypes for v in args.only if (d, v) != BASELINE]
     for dtype in args.dtypes:
         names = ["straightforward", "optimized"]
         if dtype in args.toggle_dtypes:
@@ -102,6 +104,9 @@ def main():
                         choices=["channels_last_3d", "fp8_weights", "winograd_uncapped", "compile"])
     parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
     parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT",
+                        help="run just these variants per dtype (after the fp32 straightforward baseline), e.g. "
+                             "optimized no-winograd_conv channels_last_3d core")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")
@@ -138,7 +143,7 @@ def main():
                      "CUDA-only optimizations are listed below as not measured")
 
     print(f"\nmachine: {machine}")
-    print("ceilings (same run): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in limits.items()) + "\n")
+    print("ceilings (same run): " + ", ".join(f"{k} {v / 1e9:.3g} GFLOP/s" for k, v in limits.items()) + "\n")
     print_table(rows, COLUMNS)
     print()
     for note in notes:

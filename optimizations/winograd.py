@@ -55,10 +55,30 @@ MIN_PART_CHANNELS = 64
 # Jobs run on worker threads only with OpenMP, whose thread counts are per thread (see _run_parallel).
 _OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 
-# Default byte cap of the filter-transform cache (STREAMVAE_WINOGRAD_CACHE_GB overrides it). A transform
-# is 4x its weight in float32, so an uncapped cache grows to 16x a bf16 model's 3x3 conv weights:
-# 2.2 GiB for the SeedVR2 decoder, 7.7 GiB for the Wan2.2 decoder.
-DEFAULT_CACHE_BYTES = 1 << 30
+# Byte cap of the filter-transform cache: an eighth of physical memory, clamped to 1..4 GiB
+# (STREAMVAE_WINOGRAD_CACHE_GB overrides it). A transform is 4x its weight in float32, so an uncapped
+# cache grows to 16x a bf16 model's 3x3 conv weights: 2.2 GiB for the SeedVR2 decoder, 1.0 GiB for
+# Wan2.1's, 7.7 GiB for Wan2.2's. What does not fit is recomputed every temporal chunk: with a 1 GiB
+# cap the SeedVR2 fp32 decode of 5x128x128 took 1.6x as long as uncapped (bench/RESULTS.md).
+MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX (Windows): unknown
+        return None
+
+
+def cache_bytes_for(ram: int | None, override: str | None = None) -> int:
+    """The cache cap for `ram` bytes of physical memory (None: unknown), or `override` GiB when set."""
+    if override:
+        return int(float(override) * 2**30)
+    return MIN_CACHE_BYTES if ram is None else min(max(ram // 8, MIN_CACHE_BYTES), MAX_CACHE_BYTES)
+
+
+def default_cache_bytes() -> int:
+    return cache_bytes_for(physical_memory_bytes(), os.environ.get("STREAMVAE_WINOGRAD_CACHE_GB"))
 
 
 class FilterCache:
@@ -170,12 +190,7 @@ class FilterCache:
         del self._anchors[aid]
 
 
-def _default_limit() -> int:
-    value = os.environ.get("STREAMVAE_WINOGRAD_CACHE_GB")
-    return DEFAULT_CACHE_BYTES if not value else int(float(value) * 2**30)
-
-
-FILTER_CACHE = FilterCache(_default_limit())
+FILTER_CACHE = FilterCache(default_cache_bytes())
 
 
 @lru_cache(maxsize=None)

@@ -206,12 +206,12 @@ def test_filter_cache_is_capped_and_scan_resistant():
     assert len(cache) == 0 and cache.bytes == 0
 
 
-def test_default_cap_applies_to_the_shared_cache(monkeypatch):
-    assert winograd.FILTER_CACHE.limit_bytes == winograd._default_limit()
+def test_default_cap_follows_memory_and_the_environment(monkeypatch):
+    assert winograd.FILTER_CACHE.limit_bytes == winograd.default_cache_bytes()
     monkeypatch.setenv("STREAMVAE_WINOGRAD_CACHE_GB", "0.5")
-    assert winograd._default_limit() == 1 << 29
-    monkeypatch.delenv("STREAMVAE_WINOGRAD_CACHE_GB")
-    assert winograd._default_limit() == winograd.DEFAULT_CACHE_BYTES == 1 << 30
+    assert winograd.default_cache_bytes() == 1 << 29
+    for ram, expected in ((4 << 30, 1 << 30), (24 << 30, 3 << 30), (256 << 30, 4 << 30), (None, 1 << 30)):
+        assert winograd.cache_bytes_for(ram) == expected
 
 
 def test_capped_cache_still_gives_exact_convs():
