@@ -1,7 +1,7 @@
 """Tiling: time, peak memory and error of untiled vs exact-tiled vs fast-tiled decoding, side by side.
 
     python bench/bench_tiling.py                      # SeedVR2 decode 9x256x384 fp32, tiles 128 / overlap 32
-    python bench/bench_tiling.py --long-frames 65     # + the 65- vs 9-frame peak comparison
+    python bench/bench_tiling.py --long-frames 65     # + 65 vs 9 frames untiled at --long-size (peak check)
     python bench/bench_tiling.py --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
 
 Every row runs in its own process (bench/worker.py: full released config, random seeded weights,
@@ -45,7 +45,8 @@ def main():
     parser.add_argument("--tile", type=int, default=128, help="tile size, pixels")
     parser.add_argument("--overlap", type=int, default=32, help="fast-mode overlap, pixels")
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step (default 1)")
-    parser.add_argument("--long-frames", type=int, default=0, help="also decode this many frames untiled (peak check)")
+    parser.add_argument("--long-frames", type=int, default=0, help="also decode --frames and this many frames untiled (peak check)")
+    parser.add_argument("--long-size", default="128x192", help="HxW of the clip-length check")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
@@ -68,13 +69,16 @@ def main():
         row["peak_ratio"] = reference[0]["peak_gib"] / row["peak_gib"]
         row["max_err"] = (out - reference[1]).abs().max().item()
         rows.append(row)
-    if args.long_frames:
-        result, _ = measure(args, "untiled", args.long_frames, {}, 1)
-        base = reference[0]
-        rows.append(dict(mode="untiled", shape=f"{args.long_frames}x{args.height}x{args.width}", tile="-",
-                         time=statistics.median(result["times_s"]), peak_gib=result["peak_activation"] / 2**30,
-                         time_ratio=statistics.median(result["times_s"]) / base["time"],
-                         peak_ratio=base["peak_gib"] / (result["peak_activation"] / 2**30)))
+    if args.long_frames:  # clip length: the peak must not grow with it (streamed into the output)
+        args.height, args.width = (int(v) for v in args.long_size.lower().split("x"))
+        base = None
+        for frames in (args.frames, args.long_frames):
+            result, _ = measure(args, "untiled", frames, {}, 1)
+            row = dict(mode="untiled", shape=f"{frames}x{args.height}x{args.width}", tile="-",
+                       time=statistics.median(result["times_s"]), peak_gib=result["peak_activation"] / 2**30)
+            base = base or row
+            row.update(time_ratio=row["time"] / base["time"], peak_ratio=base["peak_gib"] / row["peak_gib"])
+            rows.append(row)
     machine = machine_summary()
     print(f"\n{args.family} decode fp32, {machine['cpu']} ({machine['cpu_capability']}), {machine['threads']} threads, "
           f"torch {machine['torch']}, temporal chunk {args.temporal_chunk or 1} latent frame(s)\n")

@@ -4,17 +4,16 @@
     python bench/calibrate_memory.py --families seedvr2 --check
 
 Each measurement runs one encode/decode of the full released config (random weights, float32) in a
-fresh process (bench/memory_worker.py) and records what a warm-up call leaves resident (the CPU
-Winograd filter cache: `retained`) and the activation peak of the measured call: peak RSS (CPU; VmHWM
-reset after the model, buffers and warm-up) or torch.cuda.max_memory_allocated (CUDA) minus what was
-resident before.
+fresh process (bench/memory_worker.py) and records the activation peak of the call after a warm-up
+(which leaves the CPU Winograd filter cache resident; `vae.memory` computes that from the weights):
+peak RSS (CPU; live tensors only, VmHWM reset after the model, buffers and warm-up) or
+torch.cuda.max_memory_allocated (CUDA) minus what was resident before.
 A least-squares fit of activations / element size = per_pixel * chunk pixel-frames
 + per_tile_pixel * tile pixel-frames + fixed gives the coefficients `vae.memory` uses. `--check`
 compares the stored model with fresh measurements at other sizes instead.
 """
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ FAMILIES = ("seedvr2", "wan21", "wan22")
 # peak is that of a steady 4-frame chunk.
 FIT_POINTS = {
     "untiled": [(96, None), (160, None)],
-    "exact": [(128, 32), (128, 64), (192, 64)],
+    "exact": [(96, 48), (128, 64), (160, 64)],
 }
 CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)]}
 FRAMES = 5
@@ -58,6 +57,14 @@ def fit(samples: list[tuple[float, float, float]], tiled: bool) -> dict:
     return {"per_pixel": max(sol[0], 0.0), "per_tile_pixel": 0.0, "fixed": max(sol[1], 0.0)}
 
 
+def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
+    """Merge one fitted entry into the calibration file as it is now (other runs may write it too)."""
+    table = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
+    table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = entry
+    memory.CALIBRATION.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {family} {op} {mode} to {memory.CALIBRATION}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
@@ -69,33 +76,22 @@ def main():
     args = parser.parse_args()
     device_type = torch.device(args.device).type
     args.modes = args.modes or list(CHECK_POINTS if args.check else FIT_POINTS)
-    table = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
     for family in args.families:
         for op in args.ops:
             for mode in args.modes:
                 points = (CHECK_POINTS if args.check else FIT_POINTS)[mode]
-                samples, retained = [], []
+                samples = []
                 for size, tile in points:
                     result = measure(family, op, size, tile, mode, args.device)
                     pixels, tile_pixels = features(family, op, size, tile)
                     samples.append((pixels, tile_pixels, result["activation_bytes"] / 4))
-                    retained.append(result["retained_bytes"])
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \
                                 f" ({100 * (result['predicted_bytes'] / result['peak_bytes'] - 1):+.1f}%)"
                     print(line, flush=True)
                 if not args.check:
-                    entry = fit(samples, mode != "untiled")
-                    entry["retained"] = max(0, int(statistics.median(retained)))
-                    table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = entry
-    if not args.check:  # merge into the file as it is now (other families may have been calibrated meanwhile)
-        current = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
-        for family in args.families:
-            current.setdefault(device_type, {})[family] = table[device_type][family]
-        table = current
-        memory.CALIBRATION.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {memory.CALIBRATION}")
+                    save(device_type, family, op, mode, fit(samples, mode != "untiled"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Memory model and planning: predict an encode/decode's peak memory, pick settings that fit a budget.
 
 Peak = weights + input/output buffers on the compute device + what stays resident between calls
-(the CPU Winograd filter cache) + activations. Activations follow a
+(the CPU Winograd filter cache, from the model's conv weights and the cache cap) + activations.
+Activations follow a
 linear model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles
 are untiled runs of one tile) on the CPU (bench/calibrate_memory.py writes `memory_calibration.json`
 beside this file; a CUDA calibration is used on CUDA where one exists):
@@ -21,6 +22,11 @@ from pathlib import Path
 import torch
 
 from .tiling import as_pair, latent_grid
+
+try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
+    from ..optimizations import conv as opt_conv, winograd
+except ImportError:  # plain library use: the repository root is on sys.path
+    from optimizations import conv as opt_conv, winograd
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
@@ -65,6 +71,22 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def resident_cache_bytes(model, device) -> int:
+    """What stays resident between calls on `device`: the CPU Winograd filter transforms (4x each
+    eligible 3x3 conv weight, float32) up to the cache's cap; nothing elsewhere."""
+    if torch.device(device).type != "cpu" or not model.opts.winograd_conv:
+        return 0
+    total = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5:
+            cout, cin, kt, kh, kw = weight.shape
+            if ((kh, kw) == (3, 3) and tuple(module.stride) == (1, 1, 1) and min(cin, cout) >= opt_conv.WINOGRAD_MIN_CHANNELS
+                    and kt * min(cin, cout) >= opt_conv.WINOGRAD_MIN_CHANNEL_TAPS):
+                total += 4 * weight.numel() * 4
+    return min(total, winograd.FILTER_CACHE.limit_bytes)
 
 
 def free_memory(device: torch.device) -> int:
@@ -134,7 +156,7 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     else:
         coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
         act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
-    return int(weight_bytes(model) + buffers * 4 + coef.get("retained", 0) + elem * act + coef.get("fixed", 0))
+    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, device) + elem * act + coef.get("fixed", 0))
 
 
 def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
