@@ -73,13 +73,14 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def resident_cache_bytes(model, device) -> int:
-    """What stays resident between calls on `device`: the CPU Winograd filter transforms (4x each
-    eligible 3x3 conv weight, float32) up to the cache's cap; nothing elsewhere."""
+def resident_cache_bytes(model, op: str, device) -> int:
+    """What stays resident between calls of `op` on `device`: the CPU Winograd filter transforms of
+    its convs (4x each eligible 3x3 conv weight, float32) up to the cache's cap; nothing elsewhere."""
     if torch.device(device).type != "cpu" or not model.opts.winograd_conv:
         return 0
     total = 0
-    for module in model.modules():
+    roots = model.decode_modules() if op == "decode" else model.encode_modules()
+    for module in (m for root in roots for m in root.modules()):
         weight = getattr(module, "weight", None)
         if isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5:
             cout, cin, kt, kh, kw = weight.shape
@@ -156,7 +157,7 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     else:
         coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
         act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
-    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, device) + elem * act + coef.get("fixed", 0))
+    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device) + elem * act + coef.get("fixed", 0))
 
 
 def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
