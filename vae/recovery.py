@@ -66,9 +66,9 @@ class Shrinker:
         where = "untiled" if tile is None else f"tiles {tile[0]}x{tile[1]} px"
         return f"{where}, {self.chunk} latent frame(s) per chunk"
 
-    def shrink(self, error: BaseException, remaining: int) -> int:
+    def shrink(self, reason: str, remaining: int) -> int:
         """The chunk length to retry with (the tiling is already switched); raises OutOfMemory at the floor.
-        `remaining`: latent frames still to do, to recount progress."""
+        `reason`: the out-of-memory message; `remaining`: latent frames still to do, to recount progress."""
         floor = min_tile(self.model)
         current = self._tile() or self.reference
         if max(current) > floor:
@@ -81,7 +81,7 @@ class Shrinker:
             raise OutOfMemory(
                 f"out of memory on {self.model.device} even at the smallest setting; tried: {' -> '.join(self.tried)}. "
                 f"Free memory (close other programs or unload models), decode fewer frames or a smaller size, "
-                f"or run on another device. Last error: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+                f"or run on another device. Last error: {reason.splitlines()[0]}")
         self.tried.append(self._describe())
         log.warning("StreamVAE: out of memory; retrying the chunk with %s", self.tried[-1])
         if self.count:
