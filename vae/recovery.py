@@ -28,8 +28,9 @@ class HalfOverflow(ArithmeticError):
 
 
 def is_oom(error: BaseException) -> bool:
-    """CUDA/MPS OOM (torch.OutOfMemoryError) or the CPU allocator's failure (a plain RuntimeError)."""
-    if isinstance(error, torch.OutOfMemoryError):
+    """CUDA/MPS OOM (torch.OutOfMemoryError), Python's MemoryError, or the CPU allocator's failure (a
+    plain RuntimeError)."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
         return True
     return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
 
