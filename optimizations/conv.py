@@ -45,14 +45,18 @@ def _cpu_conv3d(x, weight, bias, stride, padding):
     return F.conv3d(x, weight, bias, stride, padding)
 
 
+def winograd_weight_eligible(weight_shape, stride) -> bool:
+    """What Winograd needs of the conv itself: a 3x3 spatial kernel, stride 1 and enough channels."""
+    cout, cin, kt, kh, kw = weight_shape
+    return ((kh, kw) == (3, 3) and tuple(stride) == (1, 1, 1)
+            and min(cin, cout) >= WINOGRAD_MIN_CHANNELS and kt * min(cin, cout) >= WINOGRAD_MIN_CHANNEL_TAPS)
+
+
 def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> bool:
-    """Whether `conv3d` may run this conv by Winograd: CPU, 3x3 spatial kernel, stride 1, padding
-    (0, 1, 1), enough channels, float32 (or half precision that is computed in float32 here anyway)
-    and no autograd."""
-    cout, cin, kt, kh, kw = weight.shape
-    return (x.device.type == "cpu" and x.dim() == 5 and (kh, kw) == (3, 3)
-            and tuple(stride) == (1, 1, 1) and tuple(padding) == (0, 1, 1) and x.shape[2] >= kt
-            and min(cin, cout) >= WINOGRAD_MIN_CHANNELS and kt * min(cin, cout) >= WINOGRAD_MIN_CHANNEL_TAPS
+    """Whether `conv3d` may run this conv by Winograd: CPU, an eligible weight, padding (0, 1, 1),
+    float32 (or half precision that is computed in float32 here anyway) and no autograd."""
+    return (x.device.type == "cpu" and x.dim() == 5 and weight.dim() == 5 and winograd_weight_eligible(weight.shape, stride)
+            and tuple(padding) == (0, 1, 1) and x.shape[2] >= weight.shape[2]
             and (x.dtype == torch.float32
                  or (x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype)))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))

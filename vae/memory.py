@@ -82,11 +82,9 @@ def resident_cache_bytes(model, op: str, device) -> int:
     roots = model.decode_modules() if op == "decode" else model.encode_modules()
     for module in (m for root in roots for m in root.modules()):
         weight = getattr(module, "weight", None)
-        if isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5:
-            cout, cin, kt, kh, kw = weight.shape
-            if ((kh, kw) == (3, 3) and tuple(module.stride) == (1, 1, 1) and min(cin, cout) >= opt_conv.WINOGRAD_MIN_CHANNELS
-                    and kt * min(cin, cout) >= opt_conv.WINOGRAD_MIN_CHANNEL_TAPS):
-                total += 4 * weight.numel() * 4
+        if (isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5
+                and opt_conv.winograd_weight_eligible(weight.shape, module.stride)):
+            total += 4 * weight.numel() * 4
     return min(total, winograd.FILTER_CACHE.limit_bytes)
 
 
