@@ -5,8 +5,9 @@
 - `norm_act`: fused norm + SiLU (GroupNorm per frame, RMS norm) with float32 statistics.
 - `conv`: convolution dispatch (float32 compute for half precision on CPUs without native kernels;
   Winograd for eligible CPU convs when the caller enables it).
-- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (LRU,
-  byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8 within 1-4 GiB).
+- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (by
+  frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
+  within 1-4 GiB).
 - `backend`: process-wide torch switches (cuDNN autotuning, TF32, attention kernel, the PyTorch 2.9
   conv3d workaround) applied around one encode/decode and restored afterwards.
 - `compile`: torch.compile per encoder/decoder block, falling back to eager with one warning.

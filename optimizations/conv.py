@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .winograd import winograd_conv3d
+from .winograd import transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
 # saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep
@@ -22,6 +22,9 @@ from .winograd import winograd_conv3d
 # times oneDNN's there, would show in the tiny test models' 1e-5 chunking tests: they keep oneDNN.
 WINOGRAD_MIN_CHANNELS = 96  # min(Cin, Cout)
 WINOGRAD_MIN_CHANNEL_TAPS = 128  # kt * min(Cin, Cout)
+# Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
+# channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
+WINOGRAD_MIN_FRAME_PIXELS = 64
 
 
 @lru_cache(maxsize=None)
@@ -54,9 +57,11 @@ def winograd_weight_eligible(weight_shape, stride) -> bool:
 
 def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> bool:
     """Whether `conv3d` may run this conv by Winograd: CPU, an eligible weight, padding (0, 1, 1),
-    float32 (or half precision that is computed in float32 here anyway) and no autograd."""
+    frames of at least WINOGRAD_MIN_FRAME_PIXELS, float32 (or half precision that is computed in
+    float32 here anyway) and no autograd."""
     return (x.device.type == "cpu" and x.dim() == 5 and weight.dim() == 5 and winograd_weight_eligible(weight.shape, stride)
             and tuple(padding) == (0, 1, 1) and x.shape[2] >= weight.shape[2]
+            and x.shape[3] * x.shape[4] >= WINOGRAD_MIN_FRAME_PIXELS
             and (x.dtype == torch.float32
                  or (x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype)))
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
@@ -66,13 +71,15 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
            *, winograd: bool = False) -> torch.Tensor:
     """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
 
-    `winograd`: allow the Winograd kernel where `winograd_eligible` (the caller's
-    `Optimizations.winograd_conv`); equal to oneDNN up to float32 rounding. Not while torch.compile
-    traces (its worker threads and cache are not traceable): compiled blocks use inductor's convs.
+    `winograd`: allow the Winograd kernel where `winograd_eligible` and its filter transform pays
+    (`transform_pays`) (the caller's `Optimizations.winograd_conv`); equal to oneDNN up to float32
+    rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
+    compiled blocks use inductor's convs.
     """
     if x.device.type != "cpu":
         return F.conv3d(x, weight, bias, stride, padding)
-    if winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding):
+    if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
+            and transform_pays(x, weight)):
         return winograd_conv3d(x, weight, bias)
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)

@@ -61,6 +61,10 @@ _OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 # Wan2.1's, 7.7 GiB for Wan2.2's. What does not fit is recomputed every temporal chunk: with a 1 GiB
 # cap the SeedVR2 fp32 decode of 5x128x128 took 1.6x as long as uncapped (bench/RESULTS.md).
 MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
+# Output pixels (H x W x output frames) of one call above which an uncached filter transform pays for
+# itself. Measured (one 2-core AVX2 CPU, fp32): transform + Winograd vs oneDNN at 32x32 x 4 output
+# frames (4096) 0.85x the time at 512 channels, 0.79x at 1024; at 16x16 x 2 frames 1.9x (1024 ch).
+UNCACHED_MIN_OUTPUT_PIXELS = 4096
 
 
 def physical_memory_bytes() -> int | None:
@@ -82,7 +86,7 @@ def default_cache_bytes() -> int:
 
 
 class FilterCache:
-    """Filter transforms per weight, capped at `limit_bytes`; least recently used out first, scan-resistant.
+    """Filter transforms per weight, capped at `limit_bytes`, kept by priority, scan-resistant.
 
     Entries are keyed by the weight's anchor (the tensor, or the base of a view such as
     weight.unsqueeze(2) or a tap slice) and the view's layout. An anchor's entries are dropped when
@@ -92,15 +96,17 @@ class FilterCache:
 
     A model's convs are visited in the same cycle every chunk. Plain LRU keeps nothing useful when
     one cycle needs more than the cap (each entry is evicted just before its next use), so an entry
-    is evicted only once it has gone unused for longer than the longest reuse interval seen (in
-    calls); until then a new transform is computed but not kept. A cycle then hits on the part that
-    fits (cap / total of it), and the entries of a model no longer used age out for a new one.
+    may be evicted only once it has gone unused for longer than the longest reuse interval seen (in
+    calls), or for a new entry of higher priority (the caller's measure of what a cached transform
+    saves per byte: the conv's frame size). Otherwise the new transform is computed but not kept. A
+    cycle then hits on the most valuable part that fits, and the entries of a model no longer used
+    age out for a new one.
     """
 
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
         self.bytes = 0
-        self._entries: OrderedDict = OrderedDict()  # (id(anchor), view key) -> U, oldest use first
+        self._entries: OrderedDict = OrderedDict()  # (id(anchor), view key) -> (U, priority), oldest use first
         # id(anchor) -> [weakref(anchor), version, {view key: last use}] (uncached keys too)
         self._anchors: dict[int, list] = {}
         self._tick = 0  # calls so far
@@ -113,7 +119,13 @@ class FilterCache:
     def anchors(self) -> set[int]:
         return set(self._anchors)
 
-    def get(self, weight: torch.Tensor, key: tuple, compute) -> torch.Tensor:
+    def holds_or_admits(self, weight: torch.Tensor, key: tuple, nbytes: int, priority: float = 0) -> bool:
+        """Whether (weight, key) is cached, or a transform of `nbytes` at `priority` would be kept now."""
+        anchor = weight if weight._base is None else weight._base
+        with self._lock:
+            return (id(anchor), key) in self._entries or self._victims(nbytes, priority) is not None
+
+    def get(self, weight: torch.Tensor, key: tuple, compute, priority: float = 0) -> torch.Tensor:
         """The cached value for (weight, key), else compute(), kept if the cap allows."""
         anchor = weight if weight._base is None else weight._base
         version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
@@ -133,14 +145,17 @@ class FilterCache:
             if last is not None:
                 self._reuse = max(self._reuse, self._tick - last)
             record[2][key] = self._tick
-            value = self._entries.get((aid, key))
-            if value is not None:
+            entry = self._entries.get((aid, key))
+            if entry is not None:
                 self._entries.move_to_end((aid, key))
-                return value
+                return entry[0]
         value = compute()
         with self._lock:
-            if self._anchors.get(aid) is record and record[1] == version and self._make_room(value.nbytes):
-                self._entries[(aid, key)] = value
+            victims = self._victims(value.nbytes, priority)
+            if self._anchors.get(aid) is record and record[1] == version and victims is not None:
+                for victim in victims:
+                    self._evict(victim)
+                self._entries[(aid, key)] = (value, priority)
                 self.bytes += value.nbytes
         return value
 
@@ -149,7 +164,7 @@ class FilterCache:
         with self._lock:
             self.limit_bytes = limit_bytes
             while self.bytes > self.limit_bytes:
-                self._evict_oldest()
+                self._evict(next(iter(self._entries)))
 
     def clear(self) -> None:
         with self._lock:
@@ -164,26 +179,31 @@ class FilterCache:
             if record is not None and record[0]() is None:
                 self._drop_anchor(aid)
 
-    def _make_room(self, nbytes: int) -> bool:
-        """Evict entries unused for longer than the longest reuse interval until `nbytes` fit."""
+    def _victims(self, nbytes: int, priority: float) -> list | None:
+        """The entries to evict so that `nbytes` at `priority` fit (lowest priority, then least recently
+        used, first), or None when it cannot be kept: larger than the cap, or only entries of the current
+        cycle with at least its priority stand in the way."""
         if nbytes > self.limit_bytes:
-            return False
-        while self.bytes + nbytes > self.limit_bytes:
-            aid, key = next(iter(self._entries))
-            if self._tick - self._anchors[aid][2][key] <= self._reuse:
-                return False  # still part of the current cycle: keep it, do not keep the new one
-            self._evict_oldest()
-        return True
+            return None
+        need = self.bytes + nbytes - self.limit_bytes
+        evictable = [(entry[1], key) for key, entry in self._entries.items()
+                     if entry[1] < priority or self._tick - self._anchors[key[0]][2][key[1]] > self._reuse]
+        victims = []
+        for _, key in sorted(evictable, key=lambda item: item[0]):  # stable: least recent first within a priority
+            if need <= 0:
+                break
+            victims.append(key)
+            need -= self._entries[key][0].nbytes
+        return victims if need <= 0 else None
 
-    def _evict_oldest(self) -> None:
-        _, value = self._entries.popitem(last=False)
+    def _evict(self, key) -> None:
+        value, _ = self._entries.pop(key)
         self.bytes -= value.nbytes
 
     def _drop_entries(self, aid: int) -> None:
         for key in self._anchors[aid][2]:
-            value = self._entries.pop((aid, key), None)
-            if value is not None:
-                self.bytes -= value.nbytes
+            if (aid, key) in self._entries:
+                self._evict((aid, key))
 
     def _drop_anchor(self, aid: int) -> None:
         self._drop_entries(aid)
@@ -238,15 +258,35 @@ def _data_transforms(m: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.kron(bt, bt).float(), torch.kron(at, at).float()
 
 
-def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE) -> torch.Tensor:
+def _transform_key(weight: torch.Tensor, m: int) -> tuple:
+    return (m, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+
+
+def transform_pays(x: torch.Tensor, weight: torch.Tensor, m: int = DEFAULT_TILE) -> bool:
+    """Whether Winograd beats oneDNN on this call once its filter transform is counted.
+
+    A cached transform always pays (above the dispatch's frame-size floor). Otherwise computing one
+    costs about as much as the conv saves on UNCACHED_MIN_OUTPUT_PIXELS output pixels (4x the weight
+    in fresh float32 memory, whatever the channels), so a call that is smaller, and whose transform
+    the cache would not keep for the next chunk, runs faster on oneDNN: Wan2.2's 1024-channel convs at
+    16x16 latent pixels, whose transforms alone are 7.7 GiB, 2.6x the cache.
+    """
+    h, w = x.shape[-2:]
+    if h * w * (x.shape[2] - weight.shape[2] + 1) >= UNCACHED_MIN_OUTPUT_PIXELS:
+        return True
+    nbytes = 4 * (m + 2) ** 2 * math.prod(weight.shape[:3])
+    return FILTER_CACHE.holds_or_admits(weight, _transform_key(weight, m), nbytes, priority=h * w)
+
+
+def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE, priority: float = 0) -> torch.Tensor:
     """U (kt, P, Cout, Cin) float32 of weight (Cout, Cin, kt, 3, 3): U[k, p] is position p of
-    G w[:, :, k] G^T. Cached per weight tensor (or view of one) in FILTER_CACHE (capped, least
-    recently used dropped first) and recomputed when it changes in place (version counter). 4x the
-    weight's float32 size (P = 36 positions per 9 taps).
+    G w[:, :, k] G^T. Cached per weight tensor (or view of one) in FILTER_CACHE (capped; `priority`,
+    the conv's frame pixels, decides which transforms stay when not all fit) and recomputed when it
+    changes in place (version counter). 4x the weight's float32 size (P = 36 positions per 9 taps).
 
     One batched GEMM (G kron G) @ w in float32: a float64 transform is 4-5x slower (the first decode
     computes every layer's) and only moves the conv's rms error by 2-3%."""
-    key = (m, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
+    key = _transform_key(weight, m)
 
     def compute():
         cout, cin, kt = weight.shape[:3]
@@ -254,7 +294,7 @@ def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE) -> torch.Tenso
             taps = weight.detach().to("cpu", torch.float32).permute(2, 3, 4, 0, 1).reshape(kt, 9, cout * cin)
             return torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
 
-    return FILTER_CACHE.get(weight, key, compute)
+    return FILTER_CACHE.get(weight, key, compute, priority)
 
 
 def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -267,7 +307,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     b, cin, t_in, h, w = x.shape
     cout, _, kt = weight.shape[:3]
     n_h, n_w = -(-h // m), -(-w // m)
-    u = filter_transform(weight, m)
+    u = filter_transform(weight, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
     out = x.new_empty((b, cout, t_in - kt + 1, h, w))
     threads = torch.get_num_threads() if _OPENMP else 1

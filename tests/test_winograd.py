@@ -126,13 +126,14 @@ def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
     # Switch off: the oneDNN path, bit for bit.
     off = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=False)
     assert torch.equal(off, conv._cpu_conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1)))
-    # Not eligible: stride 2, 1x1x1 kernel, other padding, few channels, autograd.
+    # Not eligible: stride 2, 1x1x1 kernel, other padding, few channels, small frames, autograd.
     conv.conv3d(x, weight, bias, (1, 2, 2), (0, 1, 1), winograd=True)
     conv.conv3d(x, weight[:, :, :, 1:2, 1:2], bias, (1, 1, 1), (0, 0, 0), winograd=True)
     conv.conv3d(x, weight, bias, (1, 1, 1), (1, 1, 1), winograd=True)
     conv.conv3d(x[:, :32], weight[:, :32], bias, (1, 1, 1), (0, 1, 1), winograd=True)
     conv.conv3d(x[:, :64], weight[:64, :64], bias[:64], (1, 1, 1), (0, 1, 1), winograd=True)
     conv.conv3d(x[:, :96], weight[:96, :96, 1:2], bias[:96], (1, 1, 1), (0, 1, 1), winograd=True)  # kt=1: 128
+    conv.conv3d(x[..., :7, :8], weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)  # 56 pixels
     conv.conv3d(x, weight.requires_grad_(), bias, (1, 1, 1), (0, 1, 1), winograd=True)
     assert len(spy) == 1
 
@@ -204,6 +205,36 @@ def test_filter_cache_is_capped_and_scan_resistant():
     cache.set_limit(one - 1)  # a transform larger than the whole cap is returned but not kept
     assert len(cache) == 0 and torch.equal(counting.get(weights[0]), filter_transform(weights[0]))
     assert len(cache) == 0 and cache.bytes == 0
+
+
+def test_filter_cache_keeps_the_highest_priority_transforms():
+    """When a cycle does not fit, the transforms of the largest frames (most saved per byte) stay."""
+    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(3)]
+    one = filter_transform(weights[0]).nbytes
+    cache = winograd.FilterCache(2 * one)
+    get = lambda w, priority: cache.get(w, ("u",), lambda: filter_transform(w).clone(), priority)
+    for _ in range(3):  # a cycle of three convs, frames of 16, 64 and 256 pixels; room for two
+        for w, priority in zip(weights, (16, 64, 256)):
+            get(w, priority)
+    assert len(cache) == 2
+    assert not cache.holds_or_admits(weights[0], ("u",), one, priority=16)
+    assert all(cache.holds_or_admits(w, ("u",), one, priority=16) for w in weights[1:])
+    assert cache.holds_or_admits(weights[0], ("u",), one, priority=1024)  # would displace the 64-pixel one
+
+
+def test_uncached_transform_used_only_where_it_pays(spy, monkeypatch):
+    """With no room in the cache, a small call (Wan2.2's latent-resolution convs) runs on oneDNN; one
+    with enough output pixels to amortise the transform, or a cached one, runs by Winograd."""
+    monkeypatch.setattr(winograd, "FILTER_CACHE", winograd.FilterCache(0))
+    small, weight, bias = make(1, 128, 128, 3, 4, 16, 16)  # 2 output frames x 256 pixels
+    out = conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    assert not spy and torch.equal(out, conv._cpu_conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1)))
+    large = torch.randn(1, 128, 6, 32, 32)  # 4 output frames x 1024 pixels
+    conv.conv3d(large, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    assert spy == [(128, 128, 3, 3, 3)]
+    winograd.FILTER_CACHE.set_limit(1 << 30)  # room: computed once, kept, used from then on
+    conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    assert len(spy) == 2 and len(winograd.FILTER_CACHE) == 1
 
 
 def test_default_cap_follows_memory_and_the_environment(monkeypatch):
