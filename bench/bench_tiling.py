@@ -3,11 +3,16 @@
     python bench/bench_tiling.py                      # SeedVR2 decode 9x256x384 fp32, tiles 128 / overlap 32
     python bench/bench_tiling.py --long-frames 65     # + 65 vs 9 frames untiled at --long-size (peak check)
     python bench/bench_tiling.py --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
+    python bench/bench_tiling.py --cache-report       # only: what the causal caches hold between chunks
 
-Every row runs in its own process (bench/worker.py: full released config, random seeded weights,
-warm-up, then the median of --repeats). Peak is the most the timed runs allocate above the process's
-resident set before them (peak RSS on the CPU), so it covers activations and the decode's output.
-Errors are max |tiled - untiled| of the same run.
+Every row runs in its own processes: time in one (bench/worker.py: full released config, random seeded
+weights, warm-up, then the median of --repeats), memory in another (bench/memory_worker.py: glibc's mmap
+threshold fixed so RSS follows the live tensors, the Winograd cache filled by a tiny warm-up, one decode
+into a preallocated output): "act" is the peak above what was resident just before the decode (the
+activations, output excluded), "total" the peak above the process before the model existed (weights,
+output and filter cache included). Errors are max |tiled - untiled| of the same run. The cache report decodes two one-latent-frame chunks
+and sums the causal caches the second one leaves (per layer resolution): memory that every mode keeps
+whole-frame between chunks, so tiling cannot cut it.
 """
 import argparse
 import json
@@ -20,21 +25,67 @@ import statistics  # noqa: E402
 
 from safetensors.torch import load_file  # noqa: E402
 
-from bench.common import machine_summary, print_table, run_worker, scratch_dir  # noqa: E402
+import torch  # noqa: E402
+
+from bench.common import machine_summary, print_table, random_state_dict, run_worker, scratch_dir  # noqa: E402
+from bench.families import FULL_CONFIGS, make_input  # noqa: E402
+from vae.blocks import StreamContext  # noqa: E402
+import vae  # noqa: E402
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
-           ("time_ratio", "time vs untiled", ".2f"), ("peak_gib", "peak GiB", ".3f"),
-           ("peak_ratio", "untiled peak / peak", ".2f"), ("max_err", "max err vs untiled", ".1e")]
+           ("time_ratio", "time vs first row", ".2f"), ("act_gib", "act GiB", ".3f"),
+           ("act_ratio", "first row act / act", ".2f"), ("total_gib", "total GiB", ".3f"),
+           ("total_ratio", "total vs first row", ".2f"), ("max_err", "max err vs untiled", ".1e")]
 
 
 def measure(args, label, frames, engine, repeats) -> tuple[dict, object]:
-    out = scratch_dir() / f"tiling-{label}-{frames}.safetensors"
-    spec = dict(family=args.family, op="decode", frames=frames, height=args.height, width=args.width, dtype="fp32",
-                variant="optimized", repeats=repeats, warmup=args.warmup, temporal_chunk=args.temporal_chunk,
-                engine=engine, out=str(out))
-    result = run_worker("bench.worker", spec)
-    print(f"  {label} {frames} frames: {statistics.median(result['times_s']):.2f} s", file=sys.stderr, flush=True)
-    return result, load_file(str(out))["out"]
+    """One row: time and output (unless --skip-timing), then the memory of the same decode."""
+    spec = dict(family=args.family, op="decode", frames=frames, height=args.height, width=args.width,
+                temporal_chunk=args.temporal_chunk)
+    row, out = dict(mode=label, shape=f"{frames}x{args.height}x{args.width}",
+                    tile=f"{args.tile}/{engine.get('tile_overlap', 0)}" if engine else "-"), None
+    if not args.skip_timing:
+        path = scratch_dir() / f"tiling-{label}-{frames}.safetensors"
+        result = run_worker("bench.worker", dict(spec, dtype="fp32", variant="optimized", repeats=repeats,
+                                                 warmup=args.warmup, engine=engine, out=str(path)))
+        row["time"], out = statistics.median(result["times_s"]), load_file(str(path))["out"]
+    memory = run_worker("bench.memory_worker", dict(spec, **engine))
+    row.update(act_gib=memory["activation_bytes"] / 2**30, total_gib=memory["peak_bytes"] / 2**30)
+    print(f"  {label} {frames} frames: {row.get('time', float('nan')):.2f} s, act {row['act_gib']:.3f} GiB",
+          file=sys.stderr, flush=True)
+    return row, out
+
+
+def relative_to(row: dict, first: dict) -> None:
+    for key, ratio, inverse in (("time", "time_ratio", False), ("act_gib", "act_ratio", True),
+                                ("total_gib", "total_ratio", False)):
+        if row.get(key) is not None:
+            row[ratio] = first[key] / row[key] if inverse else row[key] / first[key]
+
+
+def causal_cache_report(args) -> None:
+    """Bytes of causal cache per layer resolution after two decode chunks of one latent frame (fp32)."""
+    family_cls, cfg = FULL_CONFIGS[args.family]()
+    with torch.device("meta"):
+        meta = family_cls(cfg)
+    model = vae.load(random_state_dict(meta, 0), dtype=torch.float32)
+    z = make_input(meta, dict(op="decode", frames=5, height=args.height, width=args.width))
+    ctx = StreamContext(model.opts)
+    with torch.inference_mode():
+        for t in range(2):
+            model.decode_chunk(z[:, :, t:t + 1], ctx)
+            ctx.first_chunk = False
+    by_size = {}
+    for cached in ctx.cache.values():
+        entry = by_size.setdefault(tuple(cached.shape[-2:]), [0, 0])
+        entry[0] += 1
+        entry[1] += cached.nbytes
+    rows = [dict(size=f"{h}x{w}", tensors=n, mib=b / 2**20) for (h, w), (n, b) in sorted(by_size.items())]
+    total = sum(b for _, b in by_size.values())
+    rows.append(dict(size="total", tensors=len(ctx.cache), mib=total / 2**20))
+    print(f"\n{args.family} decode {args.height}x{args.width} fp32: causal caches between chunks, "
+          f"{total / (args.height * args.width) / 1024:.1f} KiB per output pixel\n")
+    print_table(rows, [("size", "layer HxW", "s"), ("tensors", "cached tensors", "d"), ("mib", "MiB", ".1f")])
 
 
 def main():
@@ -50,34 +101,32 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cache-report", action="store_true", help="only report the causal caches' size")
+    parser.add_argument("--skip-timing", action="store_true", help="memory rows only (no timed runs, no errors)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     if args.quick:
         args.frames, args.size, args.tile, args.overlap, args.repeats, args.warmup = 5, "128x192", 64, 16, 1, 0
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
-    shape = f"{args.frames}x{args.height}x{args.width}"
+    if args.cache_report:
+        return causal_cache_report(args)
     modes = [("untiled", {}), ("exact", dict(tile_size=args.tile)),
              ("fast", dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast"))]
     rows, reference = [], None
     for mode, engine in modes:
-        result, out = measure(args, mode, args.frames, engine, args.repeats)
-        row = dict(mode=mode, shape=shape, tile="-" if not engine else f"{args.tile}/{engine.get('tile_overlap', 0)}",
-                   time=statistics.median(result["times_s"]), peak_gib=result["peak_activation"] / 2**30)
-        if reference is None:
-            reference = (row, out)
-        row["time_ratio"] = row["time"] / reference[0]["time"]
-        row["peak_ratio"] = reference[0]["peak_gib"] / row["peak_gib"]
-        row["max_err"] = (out - reference[1]).abs().max().item()
+        row, out = measure(args, mode, args.frames, engine, args.repeats)
+        reference = reference or (row, out)
+        relative_to(row, reference[0])
+        if out is not None:
+            row["max_err"] = (out - reference[1]).abs().max().item()
         rows.append(row)
     if args.long_frames:  # clip length: the peak must not grow with it (streamed into the output)
         args.height, args.width = (int(v) for v in args.long_size.lower().split("x"))
         base = None
         for frames in (args.frames, args.long_frames):
-            result, _ = measure(args, "untiled", frames, {}, 1)
-            row = dict(mode="untiled", shape=f"{frames}x{args.height}x{args.width}", tile="-",
-                       time=statistics.median(result["times_s"]), peak_gib=result["peak_activation"] / 2**30)
+            row, _ = measure(args, "untiled", frames, {}, 1)
             base = base or row
-            row.update(time_ratio=row["time"] / base["time"], peak_ratio=base["peak_gib"] / row["peak_gib"])
+            relative_to(row, base)
             rows.append(row)
     machine = machine_summary()
     print(f"\n{args.family} decode fp32, {machine['cpu']} ({machine['cpu_capability']}), {machine['threads']} threads, "

@@ -36,7 +36,8 @@ def run(spec: dict) -> dict:
     family_cls, cfg = FULL_CONFIGS[spec["family"]]()
     model = build_random_model(family_cls, cfg, torch.float32, device=str(device))
     x = make_input(model, spec).to(device)
-    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"))
+    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
+                  tile_overlap=spec.get("tile_overlap", 0))
     op = model.decode if spec["op"] == "decode" else model.encode
     if spec["op"] == "decode":
         out = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
