@@ -10,9 +10,9 @@ weights, warm-up, then the median of --repeats), memory in another (bench/memory
 threshold fixed so RSS follows the live tensors, the Winograd cache filled by a tiny warm-up, one decode
 into a preallocated output): "act" is the peak above what was resident just before the decode (the
 activations, output excluded), "total" the peak above the process before the model existed (weights,
-output and filter cache included). Errors are max |tiled - untiled| of the same run. The cache report decodes two one-latent-frame chunks
-and sums the causal caches the second one leaves (per layer resolution): memory that every mode keeps
-whole-frame between chunks, so tiling cannot cut it.
+output and filter cache included). Errors are max |tiled - untiled| of the same run. The cache report
+decodes two one-latent-frame chunks and sums the causal caches the second one leaves (per layer
+resolution): memory that every exact mode keeps whole-frame between chunks, so tiling cannot cut it.
 """
 import argparse
 import json

@@ -71,9 +71,9 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
            *, winograd: bool = False) -> torch.Tensor:
     """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
 
-    `winograd`: allow the Winograd kernel where `winograd_eligible` and its filter transform pays
-    (`transform_pays`) (the caller's `Optimizations.winograd_conv`); equal to oneDNN up to float32
-    rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
+    `winograd` (the caller's `Optimizations.winograd_conv`): allow the Winograd kernel where
+    `winograd_eligible` and its filter transform pays (`transform_pays`); equal to oneDNN up to
+    float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
     compiled blocks use inductor's convs.
     """
     if x.device.type != "cpu":

@@ -186,6 +186,8 @@ class FilterCache:
         if nbytes > self.limit_bytes:
             return None
         need = self.bytes + nbytes - self.limit_bytes
+        if need <= 0:
+            return []
         evictable = [(entry[1], key) for key, entry in self._entries.items()
                      if entry[1] < priority or self._tick - self._anchors[key[0]][2][key[1]] > self._reuse]
         victims = []
@@ -262,6 +264,12 @@ def _transform_key(weight: torch.Tensor, m: int) -> tuple:
     return (m, weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
 
 
+def transform_nbytes(weight_shape, m: int = DEFAULT_TILE) -> int:
+    """Bytes of the float32 filter transform of a (Cout, Cin, kt, 3, 3) weight: (m + 2)^2 positions
+    per output/input channel pair and tap, 4x the weight's float32 size for m = 4."""
+    return 4 * (m + 2) ** 2 * math.prod(weight_shape[:3])
+
+
 def transform_pays(x: torch.Tensor, weight: torch.Tensor, m: int = DEFAULT_TILE) -> bool:
     """Whether Winograd beats oneDNN on this call once its filter transform is counted.
 
@@ -274,8 +282,8 @@ def transform_pays(x: torch.Tensor, weight: torch.Tensor, m: int = DEFAULT_TILE)
     h, w = x.shape[-2:]
     if h * w * (x.shape[2] - weight.shape[2] + 1) >= UNCACHED_MIN_OUTPUT_PIXELS:
         return True
-    nbytes = 4 * (m + 2) ** 2 * math.prod(weight.shape[:3])
-    return FILTER_CACHE.holds_or_admits(weight, _transform_key(weight, m), nbytes, priority=h * w)
+    return FILTER_CACHE.holds_or_admits(weight, _transform_key(weight, m), transform_nbytes(weight.shape, m),
+                                        priority=h * w)
 
 
 def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE, priority: float = 0) -> torch.Tensor:

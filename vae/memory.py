@@ -75,7 +75,7 @@ def weight_bytes(model) -> int:
 
 def resident_cache_bytes(model, op: str, device) -> int:
     """What stays resident between calls of `op` on `device`: the CPU Winograd filter transforms of
-    its convs (4x each eligible 3x3 conv weight, float32) up to the cache's cap; nothing elsewhere."""
+    its eligible 3x3 convs up to the cache's cap; nothing elsewhere."""
     if torch.device(device).type != "cpu" or not model.opts.winograd_conv:
         return 0
     total = 0
@@ -84,7 +84,7 @@ def resident_cache_bytes(model, op: str, device) -> int:
         weight = getattr(module, "weight", None)
         if (isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5
                 and opt_conv.winograd_weight_eligible(weight.shape, module.stride)):
-            total += 4 * weight.numel() * 4
+            total += winograd.transform_nbytes(weight.shape)
     return min(total, winograd.FILTER_CACHE.limit_bytes)
 
 
