@@ -2,6 +2,7 @@
 
     python bench/bench_tiling.py                      # SeedVR2 decode 9x256x384 fp32, tiles 128 / overlap 32
     python bench/bench_tiling.py --long-frames 65     # + 65 vs 9 frames untiled at --long-size (peak check)
+    python bench/bench_tiling.py --modes --long-frames 65 --skip-timing   # only the clip-length peak check
     python bench/bench_tiling.py --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
     python bench/bench_tiling.py --cache-report       # only: what the causal caches hold between chunks
 
@@ -103,6 +104,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache-report", action="store_true", help="only report the causal caches' size")
     parser.add_argument("--skip-timing", action="store_true", help="memory rows only (no timed runs, no errors)")
+    parser.add_argument("--modes", nargs="*", default=["untiled", "exact", "fast"], choices=["untiled", "exact", "fast"],
+                        help="which of the side-by-side rows to run (none: only the --long-frames rows)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     if args.quick:
@@ -110,10 +113,10 @@ def main():
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
     if args.cache_report:
         return causal_cache_report(args)
-    modes = [("untiled", {}), ("exact", dict(tile_size=args.tile)),
-             ("fast", dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast"))]
+    modes = {"untiled": {}, "exact": dict(tile_size=args.tile),
+             "fast": dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast")}
     rows, reference = [], None
-    for mode, engine in modes:
+    for mode, engine in ((mode, modes[mode]) for mode in args.modes):
         row, out = measure(args, mode, args.frames, engine, args.repeats)
         reference = reference or (row, out)
         relative_to(row, reference[0])

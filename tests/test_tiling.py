@@ -10,6 +10,7 @@ import torch
 import vae
 from tests.reference import load_tiny, tensors
 from vae import memory, recovery, streaming
+from vae import tiling as tiles
 from vae.blocks import CausalConv3d
 
 FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
@@ -23,6 +24,13 @@ EXACT_ATOL = 1e-3
 # pixels on the fixtures' 64x64 frames: the smallest tile (2 latent cells of Wan2.2, 4 of the others),
 # one that does not divide the frame, and an uneven (h, w) pair; overlaps are ignored by exact mode.
 TILES = [(32, 0), (40, 8), ((56, 32), (8, 4))]
+
+
+@pytest.fixture(autouse=True)
+def every_conv_tiled(monkeypatch):
+    """Tile every conv, however small its frame: on the fixtures' 64x64 frames most convs would
+    otherwise run whole-frame (tiles.WHOLE_FRAME_WHEN_SMALLER), and exactness would be tested less."""
+    monkeypatch.setattr(tiles, "WHOLE_FRAME_WHEN_SMALLER", False)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -119,14 +127,39 @@ def test_decode_under_a_budget_equals_untiled():
     assert (m.decode(z, memory_budget=budget) - whole).abs().max() <= EXACT_ATOL
 
 
+def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
+    """A 256x256 decode in 128 px tiles: once the full-resolution tiles have been seen, a conv whose
+    whole frame is no larger than the largest tile buffer runs untiled (the latent-resolution
+    ones); the full-resolution convs stay tiled; the result equals untiled."""
+    monkeypatch.setattr(tiles, "WHOLE_FRAME_WHEN_SMALLER", True)
+    m = load_tiny("seedvr2")
+    z = torch.randn(1, 16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    whole = m.decode(z, temporal_chunk=1)
+    chunks, widths = [], {}
+    conv5d, decode_chunk = CausalConv3d.conv5d, m.decode_chunk
+
+    def counted(self, buf, ctx, padded=True):
+        widths.setdefault((len(chunks), self), []).append(buf.shape[-1])
+        return conv5d(self, buf, ctx, padded)
+
+    monkeypatch.setattr(CausalConv3d, "conv5d", counted)
+    monkeypatch.setattr(m, "decode_chunk", lambda zc, ctx: chunks.append(1) or decode_chunk(zc, ctx))
+    got = m.decode(z, temporal_chunk=1, tile_size=128)
+    assert (got - whole).abs().max() <= EXACT_ATOL
+    last = {conv: w for (chunk, conv), w in widths.items() if chunk == 3}
+    assert last[m.decoder.conv_in] == [32]  # latent resolution: one whole-frame call
+    assert last[m.decoder.conv_out] == [129] * 4  # full resolution: 4 tiles of 128 px + a 1 px halo
+
+
 def _last_causal_conv(model):
     return [m for m in model.decoder.modules() if isinstance(m, CausalConv3d)][-1]
 
 
 def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(model, monkeypatch, caplog):
     """The decoder's last conv runs out of memory on every untiled chunk after the first, after all
-    other convs of the chunk updated their caches: the chunk is rolled back and redone in tiles;
-    the result still equals the untiled decode and no chunk is decoded twice."""
+    other convs of the chunk updated their caches: the caches are rebuilt from the finished first
+    chunk (run again, its output not rewritten) and the chunk is redone in tiles; the result still
+    equals the untiled decode."""
     z = fixture_latent(model.family)
     whole = model.decode(z, temporal_chunk=1)
     conv, forward = _last_causal_conv(model), _last_causal_conv(model).forward
@@ -146,7 +179,7 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
     with caplog.at_level(logging.WARNING, logger="streamvae"):
         got = model.decode(z, temporal_chunk=1, progress=lambda d, t: reports.append((d, t)))
     assert len(failures) == 1  # only chunk 1 failed; chunk 2 ran tiled straight away
-    assert chunks == [1, 1, 1, 1]  # chunk 0 once, chunk 1 failed once and was redone, chunk 2 once
+    assert chunks == [1, 1, 1, 1, 1]  # chunk 0, chunk 1 failed, chunk 0 rebuilt its caches, chunk 1 redone, chunk 2
     assert (got - whole).abs().max() <= EXACT_ATOL
     assert "retrying the chunk with tiles" in caplog.text
     assert reports[-1][0] == reports[-1][1] and all(d <= t for d, t in reports)

@@ -1,9 +1,10 @@
 """Recovering from faults in the middle of an encode/decode instead of losing the work done so far.
 
-- Out of memory inside a chunk: the chunk is rolled back (its causal caches restored) and retried
-  with exact tiles of half the size, down to `min_tile`, then with half the temporal chunk, down to
-  one latent frame. Chunks already written to the output are kept. Exact tiling gives the untiled
-  result, so a retry never changes the output.
+- Out of memory inside a chunk: the chunk is retried with exact tiles of half the size, down to
+  `min_tile`, then with half the temporal chunk, down to one latent frame. Chunks already written to
+  the output are kept; the causal caches the retry needs are rebuilt by running the finished frames
+  again without writing them (see `streaming._stream`). Exact tiling gives the untiled result, so a
+  retry never changes the output.
 - fp16 overflow (non-finite output from finite input, the "black frames" complaint): the op is rerun
   in bf16 where the device computes it natively, else in float32, and the model stays there; said
   once per model.

@@ -155,16 +155,23 @@ def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_o
 
 
 def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, reference_hw, step, count: bool) -> None:
-    """step(first, count) for consecutive runs of latent frames until done or step returns False.
+    """step(first, count, write) for consecutive runs of latent frames until done or step returns False.
 
-    Out of memory inside a step rolls the causal caches back to the chunk's start, shrinks tile then
-    chunk (`recovery.Shrinker`) and retries; finished chunks stay written."""
-    shrinker, lo = None, 0
+    Out of memory inside a step shrinks tile then chunk (`recovery.Shrinker`) and retries. No copy of
+    the causal caches is kept for that: it would double their memory, the largest part of a chunk's
+    peak. Instead the caches are rebuilt by running the finished latent frames again with the new
+    settings (`write=False`: their output is already written and stays). Every chunk after the first
+    has the same size, so an out-of-memory error nearly always comes in the second chunk and the
+    rebuild is the first chunk's single latent frame."""
+    shrinker, lo, done = None, 0, 0  # caches hold frames [0, lo); output is written for [0, done)
     while lo < n_lat:
-        n = min(chunk, n_lat - lo)
-        cache, first = dict(ctx.cache), ctx.first_chunk
+        replay = lo < done
+        n = min(chunk, (done if replay else n_lat) - lo)
+        tiling, tile_step = ctx.tiling, None
+        if replay and tiling is not None:  # rebuilding: cancellable, but no progress to report
+            tile_step, tiling.step = tiling.step, steps.check
         try:
-            more = step(lo, n)
+            more = step(lo, n, not replay)
         except (RuntimeError, MemoryError) as error:
             if not recovery.is_oom(error):
                 raise
@@ -172,14 +179,22 @@ def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, ref
         else:
             ctx.first_chunk = False
             lo += n
-            steps.chunk_done() if count else steps()
-            if more is False:
-                return
+            if replay:
+                steps.check()
+            else:
+                done = lo
+                steps.chunk_done() if count else steps()
+                if more is False:
+                    return
             continue
-        ctx.cache, ctx.first_chunk = cache, first
+        finally:
+            if tile_step is not None:
+                tiling.step = tile_step
+        ctx.cache.clear()
+        ctx.first_chunk, lo = True, 0
         recovery.free_cached_memory(model.device)
         shrinker = shrinker or recovery.Shrinker(model, ctx, steps, reference_hw, chunk, count)
-        chunk = shrinker.shrink(reason, n_lat - lo)
+        chunk = shrinker.shrink(reason, n_lat - done)
 
 
 def _with_half_fallback(model, op: str, run):
@@ -270,7 +285,7 @@ def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, c
     device, dtype = model.device, model.encode_dtype
     ctx = StreamContext(model.opts, _exact_tiling((hp, wp), tile_size, steps) if count else None)
 
-    def step(first, n):
+    def step(first, n, write):
         start, stop = _pixel_span(first, n, tf)
         # Frames past the end repeat the last real frame (T -> next 4n+1).
         index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
@@ -280,6 +295,8 @@ def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, c
         m, lv = model.encode_chunk(x, ctx)
         if _overflowed(m):
             raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
+        if not write:
+            return
         mean[:, :, first:first + m.shape[2]] = m
         if logvar is not None:
             logvar[:, :, first:first + lv.shape[2]] = lv
@@ -389,11 +406,13 @@ def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, count: bool = 
     ctx = StreamContext(model.opts, _exact_tiling(reference, tile_size, steps) if count else None)
     pos = 0
 
-    def step(first, n):
+    def step(first, n, write):
         nonlocal pos
         y = model.decode_chunk(z[:, :, first:first + n].to(device=device, dtype=dtype), ctx)
         if _overflowed(y):
             raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
+        if not write:
+            return True
         k = min(y.shape[2], t_out - pos)
         out[:, :, pos:pos + k] = y[:, :, :k, :h_out, :w_out]
         pos += k

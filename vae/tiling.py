@@ -145,6 +145,14 @@ def encode_fast(video, mean, logvar, grid, factor, encode_tile, step):
         blend.finish()
 
 
+# Low-resolution convs run on the whole frame when that buffer is no larger than the largest tile
+# buffer the stream has already used (so the peak does not grow). A conv streams its weights once per
+# call (Winograd: 4x the 3x3 weights, per output frame), so at low resolution, where the weights
+# outweigh the activations, small tiles multiply the time (SeedVR2 at 1/8 resolution in 8x8-cell
+# tiles: 9x the untiled conv time). Tests switch this off to tile every conv of their tiny frames.
+WHOLE_FRAME_WHEN_SMALLER = True
+
+
 def _cuts(cuts: list[int], reference: int, size: int, multiple: int = 1) -> list[int]:
     """Interior cut positions of the reference grid mapped onto a layer of `size` cells, rounded to a
     multiple of `multiple` (deduplicated, strictly inside the layer)."""
@@ -161,8 +169,9 @@ class ExactTiling:
     """Exact spatial tiling: every convolution computes its output tile by tile.
 
     The tile grid is given at the reference resolution (the video: decode output or encode input)
-    and mapped onto each layer's resolution. A tile reads its input region plus the conv's own
-    receptive-field halo (one pixel for 3x3 kernels) and is cropped back after the conv, so every
+    and mapped onto each layer's resolution; a low-resolution conv whose whole frame is no larger
+    than the largest tile buffer used so far runs untiled (WHOLE_FRAME_WHEN_SMALLER). A tile reads
+    its input region plus the conv's own receptive-field halo (one pixel for 3x3 kernels) and is cropped back after the conv, so every
     output pixel sees exactly what the untiled conv would; zero padding applies only at the frame
     border. Norms that need whole-frame statistics (SeedVR2's per-frame GroupNorm) compute them over
     the whole input first, and the mid-block attention runs untiled at latent resolution. What exists
@@ -179,12 +188,14 @@ class ExactTiling:
         self.row_cuts = list(range(th, rh, th))
         self.col_cuts = list(range(tw, rw, tw))
         self.step = step or (lambda: None)
+        self.largest_buffer = 0  # elements of the largest conv input buffer a tile has used so far
 
     @property
     def grid(self) -> tuple[int, int]:
         return len(self.row_cuts) + 1, len(self.col_cuts) + 1
 
     def spans(self, height: int, width: int, multiple: int = 1):
+        """The tile grid mapped onto a layer of height x width: row spans, column spans."""
         rows = _spans(_cuts(self.row_cuts, self.reference[0], height, multiple), height)
         cols = _spans(_cuts(self.col_cuts, self.reference[1], width, multiple), width)
         return rows, cols
@@ -212,6 +223,8 @@ class ExactTiling:
         out = like.new_empty((b, conv.out_channels, n_out, ho, wo))
         new_cache = like.new_empty((b, c, n - n_out * st, h, w)) if conv.temporal else None
         rows, cols = self.spans(ho, wo)
+        if WHOLE_FRAME_WHEN_SMALLER and b * c * n * h * w <= self.largest_buffer:
+            rows, cols = [(0, ho)], [(0, wo)]
         for oy0, oy1 in rows:
             iy0, iy1 = oy0 * sh - top, (oy1 - 1) * sh + kh - top  # input rows the tile reads
             cy0, cy1 = max(iy0, 0), min(iy1, h)
@@ -223,6 +236,7 @@ class ExactTiling:
                 region = (b, c, n, iy1 - iy0, ix1 - ix0)
                 padded = (cy0, cy1, cx0, cx1) != (iy0, iy1, ix0, ix1)
                 buf = like.new_zeros(region) if padded else like.new_empty(region)
+                self.largest_buffer = max(self.largest_buffer, buf.numel())
                 inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
                 fill(inner[:, :, n_head:], slice(cy0, cy1), slice(cx0, cx1))
                 if head is not None:
