@@ -56,11 +56,12 @@ def winograd_weight_eligible(weight_shape, stride) -> bool:
 
 
 def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> bool:
-    """Whether `conv3d` may run this conv by Winograd: CPU, an eligible weight, padding (0, 1, 1),
-    frames of at least WINOGRAD_MIN_FRAME_PIXELS, float32 (or half precision that is computed in
+    """Whether `conv3d` may run this conv by Winograd: CPU, an eligible weight, padding (0, 1, 1) or
+    (0, 0, 0) (an exact tile with its halo; frames of 3 pixels or more a side), frames of at least WINOGRAD_MIN_FRAME_PIXELS, float32 (or half precision that is computed in
     float32 here anyway) and no autograd."""
     return (x.device.type == "cpu" and x.dim() == 5 and weight.dim() == 5 and winograd_weight_eligible(weight.shape, stride)
-            and tuple(padding) == (0, 1, 1) and x.shape[2] >= weight.shape[2]
+            and (tuple(padding) == (0, 1, 1) or (tuple(padding) == (0, 0, 0) and min(x.shape[3:]) >= 3))
+            and x.shape[2] >= weight.shape[2]
             and x.shape[3] * x.shape[4] >= WINOGRAD_MIN_FRAME_PIXELS
             and (x.dtype == torch.float32
                  or (x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype)))
@@ -80,7 +81,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
         return F.conv3d(x, weight, bias, stride, padding)
     if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
             and transform_pays(x, weight)):
-        return winograd_conv3d(x, weight, bias)
+        return winograd_conv3d(x, weight, bias, padding=padding[1])
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)
         return out.to(x.dtype)

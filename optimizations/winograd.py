@@ -2,7 +2,7 @@
 
 Computes what `F.conv3d(x, w, b, stride=1, padding=(0, 1, 1))` does for x (B,Cin,T,H,W) and
 w (Cout,Cin,kt,3,3), i.e. out[:, :, t] = sum_k conv2d(x[:, :, t + k], w[:, :, k], padding=1) + b,
-output (B,Cout,T-kt+1,H,W). A direct 3x3 conv spends 9 multiply-adds per output pixel and channel
+output (B,Cout,T-kt+1,H,W); or the same with padding 0 ("valid": what an exact tile with its halo needs). A direct 3x3 conv spends 9 multiply-adds per output pixel and channel
 pair; F(m, 3) gets an m x m output tile from an (m+2) x (m+2) input tile with (m+2)^2 of them:
 2.25 instead of 9 for m = 4 (4x less arithmetic), 4 for m = 2. The price is two cheap
 (memory-bound) transforms and more rounding as m grows.
@@ -306,18 +306,20 @@ def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE, priority: floa
 
 
 def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    m: int = DEFAULT_TILE) -> torch.Tensor:
-    """F.conv3d(x, weight, bias, stride=1, padding=(0, 1, 1)) by Winograd F(m x m, 3 x 3).
+                    m: int = DEFAULT_TILE, padding: int = 1) -> torch.Tensor:
+    """F.conv3d(x, weight, bias, stride=1, padding=(0, padding, padding)) by Winograd F(m x m, 3 x 3).
 
     x (B,Cin,T,H,W) on the CPU, any float dtype (computed in float32, returned in x.dtype);
-    weight (Cout,Cin,kt,3,3) with T >= kt; any H, W >= 1. Returns (B,Cout,T-kt+1,H,W), contiguous.
+    weight (Cout,Cin,kt,3,3) with T >= kt; padding 1 ("same": any H, W >= 1) or 0 ("valid", as exact
+    tiling uses on a tile with its halo: H, W >= 3). Returns (B,Cout,T-kt+1,H+2p-2,W+2p-2), contiguous.
     """
     b, cin, t_in, h, w = x.shape
     cout, _, kt = weight.shape[:3]
-    n_h, n_w = -(-h // m), -(-w // m)
+    h_out, w_out = h + 2 * padding - 2, w + 2 * padding - 2
+    n_h, n_w = -(-h_out // m), -(-w_out // m)
     u = filter_transform(weight, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
-    out = x.new_empty((b, cout, t_in - kt + 1, h, w))
+    out = x.new_empty((b, cout, t_in - kt + 1, h_out, w_out))
     threads = torch.get_num_threads() if _OPENMP else 1
 
     # Slab height in tile rows: about SLAB_COLUMNS tiles, with the buffers of the jobs in flight
@@ -345,7 +347,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
     def run(job):
         i, r0, r1, chans = job
-        _job(x[i], out[i, chans], u[:, :, chans], None if bias32 is None else bias32[chans], m, r0, r1, workspace)
+        _job(x[i], out[i, chans], u[:, :, chans], None if bias32 is None else bias32[chans], m, r0, r1, workspace, padding)
 
     if threads > 1:
         _run_parallel(run, jobs, min(threads, len(jobs)))
@@ -381,17 +383,19 @@ def _run_parallel(run, jobs, workers: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace) -> None:
-    """Output tile rows [r0, r1) of x (Cin,T,H,W) -> out (Cout,T-kt+1,H,W), all frames, with
-    u (kt, P, Cout, Cin) and bias (Cout, 1, 1, 1, 1) or None for those output channels; the float32
-    buffers are carved from workspace(numel)."""
+def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace, padding: int = 1) -> None:
+    """Output tile rows [r0, r1) of x (Cin,T,H,W) -> out (Cout,T-kt+1,H+2p-2,W+2p-2), all frames,
+    with u (kt, P, Cout, Cin) and bias (Cout, 1, 1, 1, 1) or None for those output channels; the
+    float32 buffers are carved from workspace(numel)."""
     cin, t_in, h, w = x.shape
-    cout, t_out = out.shape[:2]
-    a, n_r, n_w, kt = m + 2, r1 - r0, -(-w // m), u.shape[0]
+    cout, t_out, h_out, w_out = out.shape[:4]
+    a, n_r, n_w, kt = m + 2, r1 - r0, -(-w_out // m), u.shape[0]
     p, n = a * a, n_r * n_w
     kb, ka = _data_transforms(m)
-    top, lo, hi = r0 * m - 1, max(r0 * m - 1, 0), min(r1 * m + 1, h)
-    pad = (1, n_w * m + 1 - w, lo - top, n_r * m + 2 + top - hi)
+    # Input rows top .. top + n_r*m + 1 and columns -padding .. n_w*m + 1 - padding; zeros outside x.
+    top = r0 * m - padding
+    lo, hi = max(top, 0), min(top + n_r * m + 2, h)
+    pad = (padding, n_w * m + 2 - padding - w, lo - top, n_r * m + 2 + top - hi)
     # d: gathered tiles, v: ring of the last kt transformed frames, mt: GEMM output, y: output tiles.
     shapes = [(a, a, cin, n_r, n_w), (kt, p, cin, n), (p, cout, n), (m, m, cout, n_r, n_w)]
     sizes = [math.prod(shape) for shape in shapes]
@@ -413,8 +417,8 @@ def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace) -> None:
             mt.baddbmm_(u[k], v[(t + k) % kt])
         # 5. Output transform, scattered into the m x m tiles (cropped at the image edge) + bias.
         torch.mm(ka, mt.view(p, -1), out=y.view(m * m, -1))
-        for rows, hr in _tile_runs(min(r1 * m, h) - r0 * m, m):
-            for cols, wr in _tile_runs(w, m):
+        for rows, hr in _tile_runs(min(r1 * m, h_out) - r0 * m, m):
+            for cols, wr in _tile_runs(w_out, m):
                 src = tiles[:, rows, :hr, cols, :wr]
                 y0, x0 = (r0 + rows.start) * m, cols.start * m
                 dst = out[:, t, y0:y0 + src.shape[1] * hr, x0:x0 + src.shape[3] * wr]

@@ -147,8 +147,8 @@ def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
     got = m.decode(z, temporal_chunk=1, tile_size=128)
     assert (got - whole).abs().max() <= EXACT_ATOL
     last = {conv: w for (chunk, conv), w in widths.items() if chunk == 3}
-    assert last[m.decoder.conv_in] == [32]  # latent resolution: one whole-frame call
-    assert last[m.decoder.conv_out] == [129] * 4  # full resolution: 4 tiles of 128 px + a 1 px halo
+    assert last[m.decoder.conv_in] == [34]  # latent resolution: one whole-frame call (32 px + 1 px halo a side)
+    assert last[m.decoder.conv_out] == [130] * 4  # full resolution: 4 tiles of 128 px + 1 px halo a side
 
 
 def _last_causal_conv(model):

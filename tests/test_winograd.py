@@ -51,6 +51,17 @@ def test_equals_conv3d_float32(shape):
     assert (out.double() - exact).abs().max() <= 5e-6 * exact.abs().max()
 
 
+@pytest.mark.parametrize("m", [2, 4, 6])
+@pytest.mark.parametrize("hw", [(3, 3), (9, 14), (18, 11)], ids=str)
+def test_valid_mode_equals_unpadded_conv3d(m, hw):
+    """padding=0: the output of a tile with its one-pixel halo, (H-2) x (W-2), tile-unaligned sizes."""
+    x, weight, bias = make(2, 16, 8, 3, 4, *hw)
+    out = winograd_conv3d(x, weight, bias, m, padding=0)
+    expected = F.conv3d(x, weight, bias, 1, 0)
+    assert out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
+
+
 @pytest.mark.parametrize("m", [2, 6])
 def test_other_tile_sizes(m):
     x, weight, bias = make(2, 16, 8, 3, 4, 11, 14)
@@ -109,9 +120,9 @@ def spy(monkeypatch):
     """Records the convs the dispatch sends to the Winograd kernel."""
     calls = []
 
-    def recording(x, weight, bias):
+    def recording(x, weight, bias, padding=1):
         calls.append(tuple(weight.shape))
-        return winograd_conv3d(x, weight, bias)
+        return winograd_conv3d(x, weight, bias, padding=padding)
 
     monkeypatch.setattr(conv, "winograd_conv3d", recording)
     return calls

@@ -153,6 +153,19 @@ def encode_fast(video, mean, logvar, grid, factor, encode_tile, step):
 WHOLE_FRAME_WHEN_SMALLER = True
 
 
+def _zero_border(buf: torch.Tensor, top: int, bottom: int, left: int, right: int) -> None:
+    """Zero the rows/columns of a tile buffer (..., H, W) that lie outside the frame."""
+    height, width = buf.shape[-2:]
+    if top:
+        buf[..., :top, :].zero_()
+    if bottom:
+        buf[..., height - bottom:, :].zero_()
+    if left:
+        buf[..., :left].zero_()
+    if right:
+        buf[..., width - right:].zero_()
+
+
 def _cuts(cuts: list[int], reference: int, size: int, multiple: int = 1) -> list[int]:
     """Interior cut positions of the reference grid mapped onto a layer of `size` cells, rounded to a
     multiple of `multiple` (deduplicated, strictly inside the layer)."""
@@ -204,17 +217,16 @@ class ExactTiling:
         """A (causal) conv over new frames of `shape` (B,C,T,H,W), tile by tile.
 
         `conv` is a blocks.CausalConv3d or FrameConv2d; `fill(view, rows, cols)` writes input
-        rows/cols (slices of the unpadded frame) into `view`. Stride-1 "same" convs run with their
-        own padding on [tile - halo, tile + halo) clipped to the frame and are cropped back (the
-        call the untiled conv makes, so kernel choices such as Winograd stay the same); others
-        (stride-2 downsamplers with right/bottom padding) get an explicitly zero-padded region.
+        rows/cols (slices of the unpadded frame) into `view`. A tile's buffer is exactly the input
+        region its outputs read, [tile - halo, tile + halo), zero where it leaves the frame, and the
+        conv runs on it unpadded ("valid"), so it computes nothing beyond the tile (Winograd has a
+        valid mode for this: a same-padded conv of the region would also compute the halo).
         """
         b, c, t, h, w = shape
         kh, kw = conv.kernel_size[-2:]
         sh, sw = conv.stride[-2:]
         left, right, top, bottom = conv.spatial_pad
         kt, st = (conv.kernel_size[0], conv.stride[0]) if len(conv.kernel_size) == 3 else (1, 1)
-        same = (sh, sw) == (1, 1) and (left, top) == (right, bottom) == (kw // 2, kh // 2)
         ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
         head = ctx.cache.get(conv) if conv.temporal else None
         n_head = head.shape[2] if head is not None else (conv.head_frames if conv.temporal and ctx.first_chunk else 0)
@@ -231,11 +243,8 @@ class ExactTiling:
             for ox0, ox1 in cols:
                 ix0, ix1 = ox0 * sw - left, (ox1 - 1) * sw + kw - left
                 cx0, cx1 = max(ix0, 0), min(ix1, w)
-                if same:  # the conv pads the frame border itself
-                    iy0, iy1, ix0, ix1 = cy0, cy1, cx0, cx1
-                region = (b, c, n, iy1 - iy0, ix1 - ix0)
-                padded = (cy0, cy1, cx0, cx1) != (iy0, iy1, ix0, ix1)
-                buf = like.new_zeros(region) if padded else like.new_empty(region)
+                buf = like.new_empty((b, c, n, iy1 - iy0, ix1 - ix0))
+                _zero_border(buf, cy0 - iy0, iy1 - cy1, cx0 - ix0, ix1 - cx1)
                 self.largest_buffer = max(self.largest_buffer, buf.numel())
                 inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
                 fill(inner[:, :, n_head:], slice(cy0, cy1), slice(cx0, cx1))
@@ -248,8 +257,7 @@ class ExactTiling:
                 if new_cache is not None:
                     new_cache[..., cy0:cy1, cx0:cx1] = inner[:, :, n_out * st:]
                 if n_out:
-                    y = conv.conv5d(buf, ctx, padded=same)
-                    out[..., oy0:oy1, ox0:ox1] = y[..., oy0 - cy0:oy1 - cy0, ox0 - cx0:ox1 - cx0] if same else y
+                    out[..., oy0:oy1, ox0:ox1] = conv.conv5d(buf, ctx, padded=False)
                 self.step()
         if new_cache is not None:
             ctx.cache[conv] = new_cache
