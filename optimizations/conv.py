@@ -57,8 +57,9 @@ def winograd_weight_eligible(weight_shape, stride) -> bool:
 
 def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> bool:
     """Whether `conv3d` may run this conv by Winograd: CPU, an eligible weight, padding (0, 1, 1) or
-    (0, 0, 0) (an exact tile with its halo; frames of 3 pixels or more a side), frames of at least WINOGRAD_MIN_FRAME_PIXELS, float32 (or half precision that is computed in
-    float32 here anyway) and no autograd."""
+    (0, 0, 0) (an exact tile with its halo; frames of 3 pixels or more a side), frames of at least
+    WINOGRAD_MIN_FRAME_PIXELS, float32 (or half precision that is computed in float32 here anyway)
+    and no autograd."""
     return (x.device.type == "cpu" and x.dim() == 5 and weight.dim() == 5 and winograd_weight_eligible(weight.shape, stride)
             and (tuple(padding) == (0, 1, 1) or (tuple(padding) == (0, 0, 0) and min(x.shape[3:]) >= 3))
             and x.shape[2] >= weight.shape[2]

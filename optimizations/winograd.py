@@ -2,10 +2,11 @@
 
 Computes what `F.conv3d(x, w, b, stride=1, padding=(0, 1, 1))` does for x (B,Cin,T,H,W) and
 w (Cout,Cin,kt,3,3), i.e. out[:, :, t] = sum_k conv2d(x[:, :, t + k], w[:, :, k], padding=1) + b,
-output (B,Cout,T-kt+1,H,W); or the same with padding 0 ("valid": what an exact tile with its halo needs). A direct 3x3 conv spends 9 multiply-adds per output pixel and channel
-pair; F(m, 3) gets an m x m output tile from an (m+2) x (m+2) input tile with (m+2)^2 of them:
-2.25 instead of 9 for m = 4 (4x less arithmetic), 4 for m = 2. The price is two cheap
-(memory-bound) transforms and more rounding as m grows.
+output (B,Cout,T-kt+1,H,W); or the same with padding 0 ("valid": what an exact tile with its halo
+needs). A direct 3x3 conv spends 9 multiply-adds per output pixel and channel pair; F(m, 3) gets an
+m x m output tile from an (m+2) x (m+2) input tile with (m+2)^2 of them: 2.25 instead of 9 for
+m = 4 (4x less arithmetic), 4 for m = 2. The price is two cheap (memory-bound) transforms and more
+rounding as m grows.
 
 The work is cut into jobs (batch element x slab of tile rows, x output channels when there are
 fewer slabs than threads), run on one thread per core. A job walks its frames; with P = (m+2)^2

@@ -60,15 +60,23 @@ def _padded_buffer(like: torch.Tensor, shape, head: int, pad, fill: Fill) -> tor
     left, right, top, bottom = pad
     buf = like.new_empty((b, c, head + t, h + top + bottom, w + left + right))
     fill(buf[:, :, head:, top:top + h, left:left + w], slice(0, h), slice(0, w))
+    zero_border(buf, pad)
+    return buf
+
+
+def zero_border(buf: torch.Tensor, pad) -> None:
+    """Zero the outer `pad` = (left, right, top, bottom) columns/rows of a buffer (..., H, W): the
+    zero padding around a frame (or around the part of a tile that lies in the frame)."""
+    left, right, top, bottom = pad
+    height, width = buf.shape[-2:]
     if right:
-        buf[..., left + w:].zero_()
+        buf[..., width - right:].zero_()
     if bottom:
-        buf[..., top + h:, :].zero_()
+        buf[..., height - bottom:, :].zero_()
     if left:
         buf[..., :left].zero_()
     if top:
         buf[..., :top, :].zero_()
-    return buf
 
 
 def _interior(buf: torch.Tensor, pad) -> torch.Tensor:

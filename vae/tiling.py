@@ -17,6 +17,8 @@ from functools import lru_cache
 
 import torch
 
+from .blocks import zero_border
+
 Pair = tuple[int, int]
 
 
@@ -153,19 +155,6 @@ def encode_fast(video, mean, logvar, grid, factor, encode_tile, step):
 WHOLE_FRAME_WHEN_SMALLER = True
 
 
-def _zero_border(buf: torch.Tensor, top: int, bottom: int, left: int, right: int) -> None:
-    """Zero the rows/columns of a tile buffer (..., H, W) that lie outside the frame."""
-    height, width = buf.shape[-2:]
-    if top:
-        buf[..., :top, :].zero_()
-    if bottom:
-        buf[..., height - bottom:, :].zero_()
-    if left:
-        buf[..., :left].zero_()
-    if right:
-        buf[..., width - right:].zero_()
-
-
 def _cuts(cuts: list[int], reference: int, size: int, multiple: int = 1) -> list[int]:
     """Interior cut positions of the reference grid mapped onto a layer of `size` cells, rounded to a
     multiple of `multiple` (deduplicated, strictly inside the layer)."""
@@ -184,9 +173,9 @@ class ExactTiling:
     The tile grid is given at the reference resolution (the video: decode output or encode input)
     and mapped onto each layer's resolution; a low-resolution conv whose whole frame is no larger
     than the largest tile buffer used so far runs untiled (WHOLE_FRAME_WHEN_SMALLER). A tile reads
-    its input region plus the conv's own receptive-field halo (one pixel for 3x3 kernels) and is cropped back after the conv, so every
-    output pixel sees exactly what the untiled conv would; zero padding applies only at the frame
-    border. Norms that need whole-frame statistics (SeedVR2's per-frame GroupNorm) compute them over
+    its input region plus the conv's receptive-field halo (one pixel for 3x3 kernels) and the conv
+    computes exactly the tile's outputs from it, so every output pixel sees what the untiled conv
+    would; zero padding applies only at the frame border. Norms that need whole-frame statistics (SeedVR2's per-frame GroupNorm) compute them over
     the whole input first, and the mid-block attention runs untiled at latent resolution. What exists
     per tile only: the conv's input buffer (normalised input, cached head frames) and the conv's
     working space; layer outputs are whole frames. Causal caches are stored whole-frame, unpadded.
@@ -244,7 +233,7 @@ class ExactTiling:
                 ix0, ix1 = ox0 * sw - left, (ox1 - 1) * sw + kw - left
                 cx0, cx1 = max(ix0, 0), min(ix1, w)
                 buf = like.new_empty((b, c, n, iy1 - iy0, ix1 - ix0))
-                _zero_border(buf, cy0 - iy0, iy1 - cy1, cx0 - ix0, ix1 - cx1)
+                zero_border(buf, (cx0 - ix0, ix1 - cx1, cy0 - iy0, iy1 - cy1))
                 self.largest_buffer = max(self.largest_buffer, buf.numel())
                 inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
                 fill(inner[:, :, n_head:], slice(cy0, cy1), slice(cx0, cx1))
