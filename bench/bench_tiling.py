@@ -5,6 +5,7 @@
     python bench/bench_tiling.py --modes --long-frames 65 --skip-timing   # only the clip-length peak check
     python bench/bench_tiling.py --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
     python bench/bench_tiling.py --cache-report       # only: what the causal caches hold between chunks
+    python bench/bench_tiling.py --modes untiled exact exact-offload untiled-offload   # + caches on disk
 
 Every row runs in its own processes: time in one (bench/worker.py: full released config, random seeded
 weights, warm-up, then the median of --repeats), memory in another (bench/memory_worker.py: glibc's mmap
@@ -14,6 +15,8 @@ activations, output excluded), "total" the peak above the process before the mod
 output and filter cache included). Errors are max |tiled - untiled| of the same run. The cache report
 decodes two one-latent-frame chunks and sums the causal caches the second one leaves (per layer
 resolution): memory that every exact mode keeps whole-frame between chunks, so tiling cannot cut it.
+The "-offload" rows move those caches off the compute device between chunks (`cache_offload`: on
+this CPU to a temporary file, which only the page cache holds; on a GPU to pinned host memory).
 """
 import argparse
 import json
@@ -32,6 +35,7 @@ from bench.common import machine_summary, print_table, random_state_dict, run_wo
 from bench.families import FULL_CONFIGS, make_input  # noqa: E402
 from vae.blocks import StreamContext  # noqa: E402
 import vae  # noqa: E402
+from vae import memory  # noqa: E402
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
            ("time_ratio", "time vs first row", ".2f"), ("act_gib", "act GiB", ".3f"),
@@ -44,7 +48,7 @@ def measure(args, label, frames, engine, repeats) -> tuple[dict, object]:
     spec = dict(family=args.family, op="decode", frames=frames, height=args.height, width=args.width,
                 temporal_chunk=args.temporal_chunk)
     row, out = dict(mode=label, shape=f"{frames}x{args.height}x{args.width}",
-                    tile=f"{args.tile}/{engine.get('tile_overlap', 0)}" if engine else "-"), None
+                    tile=f"{args.tile}/{engine.get('tile_overlap', 0)}" if "tile_size" in engine else "-"), None
     if not args.skip_timing:
         path = scratch_dir() / f"tiling-{label}-{frames}.safetensors"
         result = run_worker("bench.worker", dict(spec, dtype="fp32", variant="optimized", repeats=repeats,
@@ -77,13 +81,13 @@ def causal_cache_report(args) -> None:
             model.decode_chunk(z[:, :, t:t + 1], ctx)
             ctx.first_chunk = False
     by_size = {}
-    for cached in ctx.cache.values():
-        entry = by_size.setdefault(tuple(cached.shape[-2:]), [0, 0])
+    for shape, nbytes in ctx.cache.sizes():
+        entry = by_size.setdefault(tuple(shape[-2:]), [0, 0])
         entry[0] += 1
-        entry[1] += cached.nbytes
+        entry[1] += nbytes
     rows = [dict(size=f"{h}x{w}", tensors=n, mib=b / 2**20) for (h, w), (n, b) in sorted(by_size.items())]
     total = sum(b for _, b in by_size.values())
-    rows.append(dict(size="total", tensors=len(ctx.cache), mib=total / 2**20))
+    rows.append(dict(size="total", tensors=sum(n for n, _ in by_size.values()), mib=total / 2**20))
     print(f"\n{args.family} decode {args.height}x{args.width} fp32: causal caches between chunks, "
           f"{total / (args.height * args.width) / 1024:.1f} KiB per output pixel\n")
     print_table(rows, [("size", "layer HxW", "s"), ("tensors", "cached tensors", "d"), ("mib", "MiB", ".1f")])
@@ -104,7 +108,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache-report", action="store_true", help="only report the causal caches' size")
     parser.add_argument("--skip-timing", action="store_true", help="memory rows only (no timed runs, no errors)")
-    parser.add_argument("--modes", nargs="*", default=["untiled", "exact", "fast"], choices=["untiled", "exact", "fast"],
+    parser.add_argument("--modes", nargs="*", default=["untiled", "exact", "fast"],
+                        choices=["untiled", "exact", "fast", "exact-offload", "untiled-offload"],
                         help="which of the side-by-side rows to run (none: only the --long-frames rows)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -113,8 +118,10 @@ def main():
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
     if args.cache_report:
         return causal_cache_report(args)
+    offload = dict(cache_offload=memory.offload_target("cpu"))
     modes = {"untiled": {}, "exact": dict(tile_size=args.tile),
-             "fast": dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast")}
+             "fast": dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast"),
+             "exact-offload": dict(tile_size=args.tile, **offload), "untiled-offload": offload}
     rows, reference = [], None
     for mode, engine in ((mode, modes[mode]) for mode in args.modes):
         row, out = measure(args, mode, args.frames, engine, args.repeats)

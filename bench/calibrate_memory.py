@@ -2,6 +2,7 @@
 
     python bench/calibrate_memory.py                    # all families, CPU (peak RSS) or CUDA
     python bench/calibrate_memory.py --families seedvr2 --check
+    python bench/calibrate_memory.py --modes caches      # only the causal-cache profiles (seconds)
 
 Each measurement runs one encode/decode of the full released config (random weights, float32) in a
 fresh process (bench/memory_worker.py) and records the activation peak of the call after a warm-up
@@ -9,8 +10,10 @@ fresh process (bench/memory_worker.py) and records the activation peak of the ca
 peak RSS (CPU; live tensors only, VmHWM reset after the model, buffers and warm-up) or
 torch.cuda.max_memory_allocated (CUDA) minus what was resident before.
 A least-squares fit of activations / element size = per_pixel * chunk pixel-frames
-+ per_tile_pixel * tile pixel-frames + fixed gives the coefficients `vae.memory` uses. `--check`
-compares the stored model with fresh measurements at other sizes instead.
++ per_tile_pixel * tile pixel-frames + fixed gives the coefficients `vae.memory` uses; the causal
+caches' share of that (`vae.memory.cache_profile`: elements per video pixel, all and the largest, from
+a short run of the same model) is stored too, for plans that offload them. `--check` compares the
+stored model with fresh measurements at other sizes instead.
 """
 import argparse
 import json
@@ -21,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench.common import run_worker  # noqa: E402
+from bench.common import build_random_model, run_worker  # noqa: E402
+from bench.families import FULL_CONFIGS  # noqa: E402
 from vae import memory  # noqa: E402
 
 FAMILIES = ("seedvr2", "wan21", "wan22")
@@ -69,16 +73,21 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--ops", nargs="+", default=["decode", "encode"])
-    parser.add_argument("--modes", nargs="+", default=None, choices=list(CHECK_POINTS),
-                        help="default: untiled and exact (fitted); with --check also fast")
+    parser.add_argument("--modes", nargs="+", default=None, choices=[*CHECK_POINTS, "caches"],
+                        help="default: untiled, exact (fitted) and caches; with --check untiled, exact and fast")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help="compare predictions with measurements at new sizes")
     args = parser.parse_args()
     device_type = torch.device(args.device).type
-    args.modes = args.modes or list(CHECK_POINTS if args.check else FIT_POINTS)
+    args.modes = args.modes or list(CHECK_POINTS if args.check else [*FIT_POINTS, "caches"])
     for family in args.families:
+        if "caches" in args.modes and not args.check:
+            model = build_random_model(*FULL_CONFIGS[family](), torch.float32, device=args.device)
+            for op in args.ops:
+                save(device_type, family, op, "caches", memory.cache_profile(model, op))
+            del model
         for op in args.ops:
-            for mode in args.modes:
+            for mode in (m for m in args.modes if m != "caches"):
                 points = (CHECK_POINTS if args.check else FIT_POINTS)[mode]
                 samples = []
                 for size, tile in points:

@@ -39,7 +39,7 @@ def run(spec: dict) -> dict:
     model = build_random_model(family_cls, cfg, torch.float32, device=str(device))
     x = make_input(model, spec).to(device)
     kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
-                  tile_overlap=spec.get("tile_overlap", 0))
+                  tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
     op = model.decode if spec["op"] == "decode" else model.encode
     if spec["op"] == "decode":
         out = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
@@ -62,7 +62,7 @@ def run(spec: dict) -> dict:
     peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
     try:
         predicted = memory.estimate(model, spec["op"], tuple(x.shape), spec.get("temporal_chunk") or 1,
-                                    spec.get("tile_size"), spec.get("tiling", "exact"), device)
+                                    spec.get("tile_size"), spec.get("tiling", "exact"), device, kwargs["cache_offload"])
     except KeyError:
         predicted = None
     return {"activation_bytes": peak - base, "retained_bytes": retained, "peak_bytes": peak - start,

@@ -40,6 +40,7 @@ class PlanInfo:
     fits: bool | None
     budget_bytes: int | None
     estimated: bool  # False when the library has no memory model (peak unknown)
+    cache_offload: str = "none"  # where the causal caches wait between chunks ("none": on the device)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -55,6 +56,8 @@ class PlanInfo:
             text += f", peak {self.peak_bytes / 2**30:.2f} GiB"
             if self.fits is False:
                 text += " (over budget)"
+        if self.cache_offload != "none":
+            text += f", caches offloaded to {self.cache_offload}"
         return text
 
 
@@ -79,7 +82,7 @@ def make_plan(model, op: str, input_shape, tiling, device) -> PlanInfo:
     if plan is not None:
         tile = tuple(plan.tile_size) if plan.tile_size else None
         return PlanInfo(op, tuple(input_shape), tuple(plan.grid), tile, plan.temporal_chunk, int(plan.peak_bytes),
-                        bool(plan.fits), getattr(plan, "budget_bytes", None), True)
+                        bool(plan.fits), getattr(plan, "budget_bytes", None), True, getattr(plan, "cache_offload", "none"))
     return _grid_only_plan(model, op, input_shape, tiling)
 
 

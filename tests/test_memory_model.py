@@ -6,15 +6,16 @@ import pytest
 from bench.common import run_worker
 from vae import memory
 
-# (size in pixels, tile in pixels or None): untiled and exact-tiled, none of them calibration points
-POINTS = [(112, None), (192, 96)]
+# (size in pixels, tile in pixels or None, where the causal caches wait): untiled and exact-tiled, none of
+# them calibration points; the last with its caches on disk (the model subtracts them)
+POINTS = [(112, None, "none"), (192, 96, "none"), (192, None, "disk")]
 
 
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
-@pytest.mark.parametrize("size,tile", POINTS, ids=["untiled-112px", "exact-192px-tile96"])
-def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile):
+@pytest.mark.parametrize("size,tile,offload", POINTS, ids=["untiled-112px", "exact-192px-tile96", "untiled-192px-disk-caches"])
+def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload):
     spec = dict(family="seedvr2", op="decode", frames=5, height=size, width=size, tile_size=tile,
-                tiling="exact", temporal_chunk=1)
+                tiling="exact", temporal_chunk=1, cache_offload=offload)
     result = run_worker("bench.memory_worker", spec, timeout=600)
     assert result["predicted_bytes"] is not None
     error = result["predicted_bytes"] / result["peak_bytes"] - 1

@@ -111,10 +111,11 @@ def test_budget_picks_untiled_when_it_fits_and_tiles_when_not():
     shape = (1, 16, 3, 32, 48)
     roomy = memory.plan(m, "decode", shape, memory_budget=2**40)
     assert roomy.tile_size is None and roomy.temporal_chunk == 3 and roomy.fits
-    tight = memory.plan(m, "decode", shape, memory_budget=_between_tiled_and_untiled(m, shape))
+    # caches kept on the device: a budget would offload them first (tests/test_causal_cache.py)
+    tight = memory.plan(m, "decode", shape, memory_budget=_between_tiled_and_untiled(m, shape), cache_offload="none")
     assert tight.tile_size is not None and tight.fits and tight.peak_bytes <= tight.budget_bytes
     assert min(tight.tile_size) >= 4 * m.spatial_factor
-    fast = memory.plan(m, "decode", shape, tiling="fast", tile_overlap=64, memory_budget=tight.budget_bytes)
+    fast = memory.plan(m, "decode", shape, tiling="fast", tile_overlap=64, memory_budget=tight.budget_bytes, cache_offload="none")
     assert fast.tile_size is None or min(fast.tile_size) > 2 * 64
 
 
@@ -123,8 +124,8 @@ def test_decode_under_a_budget_equals_untiled():
     z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
     whole = m.decode(z)
     budget = _between_tiled_and_untiled(m, tuple(z.shape))
-    assert memory.plan(m, "decode", tuple(z.shape), memory_budget=budget).tile_size is not None
-    assert (m.decode(z, memory_budget=budget) - whole).abs().max() <= EXACT_ATOL
+    assert memory.plan(m, "decode", tuple(z.shape), memory_budget=budget, cache_offload="none").tile_size is not None
+    assert (m.decode(z, memory_budget=budget, cache_offload="none") - whole).abs().max() <= EXACT_ATOL
 
 
 def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
@@ -159,7 +160,8 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
     """The decoder's last conv runs out of memory on every untiled chunk after the first, after all
     other convs of the chunk updated their caches: the caches are rebuilt from the finished first
     chunk (run again, its output not rewritten) and the chunk is redone in tiles; the result still
-    equals the untiled decode."""
+    equals the untiled decode. (Caches pinned to the device: with cache_offload "auto" the first
+    retry offloads them, tests/test_causal_cache.py.)"""
     z = fixture_latent(model.family)
     whole = model.decode(z, temporal_chunk=1)
     conv, forward = _last_causal_conv(model), _last_causal_conv(model).forward
@@ -177,7 +179,7 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
     monkeypatch.setattr(model, "decode_chunk", lambda zc, ctx: chunks.append(zc.shape[2]) or decode_chunk(zc, ctx))
     reports = []
     with caplog.at_level(logging.WARNING, logger="streamvae"):
-        got = model.decode(z, temporal_chunk=1, progress=lambda d, t: reports.append((d, t)))
+        got = model.decode(z, temporal_chunk=1, cache_offload="none", progress=lambda d, t: reports.append((d, t)))
     assert len(failures) == 1  # only chunk 1 failed; chunk 2 ran tiled straight away
     assert chunks == [1, 1, 1, 1, 1]  # chunk 0, chunk 1 failed, chunk 0 rebuilt its caches, chunk 1 redone, chunk 2
     assert (got - whole).abs().max() <= EXACT_ATOL

@@ -106,7 +106,7 @@ def roundtrip(args: argparse.Namespace) -> None:
     video = (frames.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1)  # B,3,T,H,W in [-1, 1]
     budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
     tiling = dict(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
-                  tiling=args.tiling, memory_budget=budget)
+                  tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
     z = model.encode(video, progress=Progress("encode"), **tiling)
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
     out = model.decode(z, num_frames=t, height=h, width=w, progress=Progress("decode"), **tiling)
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     rt.add_argument("--tile-overlap", type=int, default=0, help="tile overlap in pixels (fast tiling only)")
     rt.add_argument("--tiling", choices=("exact", "fast"), default="exact", help="exact: equals untiled; fast: blended tiles")
     rt.add_argument("--memory-budget", default=None, help="GiB, or 'auto': picks the largest chunk and tile that fit")
+    rt.add_argument("--cache-offload", choices=("auto", "none", "host", "disk"), default="auto",
+                    help="where the causal caches wait between chunks; auto: off the device only when memory needs it")
     args = parser.parse_args(argv)
     roundtrip(args)
 

@@ -11,6 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .causal_cache import CausalCache
+
 try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
     from ..optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act
 except ImportError:  # plain library use: the repository root is on sys.path
@@ -20,16 +22,17 @@ except ImportError:  # plain library use: the repository root is on sys.path
 class StreamContext:
     """State of one streamed encode or decode.
 
-    `cache` maps each temporal module to what it must remember between chunks (for causal convs: the
-    input frames the next chunk still needs, unpadded). `first_chunk` is True while the chunk that
+    `cache` (a `causal_cache.CausalCache`, on the compute device or offloaded) holds what each temporal
+    module must remember between chunks (for causal convs: the input frames the next chunk still
+    needs, unpadded). `first_chunk` is True while the chunk that
     holds frame 0 of the clip is processed; several upstream behaviours (head padding, frame-0 special
     cases) hinge on it. `tiling` is None, or the `tiling.ExactTiling` every conv then runs under.
     """
 
-    def __init__(self, opts: Optimizations, tiling=None):
+    def __init__(self, opts: Optimizations, tiling=None, cache: CausalCache | None = None):
         self.opts = opts
         self.first_chunk = True
-        self.cache: dict[nn.Module, torch.Tensor] = {}
+        self.cache = cache if cache is not None else CausalCache()
         self.tiling = tiling
 
 
@@ -175,7 +178,10 @@ class CausalConv3d(Conv3d):
         keep = kt - 1  # what the next window still reads: the last kt - 1 frames of [zeros | buf]
         tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
         missing = keep - tail.shape[2]
-        ctx.cache[self] = torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2) if missing else tail.clone()
+        if missing:
+            ctx.cache.put(self, torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2), owned=True)
+        else:
+            ctx.cache.put(self, tail)
         wino = ctx.opts.winograd_conv
         outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
                        self.padding, winograd=wino) for j in range(min(n_head, n_out))]
@@ -188,9 +194,9 @@ class CausalConv3d(Conv3d):
         n = buf.shape[2]
         n_out = (n - kt) // st + 1 if n >= kt else 0
         if self.temporal:
-            # Keep what the next window still reads (unpadded, as exact tiling stores it too); clone
-            # so the chunk's buffer can be freed.
-            ctx.cache[self] = _interior(buf, self.buffer_pad)[:, :, n_out * st:].clone()
+            # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
+            # copy, so the chunk's buffer can be freed.
+            ctx.cache.put(self, _interior(buf, self.buffer_pad)[:, :, n_out * st:])
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1

@@ -10,8 +10,11 @@ beside this file; a CUDA calibration is used on CUDA where one exists):
     activations = element_size * (per_pixel * chunk_pixels + per_tile_pixel * tile_pixels) + fixed
 
 with chunk_pixels the pixel-frames of one temporal chunk at video resolution (decode output /
-encode input) and tile_pixels those of one spatial tile (exact tiling). Untiled execution is chosen
-whenever it fits, because tiling costs time.
+encode input) and tile_pixels those of one spatial tile (exact tiling). The causal caches are part
+of that; offloaded (`causal_cache.py`), they leave the compute device except the running module's
+own (its old and new frames), which `cache_profile` (elements per video pixel, all caches and the
+largest, measured by a short run) gives. Untiled execution is chosen whenever it fits, because
+tiling costs time; offloading the caches costs less than tiling, so it is tried first.
 """
 import json
 import os
@@ -21,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .blocks import StreamContext
+from .causal_cache import check_offload
 from .tiling import as_pair, latent_grid
 
 try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
@@ -42,6 +47,7 @@ class Plan:
     temporal_chunk: int          # latent frames per step
     tile_size: tuple[int, int] | None  # pixels; None = untiled
     tiling: str                  # "exact" or "fast"
+    cache_offload: str           # where the causal caches wait between chunks ("none", "host", "disk")
     grid: tuple[int, int, int]   # tile rows, tile columns, temporal chunks
     peak_bytes: int              # predicted peak: weights + buffers + activations
     budget_bytes: int | None
@@ -50,7 +56,9 @@ class Plan:
     def describe(self) -> str:
         rows, cols, chunks = self.grid
         tile = "untiled" if self.tile_size is None else f"{self.tiling} tiles {self.tile_size[0]}x{self.tile_size[1]} px"
-        return f"{rows}x{cols}x{chunks} ({tile}, {self.temporal_chunk} latent frames per chunk), peak {self.peak_bytes / 2**30:.2f} GiB"
+        caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
+        return (f"{rows}x{cols}x{chunks} ({tile}, {self.temporal_chunk} latent frames per chunk{caches}), "
+                f"peak {self.peak_bytes / 2**30:.2f} GiB")
 
 
 @lru_cache(maxsize=1)
@@ -59,14 +67,39 @@ def _calibration() -> dict:
 
 
 def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
-    """Calibrated {per_pixel, per_tile_pixel, fixed} for a family/op/mode, preferring the device's own
-    measurement (CPU numbers stand in where a device type has none)."""
+    """Calibrated {per_pixel, per_tile_pixel, fixed} for a family/op/mode ("caches": the
+    `cache_profile`), preferring the device's own measurement (CPU numbers stand in where a device
+    type has none)."""
     table = _calibration()
     for dev in (device_type, "cpu"):
         entry = table.get(dev, {}).get(family, {}).get(op, {}).get(mode)
         if entry:
             return entry
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run bench/calibrate_memory.py")
+
+
+def cache_profile(model, op: str, cells: int = 8) -> dict:
+    """Causal-cache elements per video pixel that a steady chunk leaves: {"all": summed over the
+    modules, "largest": of one module}. Measured by running two one-latent-frame chunks of zeros at
+    `cells` x `cells` latent cells (the caches are whole frames, so they scale with the frame area)."""
+    side = cells * model.spatial_factor
+    if op == "decode":
+        shape, dtype, run = (1, model.latent_channels, 2, cells, cells), model.decode_dtype, model.decode_chunk
+    else:
+        shape, dtype, run = (1, model.in_channels, 1 + model.temporal_factor, side, side), model.encode_dtype, model.encode_chunk
+    clip = torch.zeros(shape, dtype=dtype)
+    ctx = StreamContext(model.opts)
+    with torch.inference_mode():
+        for chunk in (clip[:, :, :1], clip[:, :, 1:]):  # frame 0 alone, then one steady latent frame
+            run(chunk.to(model.device), ctx)
+            ctx.first_chunk = False
+    sizes = [shape.numel() for shape, _ in ctx.cache.sizes()]
+    return {"all": sum(sizes) / side**2, "largest": max(sizes, default=0) / side**2}
+
+
+def offload_target(device) -> str:
+    """Where "auto" offloads causal caches from `device`: pinned host memory from a GPU, else disk."""
+    return "disk" if torch.device(device).type == "cpu" else "host"
 
 
 def weight_bytes(model) -> int:
@@ -133,11 +166,13 @@ def _geometry(model, op: str, shape):
     return b, n_lat, height, width, video + latent
 
 
-def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str = "exact", device=None) -> int:
+def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
+             cache_offload: str = "none") -> int:
     """Predicted peak bytes on the compute device for one encode/decode with these settings.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
+    Offloaded caches ("host", "disk") leave all but the running module's old and new frames.
     """
     device = torch.device(device) if device is not None else model.device
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
@@ -155,6 +190,10 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     else:
         coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
         act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
+    if cache_offload != "none":
+        caches = coefficients(model.family, op, "caches", device.type)
+        frame_pixels = tile_pixels / frames if tile_size is not None and tiling == "fast" else b * height * width
+        act -= (caches["all"] - 2 * caches["largest"]) * frame_pixels
     return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device) + elem * act + coef.get("fixed", 0))
 
 
@@ -172,35 +211,48 @@ def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> 
 
 
 def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, tile_overlap=0, tiling="exact",
-         memory_budget=None, device=None) -> Plan:
+         memory_budget=None, device=None, cache_offload="auto") -> Plan:
     """Settings for an encode ("encode", pixels B,3,T,H,W) or decode ("decode", latent B,C,T,h,w).
 
-    Without a budget the given settings are kept (temporal_chunk None -> 1). With one, the largest
-    settings that fit are chosen, the given ones acting as upper limits: untiled with the largest
-    temporal chunk if that fits, else exact tiles, largest tile first.
+    Without a budget the given settings are kept (temporal_chunk None -> 1; cache_offload "auto" ->
+    "none"). With one, the largest settings that fit are chosen, the given ones acting as upper
+    limits: untiled with the largest temporal chunk if that fits, then untiled with the causal caches
+    offloaded (cache_offload "auto": to `offload_target`), else exact tiles, largest tile first, each
+    without and then with offloaded caches.
     """
     if op not in ("encode", "decode"):
         raise ValueError(f"op must be 'encode' or 'decode', got {op!r}")
+    check_offload(cache_offload)
     device = torch.device(device) if device is not None else model.device
     budget = resolve_budget(memory_budget, device)
+    offloads = [cache_offload]
+    if cache_offload == "auto":
+        offloads = ["none"]
+        try:
+            coefficients(model.family, op, "caches", device.type)
+            offloads.append(offload_target(device))
+        except KeyError:  # not calibrated: the caches stay on the device
+            pass
     _, n_lat, height, width, _ = _geometry(model, op, input_shape)
     max_chunk = min(temporal_chunk or n_lat, n_lat) if budget is not None else (temporal_chunk or 1)
     given_tile = as_pair(tile_size) if tile_size is not None else None
 
-    def make(chunk, tile):
-        peak = estimate(model, op, input_shape, chunk, tile, tiling, device)
+    def make(chunk, tile, offload):
+        peak = estimate(model, op, input_shape, chunk, tile, tiling, device, offload)
         fits = budget is None or peak <= budget
         grid = _grid(model, op, input_shape, chunk, tile, tile_overlap, tiling)
-        return Plan(op, chunk, tile, tiling, grid, peak, budget, fits)
+        return Plan(op, chunk, tile, tiling, offload, grid, peak, budget, fits)
+
+    def first_fit(tile):
+        candidates = (make(chunk, tile, offload) for offload in offloads for chunk in chunks)
+        return next((candidate for candidate in candidates if candidate.fits), None)
 
     if budget is None:
-        return make(max_chunk, given_tile)
+        return make(max_chunk, given_tile, offloads[0])
     chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
     if given_tile is None or (given_tile[0] >= height and given_tile[1] >= width):
-        for chunk in chunks:
-            candidate = make(chunk, None)
-            if candidate.fits:
-                return candidate
+        if (candidate := first_fit(None)) is not None:
+            return candidate
     limit = given_tile or (height, width)
     # Exact tiles below 4 latent cells cost far more time than they save; fast tiles must exceed
     # twice the overlap to make progress.
@@ -210,8 +262,6 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
     tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
     for tile in tiles:
-        for chunk in chunks:
-            candidate = make(chunk, tile)
-            if candidate.fits:
-                return candidate
-    return make(1, tiles[-1])  # nothing fits: the smallest setting, marked fits=False
+        if (candidate := first_fit(tile)) is not None:
+            return candidate
+    return make(1, tiles[-1], offloads[-1])  # nothing fits: the smallest setting, marked fits=False

@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from . import tiling as tiles
+from .causal_cache import CausalCache
 
 log = logging.getLogger("streamvae")
 
@@ -48,7 +49,8 @@ def min_tile(model) -> int:
 
 
 class Shrinker:
-    """Smaller settings for a chunk that ran out of memory: halve the exact tile, then the chunk.
+    """Smaller settings for a chunk that ran out of memory: offload the causal caches (where the
+    user left that open: `CausalCache.fallback`), then halve the exact tile, then the chunk.
 
     `reference_hw` is the video size the stream's tiles are laid out on; `steps` the stream's
     `Steps`, whose per-chunk count follows the new tiling (`count=False`: the stream is one tile of
@@ -66,14 +68,19 @@ class Shrinker:
     def _describe(self) -> str:
         tile = self._tile()
         where = "untiled" if tile is None else f"tiles {tile[0]}x{tile[1]} px"
-        return f"{where}, {self.chunk} latent frame(s) per chunk"
+        caches = "" if self.ctx.cache.offload == "none" else f", caches offloaded to {self.ctx.cache.offload}"
+        return f"{where}, {self.chunk} latent frame(s) per chunk{caches}"
 
     def shrink(self, reason: str, remaining: int) -> int:
         """The chunk length to retry with (the tiling is already switched); raises OutOfMemory at the floor.
         `reason`: the out-of-memory message; `remaining`: latent frames still to do, to recount progress."""
         floor = min_tile(self.model)
         current = self._tile() or self.reference
-        if max(current) > floor:
+        if self.ctx.cache.fallback is not None:
+            old = self.ctx.cache
+            self.ctx.cache = CausalCache(old.fallback, old.device)
+            old.close()
+        elif max(current) > floor:
             tile = tuple(max(floor, -(-side // 2)) for side in current)
             tile = tuple(min(t, r) for t, r in zip(tile, self.reference))
             self.ctx.tiling = tiles.ExactTiling(self.reference, tile, self.steps if self.count else self.steps.check)

@@ -9,6 +9,7 @@ chunk and tile (`memory.py`); out-of-memory and fp16 overflow are recovered from
 """
 import logging
 import warnings
+from functools import partial
 from typing import Callable
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from . import memory, recovery
 from . import tiling as tiles
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
+from .causal_cache import CausalCache, check_offload
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
@@ -138,20 +140,29 @@ def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
     return x, image
 
 
-def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling):
-    """(temporal_chunk, tile_size) to run with: the given ones, or the plan's for a memory budget."""
+def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling, cache_offload):
+    """(temporal_chunk, tile_size, make_caches) to run with: the given ones, or the plan's for a
+    memory budget. `make_caches()` makes a stream's `CausalCache`: where the plan (or the user) put
+    them; cache_offload "auto" without a budget keeps them on the device, with offloading left to
+    an out-of-memory retry."""
+    check_offload(cache_offload)
+    fallback = memory.offload_target(model.device) if cache_offload == "auto" else None
+    given_offload = "none" if fallback else cache_offload
+    as_given = temporal_chunk, tile_size, partial(CausalCache, given_offload, model.device, fallback=fallback)
     if memory_budget is None:
-        return temporal_chunk, tile_size
+        return as_given
     try:
         plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
-                           tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget)
+                           tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget, cache_offload=cache_offload)
     except KeyError as missing:  # no calibration for this family/op: run as given, OOM retry still guards
         log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
-        return temporal_chunk, tile_size
+        return as_given
     if not plan.fits:
         log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
                     op, plan.describe(), plan.budget_bytes / 2**30)
-    return plan.temporal_chunk, plan.tile_size
+    elif plan.cache_offload != "none":
+        log.info("StreamVAE %s: %s", op, plan.describe())
+    return plan.temporal_chunk, plan.tile_size, partial(CausalCache, plan.cache_offload, model.device, fallback=fallback)
 
 
 def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, reference_hw, step, count: bool) -> None:
@@ -162,39 +173,42 @@ def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, ref
     peak. Instead the caches are rebuilt by running the finished latent frames again with the new
     settings (`write=False`: their output is already written and stays). Every chunk after the first
     has the same size, so an out-of-memory error nearly always comes in the second chunk and the
-    rebuild is the first chunk's single latent frame."""
-    shrinker, lo, done = None, 0, 0  # caches hold frames [0, lo); output is written for [0, done)
-    while lo < n_lat:
-        replay = lo < done
-        n = min(chunk, (done if replay else n_lat) - lo)
-        tiling, tile_step = ctx.tiling, None
-        if replay and tiling is not None:  # rebuilding: cancellable, but no progress to report
-            tile_step, tiling.step = tiling.step, steps.check
-        try:
-            more = step(lo, n, not replay)
-        except (RuntimeError, MemoryError) as error:
-            if not recovery.is_oom(error):
-                raise
-            reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
-        else:
-            ctx.first_chunk = False
-            lo += n
-            if replay:
-                steps.check()
+    rebuild is the first chunk's single latent frame. The caches are closed at the end."""
+    try:
+        shrinker, lo, done = None, 0, 0  # caches hold frames [0, lo); output is written for [0, done)
+        while lo < n_lat:
+            replay = lo < done
+            n = min(chunk, (done if replay else n_lat) - lo)
+            tiling, tile_step = ctx.tiling, None
+            if replay and tiling is not None:  # rebuilding: cancellable, but no progress to report
+                tile_step, tiling.step = tiling.step, steps.check
+            try:
+                more = step(lo, n, not replay)
+            except (RuntimeError, MemoryError) as error:
+                if not recovery.is_oom(error):
+                    raise
+                reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
             else:
-                done = lo
-                steps.chunk_done() if count else steps()
-                if more is False:
-                    return
-            continue
-        finally:
-            if tile_step is not None:
-                tiling.step = tile_step
-        ctx.cache.clear()
-        ctx.first_chunk, lo = True, 0
-        recovery.free_cached_memory(model.device)
-        shrinker = shrinker or recovery.Shrinker(model, ctx, steps, reference_hw, chunk, count)
-        chunk = shrinker.shrink(reason, n_lat - done)
+                ctx.first_chunk = False
+                lo += n
+                if replay:
+                    steps.check()
+                else:
+                    done = lo
+                    steps.chunk_done() if count else steps()
+                    if more is False:
+                        return
+                continue
+            finally:
+                if tile_step is not None:
+                    tiling.step = tile_step
+            ctx.cache.clear()
+            ctx.first_chunk, lo = True, 0
+            recovery.free_cached_memory(model.device)
+            shrinker = shrinker or recovery.Shrinker(model, ctx, steps, reference_hw, chunk, count)
+            chunk = shrinker.shrink(reason, n_lat - done)
+    finally:
+        ctx.cache.close()  # the disk file of offloaded caches goes with it
 
 
 def _with_half_fallback(model, op: str, run):
@@ -219,6 +233,7 @@ def encode(
     tile_overlap=0,
     tiling: str = "exact",
     memory_budget=None,
+    cache_offload: str = "auto",
     return_logvar: bool = False,
     out_device: torch.device | str | None = None,
     progress: ProgressFn | None = None,
@@ -230,7 +245,11 @@ def encode(
     edge replication, one chunk at a time (the padded clip is never materialised). `tile_size` and
     `tile_overlap` (pixels) tile the frame; `tiling` is "exact" (equals untiled) or "fast"
     (independent blended tiles). `memory_budget` (bytes or "auto") picks the largest chunk and tile
-    that fit, the given ones acting as upper limits. With `return_logvar` the result is (mean, logvar).
+    that fit, the given ones acting as upper limits. `cache_offload` says where the causal caches
+    wait between chunks: "none" (compute device), "host" (pinned CPU memory, for GPUs), "disk", or
+    "auto" (offloaded when a memory budget or an out-of-memory retry needs it). Every setting gives
+    the same result.
+    With `return_logvar` the result is (mean, logvar).
     """
     video, image = _as_video(video, "encode input")
     b, c, t, h, w = video.shape
@@ -239,7 +258,8 @@ def encode(
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
     _check_tiling(model, tiling, tile_size, tile_overlap)
-    temporal_chunk, tile_size = _budgeted(model, "encode", video.shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling)
+    temporal_chunk, tile_size, make_caches = _budgeted(model, "encode", video.shape, memory_budget, temporal_chunk, tile_size,
+                                                   tile_overlap, tiling, cache_offload)
     size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     n_lat = latent_frames(t, tf)
@@ -255,7 +275,7 @@ def encode(
     def run():
         if grid is None:
             steps = Steps(n_chunks, progress, cancel, _conv_count(model.encode_modules()))
-            _encode_stream(model, video, mean, logvar, chunk, steps, size)
+            _encode_stream(model, video, mean, logvar, chunk, steps, size, make_caches)
             return
         steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
 
@@ -263,7 +283,7 @@ def encode(
             tile_shape = (b, model.latent_channels, n_lat, -(-pixels.shape[3] // sf), -(-pixels.shape[4] // sf))
             m = torch.empty(tile_shape, dtype=out_dtype, device=out_device)
             lv = torch.empty_like(m) if logvar is not None else None
-            _encode_stream(model, pixels, m, lv, chunk, steps, None, count=False)
+            _encode_stream(model, pixels, m, lv, chunk, steps, None, make_caches, count=False)
             return (m, lv) if lv is not None else (m,)
 
         tiles.encode_fast(video, mean, logvar, grid, sf, encode_tile, steps.check)
@@ -276,14 +296,14 @@ def encode(
     return (mean, logvar) if return_logvar else mean
 
 
-def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, count: bool = True) -> None:
+def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, make_caches, count: bool = True) -> None:
     """Temporal chunks of `video` through the encoder into the preallocated `mean` (and `logvar`),
     exactly tiled when `tile_size` is smaller than the (padded) frame."""
     t, h, w = video.shape[2:]
     sf, tf = model.spatial_factor, model.temporal_factor
     hp, wp = mean.shape[3] * sf, mean.shape[4] * sf
     device, dtype = model.device, model.encode_dtype
-    ctx = StreamContext(model.opts, _exact_tiling((hp, wp), tile_size, steps) if count else None)
+    ctx = StreamContext(model.opts, _exact_tiling((hp, wp), tile_size, steps) if count else None, make_caches())
 
     def step(first, n, write):
         start, stop = _pixel_span(first, n, tf)
@@ -323,6 +343,7 @@ def decode(
     tile_overlap=0,
     tiling: str = "exact",
     memory_budget=None,
+    cache_offload: str = "auto",
     nonfinite: str = "error",
     out: torch.Tensor | None = None,
     out_device: torch.device | str | None = None,
@@ -334,7 +355,8 @@ def decode(
 
     `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
     are written straight into a preallocated buffer (`out`, or a new one on `out_device`).
-    `tile_size` / `tile_overlap` (output pixels), `tiling` and `memory_budget` as in `encode`.
+    `tile_size` / `tile_overlap` (output pixels), `tiling`, `memory_budget` and `cache_offload` as
+    in `encode`.
     A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
     values are then replaced by 0 (with a warning) and the clip is decoded.
     """
@@ -359,7 +381,8 @@ def decode(
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
     _check_tiling(model, tiling, tile_size, tile_overlap)
-    temporal_chunk, tile_size = _budgeted(model, "decode", z.shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling)
+    temporal_chunk, tile_size, make_caches = _budgeted(model, "decode", z.shape, memory_budget, temporal_chunk, tile_size,
+                                                   tile_overlap, tiling, cache_offload)
     size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     full_t, full_h, full_w = pixel_frames(n_lat, tf), h * sf, w * sf
@@ -382,13 +405,13 @@ def decode(
     def run():
         if grid is None:
             steps = Steps(n_chunks, progress, cancel, _conv_count(model.decode_modules()))
-            _decode_stream(model, z, out, chunk, steps, size)
+            _decode_stream(model, z, out, chunk, steps, size, make_caches)
             return
         steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
 
         def decode_tile(zt):
             tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
-            return _decode_stream(model, zt, tile_out, chunk, steps, None, count=False)
+            return _decode_stream(model, zt, tile_out, chunk, steps, None, make_caches, count=False)
 
         tiles.decode_fast(model, z, out, grid, decode_tile, steps.check)
 
@@ -397,13 +420,13 @@ def decode(
     return out.squeeze(2) if image else out
 
 
-def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, count: bool = True) -> torch.Tensor:
+def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, make_caches, count: bool = True) -> torch.Tensor:
     """Temporal chunks of `z` through the decoder into the preallocated `out` (cropped to its size),
     exactly tiled when `tile_size` is smaller than the frame."""
     t_out, h_out, w_out = out.shape[2:]
     reference = (z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor)
     device, dtype = model.device, model.decode_dtype
-    ctx = StreamContext(model.opts, _exact_tiling(reference, tile_size, steps) if count else None)
+    ctx = StreamContext(model.opts, _exact_tiling(reference, tile_size, steps) if count else None, make_caches())
     pos = 0
 
     def step(first, n, write):

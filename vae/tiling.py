@@ -249,7 +249,7 @@ class ExactTiling:
                     out[..., oy0:oy1, ox0:ox1] = conv.conv5d(buf, ctx, padded=False)
                 self.step()
         if new_cache is not None:
-            ctx.cache[conv] = new_cache
+            ctx.cache.put(conv, new_cache, owned=True)
         return out
 
     def local(self, fn, x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:

@@ -67,11 +67,11 @@ class WanAvgDown3D(nn.Module):
             return x
         if ft > 1:
             parts = [x.new_zeros(x.shape[:2] + (ft - 1,) + x.shape[3:])] if ctx.first_chunk else []
-            held = ctx.cache.pop(self, None)
+            held = ctx.cache.pop(self)
             x = torch.cat(parts + ([held] if held is not None else []) + [x], dim=2)
             usable = x.shape[2] - x.shape[2] % ft
             if usable < x.shape[2]:
-                ctx.cache[self] = x[:, :, usable:].clone()
+                ctx.cache.put(self, x[:, :, usable:])
             x = x[:, :, :usable]
         b, c, t, h, w = x.shape
         x = x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)

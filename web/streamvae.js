@@ -46,7 +46,8 @@ function gib(bytes) {
 
 function gridText(plan) {
     const [rows, cols, chunks] = plan.grid;
-    return `${rows}\u00d7${cols}\u00d7${chunks} tiles`;
+    const caches = plan.cache_offload && plan.cache_offload !== "none" ? ` \u00b7 caches on ${plan.cache_offload}` : "";
+    return `${rows}\u00d7${cols}\u00d7${chunks} tiles${caches}`;
 }
 
 // The node feeding input `name`, or null.

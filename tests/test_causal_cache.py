@@ -1,0 +1,114 @@
+"""Offloaded causal caches (vae/causal_cache.py): every family encodes and decodes bit-identically with
+its caches on disk or in host memory, the disk store keeps one slot per module, a memory budget
+offloads the caches before it tiles, and out of memory offloads them before it shrinks the tile."""
+import logging
+
+import pytest
+import torch
+
+import vae
+from tests.reference import load_tiny, tensors
+from tests.test_tiling import FIXTURES, _last_causal_conv
+from vae import memory
+from vae.causal_cache import CausalCache
+
+FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return load_tiny(request.param)
+
+
+def fixture_clips(family):
+    video_file, video, latent_file, latent = FIXTURES[family]
+    return tensors(family, video_file)[video], tensors(family, latent_file)[latent]
+
+
+@pytest.mark.parametrize("tile", [None, 32], ids=["untiled", "exact-tile32"])
+@pytest.mark.parametrize("offload", ["disk", "host"])
+def test_offloaded_caches_give_the_same_result(model, offload, tile):
+    video, z = fixture_clips(model.family)
+    for run, x in ((model.encode, video), (model.decode, z)):
+        on_device = run(x, temporal_chunk=1, tile_size=tile, cache_offload="none")
+        assert torch.equal(run(x, temporal_chunk=1, tile_size=tile, cache_offload=offload), on_device)
+
+
+def test_disk_store_round_trips_and_reuses_each_modules_slot():
+    cache = CausalCache("disk")
+    a, b = torch.nn.Identity(), torch.nn.Identity()
+    frames = torch.randn(1, 4, 2, 5, 7)
+    cache.put(a, frames[:, :, 1:])  # a non-contiguous view
+    cache.put(b, frames.to(torch.bfloat16))
+    assert torch.equal(cache.get(a), frames[:, :, 1:]) and torch.equal(cache.get(b), frames.to(torch.bfloat16))
+    size = cache._disk.end
+    for _ in range(3):  # a module that pops and puts every chunk (Wan2.2's held frame) keeps its slot
+        cache.pop(a)
+        assert a not in cache and cache.get(a) is None
+        cache.put(a, frames[:, :, :1])
+    assert cache._disk.end == size and torch.equal(cache.get(a), frames[:, :, :1])
+    assert sorted(n for _, n in cache.sizes()) == [frames[:, :, :1].nbytes, frames.to(torch.bfloat16).nbytes]
+    cache.close()
+    assert cache._disk.file.closed
+
+
+def test_host_offload_with_cpu_compute_keeps_the_caches_in_place():
+    assert CausalCache("host", "cpu").offload == "none"
+    with pytest.raises(ValueError, match="cache_offload must be one of"):
+        CausalCache("gpu")
+    with pytest.raises(ValueError, match="cache_offload must be 'auto' or one of"):
+        load_tiny("wan21").decode(torch.zeros(1, 16, 1, 4, 4), cache_offload="ram")
+
+
+def test_budget_offloads_the_caches_before_it_tiles(caplog):
+    m = load_tiny("seedvr2")
+    z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
+    shape = tuple(z.shape)
+    on_device, offloaded = (memory.estimate(m, "decode", shape, 1, None, cache_offload=o) for o in ("none", "disk"))
+    assert offloaded < on_device
+    budget = (on_device + offloaded) // 2
+    chosen = memory.plan(m, "decode", shape, memory_budget=budget)
+    assert chosen.tile_size is None and chosen.cache_offload == "disk" and chosen.fits
+    assert "caches offloaded to disk" in chosen.describe()
+    kept = memory.plan(m, "decode", shape, memory_budget=budget, cache_offload="none")
+    assert kept.tile_size is not None and kept.cache_offload == "none"
+    with caplog.at_level(logging.INFO, logger="streamvae"):
+        got = m.decode(z, memory_budget=budget)
+    assert "caches offloaded to disk" in caplog.text
+    assert torch.equal(got, m.decode(z))
+
+
+def test_out_of_memory_offloads_the_caches_before_it_tiles(model, monkeypatch, caplog):
+    """The last conv runs out of memory while the caches are on the device: the retry moves them to
+    disk (rebuilt from the finished first chunk) and stays untiled; the result is unchanged."""
+    z = fixture_clips(model.family)[1]
+    whole = model.decode(z, temporal_chunk=1)
+    conv = _last_causal_conv(model)
+    forward, failures, tiled = conv.forward, [], []
+
+    def flaky(x, ctx, *args, **kwargs):
+        tiled.append(ctx.tiling is not None)
+        if ctx.cache.offload == "none" and not ctx.first_chunk:
+            failures.append(x.shape[2])
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return forward(x, ctx, *args, **kwargs)
+
+    monkeypatch.setattr(conv, "forward", flaky)
+    with caplog.at_level(logging.WARNING, logger="streamvae"):
+        got = model.decode(z, temporal_chunk=1)
+    assert len(failures) == 1 and not any(tiled)
+    assert "retrying the chunk with untiled, 1 latent frame(s) per chunk, caches offloaded to disk" in caplog.text
+    assert torch.equal(got, whole)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_host_offload_on_cuda_equals_the_caches_on_the_gpu():
+    m = load_tiny("seedvr2", device="cuda")
+    z = fixture_clips("seedvr2")[1].cuda()
+    cache = CausalCache("host", "cuda")
+    assert cache.offload == "host"
+    for tile in (None, 32):
+        on_gpu = m.decode(z, temporal_chunk=1, tile_size=tile, cache_offload="none")
+        assert torch.equal(m.decode(z, temporal_chunk=1, tile_size=tile, cache_offload="host"), on_gpu)
