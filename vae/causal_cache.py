@@ -10,8 +10,8 @@ the compute device (its old frames while it reads them, its new ones until they 
 - "none": on the compute device.
 - "host": pinned CPU memory, copied with non-blocking transfers (for CUDA; with CPU compute the
   device is the host, so this is "none").
-- "disk": a temporary file (any device; with CPU compute the one memory outside the process; the
-  operating system may keep it in its reclaimable page cache).
+- "disk": a temporary file in the temp directory (TMPDIR; any device; with CPU compute the one
+  memory outside the process; the operating system may keep it in its reclaimable page cache).
 """
 import tempfile
 
@@ -37,8 +37,8 @@ class _DiskStore:
     """Tensors in one temporary file. A key keeps its slot (also when popped) and reuses it while its
     tensor fits, so the file stays as large as one set of caches, however long the clip."""
 
-    def __init__(self, directory=None):
-        self.file = tempfile.TemporaryFile(prefix="streamvae-cache-", dir=directory)
+    def __init__(self):
+        self.file = tempfile.TemporaryFile(prefix="streamvae-cache-")
         self.slots: dict[nn.Module, tuple[int, int]] = {}  # offset, capacity in bytes
         self.live: dict[nn.Module, tuple[torch.Size, torch.dtype]] = {}
         self.end = 0
@@ -77,7 +77,7 @@ class CausalCache:
     switch to (None: the user chose where the caches live).
     """
 
-    def __init__(self, offload: str = "none", device=None, directory=None, fallback: str | None = None):
+    def __init__(self, offload: str = "none", device=None, fallback: str | None = None):
         if offload not in CACHE_OFFLOADS:
             raise ValueError(f"cache_offload must be one of {CACHE_OFFLOADS}, got {offload!r}")
         self.device = torch.device(device if device is not None else "cpu")
@@ -86,7 +86,7 @@ class CausalCache:
         self.offload = offload
         self.fallback = fallback if fallback != offload else None
         self._held: dict[nn.Module, torch.Tensor] = {}  # on the device ("none") or pinned host memory ("host")
-        self._disk = _DiskStore(directory) if offload == "disk" else None
+        self._disk = _DiskStore() if offload == "disk" else None
 
     def __contains__(self, module) -> bool:
         return module in (self._disk.live if self._disk is not None else self._held)
