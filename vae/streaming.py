@@ -248,8 +248,7 @@ def encode(
     that fit, the given ones acting as upper limits. `cache_offload` says where the causal caches
     wait between chunks: "none" (compute device), "host" (pinned CPU memory, for GPUs), "disk", or
     "auto" (offloaded when a memory budget or an out-of-memory retry needs it). Every setting gives
-    the same result.
-    With `return_logvar` the result is (mean, logvar).
+    the same result. With `return_logvar` the result is (mean, logvar).
     """
     video, image = _as_video(video, "encode input")
     b, c, t, h, w = video.shape
