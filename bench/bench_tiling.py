@@ -31,10 +31,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 import torch  # noqa: E402
 
-from bench.common import machine_summary, print_table, random_state_dict, run_worker, scratch_dir  # noqa: E402
-from bench.families import FULL_CONFIGS, make_input  # noqa: E402
-from vae.blocks import StreamContext  # noqa: E402
-import vae  # noqa: E402
+from bench.common import build_random_model, machine_summary, print_table, run_worker, scratch_dir  # noqa: E402
+from bench.families import FULL_CONFIGS  # noqa: E402
 from vae import memory  # noqa: E402
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
@@ -70,18 +68,10 @@ def relative_to(row: dict, first: dict) -> None:
 
 def causal_cache_report(args) -> None:
     """Bytes of causal cache per layer resolution after two decode chunks of one latent frame (fp32)."""
-    family_cls, cfg = FULL_CONFIGS[args.family]()
-    with torch.device("meta"):
-        meta = family_cls(cfg)
-    model = vae.load(random_state_dict(meta, 0), dtype=torch.float32)
-    z = make_input(meta, dict(op="decode", frames=5, height=args.height, width=args.width))
-    ctx = StreamContext(model.opts)
-    with torch.inference_mode():
-        for t in range(2):
-            model.decode_chunk(z[:, :, t:t + 1], ctx)
-            ctx.first_chunk = False
+    model = build_random_model(*FULL_CONFIGS[args.family](), torch.float32)
+    sf = model.spatial_factor
     by_size = {}
-    for shape, nbytes in ctx.cache.sizes():
+    for shape, nbytes in memory.steady_cache_sizes(model, "decode", (args.height // sf, args.width // sf)):
         entry = by_size.setdefault(tuple(shape[-2:]), [0, 0])
         entry[0] += 1
         entry[1] += nbytes

@@ -25,7 +25,8 @@ class StreamContext:
     `cache` (a `causal_cache.CausalCache`, on the compute device or offloaded) holds what each temporal
     module must remember between chunks (for causal convs: the input frames the next chunk still
     needs, unpadded). `first_chunk` is True while the chunk that holds frame 0 of the clip is
-    processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it. `tiling` is None, or the `tiling.ExactTiling` every conv then runs under.
+    processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
+    `tiling` is None, or the `tiling.ExactTiling` every conv then runs under.
     """
 
     def __init__(self, opts: Optimizations, tiling=None, cache: CausalCache | None = None):

@@ -88,8 +88,13 @@ class CausalCache:
         self._held: dict[nn.Module, torch.Tensor] = {}  # on the device ("none") or pinned host memory ("host")
         self._disk = _DiskStore() if offload == "disk" else None
 
+    @property
+    def _index(self) -> dict:
+        """Module -> what is stored for it (the tensor, or the disk store's shape and dtype)."""
+        return self._disk.live if self._disk is not None else self._held
+
     def __contains__(self, module) -> bool:
-        return module in (self._disk.live if self._disk is not None else self._held)
+        return module in self._index
 
     def get(self, module) -> torch.Tensor | None:
         if module not in self:
@@ -112,11 +117,11 @@ class CausalCache:
 
     def pop(self, module) -> torch.Tensor | None:
         frames = self.get(module)
-        (self._disk.live if self._disk is not None else self._held).pop(module, None)
+        self._index.pop(module, None)
         return frames
 
     def clear(self) -> None:
-        (self._disk.live if self._disk is not None else self._held).clear()
+        self._index.clear()
 
     def sizes(self) -> list[tuple[torch.Size, int]]:
         """(shape, bytes) of every stored tensor."""

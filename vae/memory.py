@@ -78,23 +78,32 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run bench/calibrate_memory.py")
 
 
-def cache_profile(model, op: str, cells: int = 8) -> dict:
-    """Causal-cache elements per video pixel that a steady chunk leaves: {"all": summed over the
-    modules, "largest": of one module}. Measured by running two one-latent-frame chunks of zeros at
-    `cells` x `cells` latent cells (the caches are whole frames, so they scale with the frame area)."""
-    side = cells * model.spatial_factor
+def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int]) -> list[tuple[torch.Size, int]]:
+    """(shape, bytes) of every causal cache a steady chunk leaves at latent_hw latent cells: what
+    running two one-latent-frame chunks of zeros (frame 0 alone, then one steady latent frame) keeps."""
+    h, w = latent_hw
+    sf = model.spatial_factor
     if op == "decode":
-        shape, dtype, run = (1, model.latent_channels, 2, cells, cells), model.decode_dtype, model.decode_chunk
+        shape, dtype, run = (1, model.latent_channels, 2, h, w), model.decode_dtype, model.decode_chunk
     else:
-        shape, dtype, run = (1, model.in_channels, 1 + model.temporal_factor, side, side), model.encode_dtype, model.encode_chunk
-    clip = torch.zeros(shape, dtype=dtype)
+        shape = (1, model.in_channels, 1 + model.temporal_factor, h * sf, w * sf)
+        dtype, run = model.encode_dtype, model.encode_chunk
+    clip = torch.zeros(shape, dtype=dtype, device=model.device)
     ctx = StreamContext(model.opts)
     with torch.inference_mode():
-        for chunk in (clip[:, :, :1], clip[:, :, 1:]):  # frame 0 alone, then one steady latent frame
-            run(chunk.to(model.device), ctx)
+        for chunk in (clip[:, :, :1], clip[:, :, 1:]):
+            run(chunk, ctx)
             ctx.first_chunk = False
-    sizes = [shape.numel() for shape, _ in ctx.cache.sizes()]
-    return {"all": sum(sizes) / side**2, "largest": max(sizes, default=0) / side**2}
+    return ctx.cache.sizes()
+
+
+def cache_profile(model, op: str, cells: int = 8) -> dict:
+    """Causal-cache elements per video pixel that a steady chunk leaves: {"all": summed over the
+    modules, "largest": of one module}, from `steady_cache_sizes` at `cells` x `cells` latent cells
+    (the caches are whole frames, so they scale with the frame area)."""
+    pixels = (cells * model.spatial_factor) ** 2
+    sizes = [shape.numel() for shape, _ in steady_cache_sizes(model, op, (cells, cells))]
+    return {"all": sum(sizes) / pixels, "largest": max(sizes, default=0) / pixels}
 
 
 def offload_target(device) -> str:

@@ -147,22 +147,22 @@ def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_o
     an out-of-memory retry."""
     check_offload(cache_offload)
     fallback = memory.offload_target(model.device) if cache_offload == "auto" else None
-    given_offload = "none" if fallback else cache_offload
-    as_given = temporal_chunk, tile_size, partial(CausalCache, given_offload, model.device, fallback=fallback)
-    if memory_budget is None:
-        return as_given
-    try:
-        plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
-                           tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget, cache_offload=cache_offload)
-    except KeyError as missing:  # no calibration for this family/op: run as given, OOM retry still guards
-        log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
-        return as_given
-    if not plan.fits:
-        log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
-                    op, plan.describe(), plan.budget_bytes / 2**30)
-    elif plan.cache_offload != "none":
-        log.info("StreamVAE %s: %s", op, plan.describe())
-    return plan.temporal_chunk, plan.tile_size, partial(CausalCache, plan.cache_offload, model.device, fallback=fallback)
+    offload = "none" if fallback else cache_offload
+    if memory_budget is not None:
+        try:
+            plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
+                               tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget,
+                               cache_offload=cache_offload)
+        except KeyError as missing:  # no calibration for this family/op: run as given, OOM retry still guards
+            log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
+        else:
+            if not plan.fits:
+                log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
+                            op, plan.describe(), plan.budget_bytes / 2**30)
+            elif plan.cache_offload != "none":
+                log.info("StreamVAE %s: %s", op, plan.describe())
+            temporal_chunk, tile_size, offload = plan.temporal_chunk, plan.tile_size, plan.cache_offload
+    return temporal_chunk, tile_size, partial(CausalCache, offload, model.device, fallback=fallback)
 
 
 def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, reference_hw, step, count: bool) -> None:

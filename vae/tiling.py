@@ -175,8 +175,9 @@ class ExactTiling:
     than the largest tile buffer used so far runs untiled (WHOLE_FRAME_WHEN_SMALLER). A tile reads
     its input region plus the conv's receptive-field halo (one pixel for 3x3 kernels) and the conv
     computes exactly the tile's outputs from it, so every output pixel sees what the untiled conv
-    would; zero padding applies only at the frame border. Norms that need whole-frame statistics (SeedVR2's per-frame GroupNorm) compute them over
-    the whole input first, and the mid-block attention runs untiled at latent resolution. What exists
+    would; zero padding applies only at the frame border. Norms that need whole-frame statistics
+    (SeedVR2's per-frame GroupNorm) compute them over the whole input first, and the mid-block
+    attention runs untiled at latent resolution. What exists
     per tile only: the conv's input buffer (normalised input, cached head frames) and the conv's
     working space; layer outputs are whole frames. Causal caches are stored whole-frame, unpadded.
 
