@@ -18,7 +18,7 @@ from . import triton_norm
 
 
 def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
-    return enabled and x.is_cuda and triton_norm.available()
+    return enabled and x.is_cuda and x.dtype != torch.float64 and triton_norm.usable(x.device)
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -33,7 +33,7 @@ def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = Fa
 
 def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
-    if _use_triton(x, triton) and x.dtype != torch.float64:
+    if _use_triton(x, triton):
         return triton_norm.group_norm_moments(x, groups)
     b, c, t, h, w = x.shape
     grouped = x.reshape(b, groups, c // groups, t, h * w)
@@ -75,27 +75,29 @@ def group_norm_apply(
 ) -> torch.Tensor:
     """(x - mean) * rstd * weight + bias (statistics B,G,T), then SiLU if `act`.
 
-    Folded into one multiply-add per element: x * scale + shift with per (frame, channel) scale and
-    shift in the statistics' precision.
+    Computed as (x - mean) * scale + bias with a per (frame, channel) scale in the statistics'
+    precision. The mean is subtracted first: folding it into one multiply-add (x * scale + shift)
+    rounds both terms at the size of the mean, which loses the result where |mean| >> std.
     """
     b, c, t = x.shape[:3]
     groups = mean.shape[1]
     per_group = c // groups
-    scale = rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)
-    shift = bias.to(rstd.dtype).view(1, groups, per_group, 1) - mean.view(b, groups, 1, t) * scale
-    scale = scale.reshape(b, c, t, 1, 1)
-    shift = shift.reshape(b, c, t, 1, 1)
+    scale = (rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)).reshape(b, c, t)
+    centre = mean.view(b, groups, 1, t).expand(b, groups, per_group, t).reshape(b, c, t)
+    shift = bias.to(rstd.dtype).view(1, c, 1).expand(b, c, t)
     if out is None:
         out = torch.empty_like(x)
-    if _use_triton(x, triton) and x.dtype != torch.float64:
-        return triton_norm.scale_shift_act(x, scale.view(b, c, t), shift.view(b, c, t), act, out)
+    if _use_triton(x, triton):
+        return triton_norm.center_scale_act(x, centre, scale, shift, act, out)
+    centre, scale, shift = (v.reshape(b, c, t, 1, 1) for v in (centre, scale, shift))
     if x.dtype == scale.dtype:
-        torch.addcmul(shift, x, scale, out=out)
+        torch.sub(x, centre, out=out)
+        torch.addcmul(shift, out, scale, out=out)
     else:
-        # bf16/fp16: a per-frame float32 multiply-add; rounding scale and shift to half precision
-        # would cost accuracy where |mean| >> std.
+        # bf16/fp16: per-frame float32 arithmetic; rounding mean and scale to half precision would
+        # cost accuracy where |mean| >> std.
         for i in range(t):
-            out[:, :, i] = torch.addcmul(shift[:, :, i], x[:, :, i].float(), scale[:, :, i])
+            out[:, :, i] = torch.addcmul(shift[:, :, i], x[:, :, i].float() - centre[:, :, i], scale[:, :, i])
     if act:
         F.silu(out, inplace=True)
     return out
@@ -111,7 +113,7 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: 
                  out: torch.Tensor | None = None, triton: bool = False) -> torch.Tensor:
     """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma."""
     c = x.shape[1]
-    if _use_triton(x, triton) and x.dim() == 5 and x.dtype != torch.float64:
+    if _use_triton(x, triton) and x.dim() == 5:
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
     inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)

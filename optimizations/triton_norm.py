@@ -1,17 +1,29 @@
-"""Triton kernels for the fused norm + SiLU steps (CUDA); the torch versions in norm_act.py are the
-fallback and the reference.
+"""Triton kernels for the fused norm + SiLU steps (CUDA, ROCm); the torch versions in norm_act.py are
+the fallback and the reference.
 
-- Per-frame GroupNorm: a partial-statistics kernel (sum and sum of squares of one frame's group over
-  a block of pixels, float32) whose partials are combined in float64, then one pass that applies
-  x * scale + shift and SiLU, writing to any strided output (e.g. a causal conv's input buffer).
+- Per-frame GroupNorm statistics: one program per (frame's group, block of pixels) computes the
+  block's mean and sum of squared deviations (M2) in two passes over the block (the second pass
+  reads what the first left in cache), so a large mean never cancels the variance away as
+  E[x^2] - E[x]^2 would. The blocks are merged in float64 on the host (Chan's formula).
+- Apply: y = (x - mean) * scale + shift (+ SiLU), written to any strided output (a causal conv's
+  input buffer). Subtracting the mean first keeps it exact where |mean| >> std; the folded
+  x * scale + (shift - mean * scale) would round both terms at the size of the mean.
 - RMS norm over channels: one program per block of pixels of one frame walks the channels twice
   (sum of squares, then the scaled write), float32 accumulation.
 
 Inputs and outputs are B,C,T,H,W with arbitrary strides (tiles and buffer views are not contiguous).
-The kernels also run under TRITON_INTERPRET=1 on the CPU, which is how CI checks them. Channel loop
-bounds are compile-time constants (a model has a handful of widths), which also keeps them plain
-Python ints in the interpreter.
+Every address is computed in 64-bit: video activations pass 2^31 elements (SeedVR2 at 1080p), where
+int32 program ids times strides would wrap. The kernels also run under TRITON_INTERPRET=1 on the CPU,
+which is how CI checks them. Channel loop bounds are compile-time constants (a model has a handful of
+widths), which also keeps them plain Python ints in the interpreter.
+
+`usable(device)` decides once per device whether the kernels run there at all (see its docstring).
 """
+import contextlib
+import logging
+import warnings
+from functools import lru_cache
+
 import torch
 
 try:
@@ -21,53 +33,68 @@ except ImportError:  # Triton is optional: the torch kernels are used instead
     triton = None
 
 BLOCK = 1024
-
-
-def available() -> bool:
-    return triton is not None
+log = logging.getLogger("streamvae")
 
 
 if triton is not None:
 
     @triton.jit
-    def _gn_partial_kernel(x_ptr, sum_ptr, sq_ptr, T, H, W, G, CPG: tl.constexpr, n_blocks,
-                           sxb, sxc, sxt, sxh, sxw, BLOCK: tl.constexpr):
-        # program (row = b*G*T + g*T + t, block of pixels): sums over the group's channels
-        row = tl.program_id(0)
-        blk = tl.program_id(1)
-        b = row // (G * T)
-        g = (row // T) % G
+    def _frame_offsets(row, blk, T, W, BLOCK: tl.constexpr):
+        """(t, h, w) of a block of pixels of frame row % T, all int64."""
         t = row % T
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < H * W
-        h = offs // W
-        w = offs % W
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK], dtype=tl.float32)
-        for c in range(0, CPG):
-            ptr = x_ptr + b * sxb + (g * CPG + c) * sxc + t * sxt + h * sxh + w * sxw
-            v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-            acc += v
-            acc2 += v * v
-        tl.store(sum_ptr + row * n_blocks + blk, tl.sum(acc, axis=0))
-        tl.store(sq_ptr + row * n_blocks + blk, tl.sum(acc2, axis=0))
+        offs = blk * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        return t, offs // W, offs % W, offs
 
     @triton.jit
-    def _scale_shift_act_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, C, T, H, W,
-                                sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
-                                ACT: tl.constexpr, BLOCK: tl.constexpr):
-        # program (row = (b*C + c)*T + t, block of pixels): y = x * scale[row] + shift[row]
-        row = tl.program_id(0)
-        blk = tl.program_id(1)
+    def _gn_partial_kernel(x_ptr, count_ptr, shift_ptr, delta_ptr, m2_ptr, T, H, W, G, CPG: tl.constexpr, n_blocks,
+                           sxb, sxc, sxt, sxh, sxw, BLOCK: tl.constexpr):
+        # program (row = b*G*T + g*T + t, block of pixels): count, mean (as shift + delta: their float32
+        # sum would round at the size of the mean) and M2 of the group's channels
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
+        b = row // (G * T)
+        g = (row // T) % G
+        t, h, w, offs = _frame_offsets(row, blk, T, W, BLOCK)
+        mask = offs < H * W
+        base = x_ptr + b * sxb + g * CPG * sxc + t * sxt + h * sxh + w * sxw
+        # channel pointers advance by the stride: a loop index times a stride would be int32
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        ptr = base
+        for c in range(0, CPG):
+            acc += tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+            ptr += sxc
+        n = tl.sum(mask.to(tl.float32), axis=0) * CPG
+        shift = tl.sum(acc, axis=0) / n
+        # second pass around the approximate block mean: the residual sum corrects it exactly
+        d1 = tl.zeros([BLOCK], dtype=tl.float32)
+        d2 = tl.zeros([BLOCK], dtype=tl.float32)
+        ptr = base
+        for c in range(0, CPG):
+            v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+            d = tl.where(mask, v - shift, 0.0)
+            d1 += d
+            d2 += d * d
+            ptr += sxc
+        s1 = tl.sum(d1, axis=0)
+        slot = row * n_blocks + blk
+        tl.store(count_ptr + slot, n)
+        tl.store(shift_ptr + slot, shift)
+        tl.store(delta_ptr + slot, s1 / n)
+        tl.store(m2_ptr + slot, tl.maximum(tl.sum(d2, axis=0) - s1 * s1 / n, 0.0))
+
+    @triton.jit
+    def _center_scale_act_kernel(x_ptr, out_ptr, mean_ptr, scale_ptr, shift_ptr, C, T, H, W,
+                                 sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
+                                 ACT: tl.constexpr, BLOCK: tl.constexpr):
+        # program (row = (b*C + c)*T + t, block of pixels): y = (x - mean[row]) * scale[row] + shift[row]
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
         b = row // (C * T)
         c = (row // T) % C
-        t = row % T
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        t, h, w, offs = _frame_offsets(row, blk, T, W, BLOCK)
         mask = offs < H * W
-        h = offs // W
-        w = offs % W
         v = tl.load(x_ptr + b * sxb + c * sxc + t * sxt + h * sxh + w * sxw, mask=mask, other=0.0).to(tl.float32)
-        y = v * tl.load(scale_ptr + row) + tl.load(shift_ptr + row)
+        y = (v - tl.load(mean_ptr + row)) * tl.load(scale_ptr + row) + tl.load(shift_ptr + row)
         if ACT:
             y = y * tl.sigmoid(y)
         tl.store(out_ptr + b * sob + c * soc + t * sot + h * soh + w * sow, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -77,48 +104,64 @@ if triton is not None:
                         sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
                         ACT: tl.constexpr, BLOCK: tl.constexpr):
         # program (row = b*T + t, block of pixels): norm over the C channels of each pixel
-        row = tl.program_id(0)
-        blk = tl.program_id(1)
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
         b = row // T
-        t = row % T
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        t, h, w, offs = _frame_offsets(row, blk, T, W, BLOCK)
         mask = offs < H * W
-        h = offs // W
-        w = offs % W
         base_x = x_ptr + b * sxb + t * sxt + h * sxh + w * sxw
         acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for c in range(0, C):
-            v = tl.load(base_x + c * sxc, mask=mask, other=0.0).to(tl.float32)
+        ptr = base_x
+        for c in range(0, C):  # pointers advance by the stride (a loop index times a stride is int32)
+            v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
             acc += v * v
+            ptr += sxc
         inv = scale / tl.maximum(tl.sqrt(acc), eps)
-        base_o = out_ptr + b * sob + t * sot + h * soh + w * sow
+        ptr = base_x
+        ptr_o = out_ptr + b * sob + t * sot + h * soh + w * sow
         for c in range(0, C):
-            v = tl.load(base_x + c * sxc, mask=mask, other=0.0).to(tl.float32)
+            v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
             y = v * inv * tl.load(gamma_ptr + c).to(tl.float32)
             if ACT:
                 y = y * tl.sigmoid(y)
-            tl.store(base_o + c * soc, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(ptr_o, y.to(out_ptr.dtype.element_ty), mask=mask)
+            ptr += sxc
+            ptr_o += soc
+
+
+def _on_device(x: torch.Tensor):
+    """Launch on x's GPU: Triton uses the current CUDA device, which need not be x's (cuda:1)."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
 def group_norm_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-frame group (mean, var) of x (B,C,T,H,W) as float32 B,G,T (float32 partials, float64 sum)."""
+    """Per-frame group (mean, var) of x (B,C,T,H,W) as float32 B,G,T.
+
+    Per-block (count, mean, M2) from the kernel, merged in float64: mean = sum(n_i m_i) / N,
+    M2 = sum(M2_i) + sum(n_i (m_i - mean)^2), var = M2 / N.
+    """
     b, c, t, h, w = x.shape
     n_blocks = triton.cdiv(h * w, BLOCK)
-    sums = torch.empty((b * groups * t, n_blocks), device=x.device, dtype=torch.float32)
-    squares = torch.empty_like(sums)
-    _gn_partial_kernel[(b * groups * t, n_blocks)](x, sums, squares, t, h, w, groups, c // groups, n_blocks, *x.stride(), BLOCK=BLOCK)
-    count = (c // groups) * h * w
-    mean = sums.double().sum(1) / count
-    var = (squares.double().sum(1) / count - mean * mean).clamp_min(0)
+    counts = torch.empty((b * groups * t, n_blocks), device=x.device, dtype=torch.float32)
+    shifts, deltas, m2s = torch.empty_like(counts), torch.empty_like(counts), torch.empty_like(counts)
+    with _on_device(x):
+        _gn_partial_kernel[(b * groups * t, n_blocks)](x, counts, shifts, deltas, m2s, t, h, w, groups, c // groups,
+                                                       n_blocks, *x.stride(), BLOCK=BLOCK)
+    counts, means, m2s = counts.double(), shifts.double() + deltas.double(), m2s.double()
+    total = counts.sum(1, keepdim=True)
+    mean = (counts * means).sum(1, keepdim=True) / total
+    var = (m2s.sum(1, keepdim=True) + (counts * (means - mean) ** 2).sum(1, keepdim=True)) / total
     return mean.float().view(b, groups, t), var.float().view(b, groups, t)
 
 
-def scale_shift_act(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, act: bool, out: torch.Tensor) -> torch.Tensor:
-    """out = act(x * scale + shift) with scale, shift of shape B,C,T (float32)."""
+def center_scale_act(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, act: bool,
+                     out: torch.Tensor) -> torch.Tensor:
+    """out = act((x - mean) * scale + shift) with mean, scale, shift of shape B,C,T (float32)."""
     b, c, t, h, w = x.shape
     grid = (b * c * t, triton.cdiv(h * w, BLOCK))
-    _scale_shift_act_kernel[grid](x, out, scale.contiguous(), shift.contiguous(), c, t, h, w, *x.stride(), *out.stride(),
-                                  ACT=act, BLOCK=BLOCK)
+    with _on_device(x):
+        _center_scale_act_kernel[grid](x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h, w,
+                                       *x.stride(), *out.stride(), ACT=act, BLOCK=BLOCK)
     return out
 
 
@@ -126,6 +169,53 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float, act: bool, ou
     """out = act(x / max(||x||_C, eps) * sqrt(C) * gamma) for x B,C,T,H,W."""
     b, c, t, h, w = x.shape
     grid = (b * t, triton.cdiv(h * w, BLOCK))
-    _rms_act_kernel[grid](x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps,
-                          *x.stride(), *out.stride(), ACT=act, BLOCK=BLOCK)
+    with _on_device(x):
+        _rms_act_kernel[grid](x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps,
+                              *x.stride(), *out.stride(), ACT=act, BLOCK=BLOCK)
     return out
+
+
+# --- whether the kernels run on a device -------------------------------------------------------------
+
+def _probe(device: torch.device) -> str | None:
+    """Compile and run both kernel kinds on a tiny input on `device`; None when they give torch's
+    answer, else the reason (compiler, driver or capability errors surface here, not mid-decode)."""
+    from . import norm_act
+
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = (torch.randn(1, 4, 2, 3, 5, generator=g) * 2 + 1).to(device)
+        mean, var = group_norm_moments(x, 2)
+        ref_mean, ref_var = norm_act.group_norm_moments(x, 2)
+        gamma = torch.rand(4, 1, 1, 1, generator=g).to(device)
+        y = rms_norm_act(x, gamma, 1e-12, True, torch.empty_like(x))
+        ref_y = norm_act.rms_norm_act(x, gamma)
+        worst = max((mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item(),
+                    (y - ref_y).abs().max().item())
+    except Exception as error:  # any failure to build or launch means: do not use Triton here
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return f"{type(error).__name__}: {first_line}"
+    return None if worst < 1e-3 else f"the kernels ran but disagree with torch (max error {worst:.2e})"
+
+
+@lru_cache(maxsize=None)
+def _failure_on(device: str) -> str | None:
+    """Why the kernels cannot run on `device` (None: they can); probed and warned about once."""
+    reason = _probe(torch.device(device))
+    if reason is not None:
+        message = (f"StreamVAE: the Triton norm kernels do not work on {device} ({reason}); "
+                   "using the torch kernels there (same results, a little slower)")
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+    return reason
+
+
+def usable(device: torch.device) -> bool:
+    """Whether the Triton kernels can be used on `device`: Triton is installed and a probe kernel
+    compiled and ran correctly there (a GPU too old for this Triton, a missing C compiler or a broken
+    driver fail here). Decided once per device; a failure is warned about once, with its cause, and the
+    torch kernels are used instead."""
+    if triton is None or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _failure_on(f"cuda:{index}") is None
