@@ -34,7 +34,7 @@ from bench.families import FULL_CONFIGS  # noqa: E402
 from bench.variants import NOT_MEASURED, SWITCHES, describe, verdict  # noqa: E402
 
 BASELINE = ("fp32", "straightforward")
-DEFAULT_EXTRAS = ("channels_last_3d", "fp8_weights", "winograd_uncapped")
+DEFAULT_EXTRAS = ("channels_last_3d", "winograd_uncapped")
 COLUMNS = [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s"), ("dtype", "dtype", "s"),
            ("variant", "variant", "s"), ("time", "median s", ".2f"), ("fastest", "min s", ".2f"),
            ("speedup", "vs fp32 straight", ".2f"), ("tflops", "TFLOP/s", ".3f"), ("pct_gemm", "% GEMM", ".0f"),
@@ -103,7 +103,7 @@ def main():
     parser.add_argument("--toggle-dtypes", nargs="*", default=["fp32"],
                         help="dtypes that get the per-switch and extra rows (others: optimized + straightforward)")
     parser.add_argument("--extras", nargs="*", default=list(DEFAULT_EXTRAS),
-                        choices=["channels_last_3d", "fp8_weights", "winograd_uncapped", "compile"])
+                        choices=["channels_last_3d", "winograd_uncapped", "compile"])
     parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
     parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",

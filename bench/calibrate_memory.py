@@ -4,13 +4,15 @@
     python bench/calibrate_memory.py --families seedvr2 --check
     python bench/calibrate_memory.py --modes caches      # only the causal-cache profiles (seconds)
 
-Each measurement runs one encode/decode of the full released config (random weights, float32) in a
-fresh process (bench/memory_worker.py) and records the activation peak of the call after a warm-up
-(which leaves the CPU Winograd filter cache resident; `vae.memory` computes that from the weights):
-peak RSS (CPU; live tensors only, VmHWM reset after the model, buffers and warm-up) or
-torch.cuda.max_memory_allocated (CUDA) minus what was resident before.
+On the CPU each measurement runs one encode/decode of the full released config (random weights,
+float32) in a fresh process (bench/memory_worker.py) and records the activation peak of the call
+after a warm-up (which leaves the CPU Winograd filter cache resident; `vae.memory` computes that
+from the weights): peak RSS of live tensors (VmHWM reset after the model, buffers and warm-up). On
+CUDA one process per family measures every point (the allocator's statistics are exact per call):
+the caching allocator's reserved peak (cuDNN workspaces and fragmentation included), at larger
+sizes and in the precision a GPU runs by default (decode bf16, encode fp32).
 A least-squares fit of activations / element size = per_pixel * chunk pixel-frames
-+ per_tile_pixel * tile pixel-frames + fixed gives the coefficients `vae.memory` uses; the causal
++ per_tile_pixel * tile pixel-frames + fixed (all in elements) gives the coefficients `vae.memory` uses; the causal
 caches' share of that (`vae.memory.cache_profile`: elements per video pixel, all and the largest, from
 a short run of the same model) is stored too, for plans that offload them. `--check` compares the
 stored model with fresh measurements at other sizes instead.
@@ -36,13 +38,41 @@ FIT_POINTS = {
     "exact": [(96, 48), (128, 64), (160, 64)],
 }
 CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)]}
+CUDA_FIT_POINTS = {"untiled": [(256, None), (512, None)], "exact": [(384, 128), (512, 192), (640, 256)]}
+CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)], "fast": [(768, 256)]}
+CUDA_DTYPES = {"decode": "bf16", "encode": "fp32"}
 FRAMES = 5
 
 
-def measure(family: str, op: str, size: int, tile, mode: str, device: str) -> dict:
-    spec = dict(family=family, op=op, frames=FRAMES, height=size, width=size, tile_size=tile,
+def point_spec(family: str, op: str, size: int, tile, mode: str, device: str) -> dict:
+    return dict(family=family, op=op, frames=FRAMES, height=size, width=size, tile_size=tile,
                 tiling="exact" if mode == "untiled" else mode, temporal_chunk=1, device=device)
-    return run_worker("bench.memory_worker", spec)
+
+
+class Measurer:
+    """Measurements of one family: a fresh process per point on the CPU, one model in this process
+    on CUDA (built on first use, in the op's GPU default precision)."""
+
+    def __init__(self, family: str, device: str):
+        self.family, self.device, self.model = family, device, None
+
+    def __call__(self, op: str, size: int, tile, mode: str) -> dict:
+        spec = point_spec(self.family, op, size, tile, mode, self.device)
+        if torch.device(self.device).type != "cuda":
+            return run_worker("bench.memory_worker", spec)
+        from bench.common import DTYPES
+        from bench.memory_worker import measure
+
+        if self.model is None:
+            self.model = build_random_model(*FULL_CONFIGS[self.family](), torch.float32, device=self.device)
+        self.model.set_dtypes(**{op: DTYPES[CUDA_DTYPES[op]]})
+        result = measure(self.model, spec)
+        result["peak_bytes"] += memory.weight_bytes(self.model)  # resident before `measure` began
+        return result
+
+    def element_size(self, op: str) -> int:
+        """Bytes per activation element of the runs (the model's coefficients count elements)."""
+        return 2 if torch.device(self.device).type == "cuda" and CUDA_DTYPES[op] == "bf16" else 4
 
 
 def features(family: str, op: str, size: int, tile) -> tuple[float, float]:
@@ -80,20 +110,25 @@ def main():
     args = parser.parse_args()
     device_type = torch.device(args.device).type
     args.modes = args.modes or list(CHECK_POINTS if args.check else [*FIT_POINTS, "caches"])
+    cuda = device_type == "cuda"
     for family in args.families:
         if "caches" in args.modes and not args.check:
             model = build_random_model(*FULL_CONFIGS[family](), torch.float32, device=args.device)
             for op in args.ops:
                 save(device_type, family, op, "caches", memory.cache_profile(model, op))
             del model
+        measure = Measurer(family, args.device)
         for op in args.ops:
             for mode in (m for m in args.modes if m != "caches"):
-                points = (CHECK_POINTS if args.check else FIT_POINTS)[mode]
+                if args.check:
+                    points = (CUDA_CHECK_POINTS if cuda else CHECK_POINTS)[mode]
+                else:
+                    points = (CUDA_FIT_POINTS if cuda else FIT_POINTS)[mode]
                 samples = []
                 for size, tile in points:
-                    result = measure(family, op, size, tile, mode, args.device)
+                    result = measure(op, size, tile, mode)
                     pixels, tile_pixels = features(family, op, size, tile)
-                    samples.append((pixels, tile_pixels, result["activation_bytes"] / 4))
+                    samples.append((pixels, tile_pixels, result["activation_bytes"] / measure.element_size(op)))
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \

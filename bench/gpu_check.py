@@ -12,7 +12,9 @@ machine that stops a command at 10):
   switch flipped, exact tiles and a memory budget. Each case runs in its own process, so its peak
   memory (`torch.cuda.max_memory_allocated`) is its own and a crash costs one row. Recorded: median
   time, peak against the memory model's prediction, max error and PSNR against the reference.
-- calibrate: the CUDA memory calibration (bench/calibrate_memory.py on this device).
+- calibrate: the CUDA memory calibration (bench/calibrate_memory.py on this device: fit, then a
+  check at other sizes); the calibration file is copied into `--out`.
+- profile: where the time of one decode goes, per kernel and per kind (bench/gpu_profile.py).
 
 Results go to `--out` (default bench/results/gpu/) as JSON lines, one per case as it finishes, plus
 a table printed at the end; the machine (GPU, driver, torch, Triton, cuDNN, commit) heads each file.
@@ -53,6 +55,7 @@ VARIANTS = {
     "bf16-channels-last": dict(dtype="bf16", channels_last=True),
     "bf16-tiles": dict(dtype="bf16", tile=512),
     "bf16-budget-12g": dict(dtype="bf16", budget=12 * 2**30),
+    "bf16-auto": dict(dtype="bf16", budget="auto"),  # what the nodes run by default
     "core-bf16": dict(dtype="bf16", core=True),
     "core-fp32": dict(dtype="fp32", core=True),
 }
@@ -166,7 +169,7 @@ def run_case(spec: dict) -> dict:
     except KeyError as missing:
         result["plan"] = f"no calibration ({missing})"
     result["predicted_peak_gib"] = None if predicted is None else predicted / 2**30
-    # The reference runs once: it is only the yardstick for the error columns.
+    # The fp32 reference runs once: it is only the yardstick for the error columns.
     warm = once()[0] if spec["variant"] != "reference" else None
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -182,8 +185,8 @@ def run_case(spec: dict) -> dict:
         result["peak_above_start_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
     y = y.float().cpu()
     result["finite"] = bool(torch.isfinite(y).all())
-    ref_path = Path(spec["scratch"]) / f"{spec['key']}-reference.pt"
-    if spec["variant"] == "reference":
+    ref_path = Path(spec["scratch"]) / f"{spec['key']}-{spec['reference']}.pt"
+    if spec["variant"] == spec["reference"]:
         torch.save(y, ref_path)
     elif ref_path.is_file():
         ref = torch.load(ref_path)
@@ -207,31 +210,41 @@ def _case_process(spec: dict, timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+def workloads(args) -> list[tuple[str, int, int, int]]:
+    """(family, frames, height, width) to run: --workloads, else each family's first --sizes."""
+    if args.workloads:
+        parsed = []
+        for item in args.workloads:
+            family, size = item.split(":")
+            parsed.append((family, *(int(v) for v in size.lower().split("x"))))
+        return parsed
+    table = DRY_WORKLOADS if args.device == "cpu" else WORKLOADS
+    return [(family, *size) for family in args.families for size in table[family][: args.sizes]]
+
+
 def run_workloads(op: str, args, out_file: Path) -> list[dict]:
-    workloads = DRY_WORKLOADS if args.device == "cpu" else WORKLOADS
     rows, start = [], time.monotonic()
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    for family in args.families:
-        for frames, height, width in workloads[family][: args.sizes]:
-            key = f"{family}-{op}-{frames}x{height}x{width}"
-            for variant in args.variants:
-                left = args.part_budget - (time.monotonic() - start)
-                if left < 20:
-                    rows.append(dict(family=family, op=op, variant=variant, key=key, error="skipped: part budget spent"))
-                    continue
-                spec = dict(VARIANTS[variant], family=family, op=op, frames=frames, height=height, width=width,
-                            variant=variant, key=key, device=args.device, tiny=args.device == "cpu",
-                            repeats=args.repeats, scratch=str(scratch))
-                if spec.get("tile") and spec["tiny"]:
-                    spec["tile"] = 32  # the dry run's frames are smaller than a real tile
-                row = _case_process(spec, timeout=left)
-                rows.append(row)
-                with out_file.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                status = row.get("error") or f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, " \
-                                               f"err {row.get('max_err', 0):.2e}"
-                print(f"[gpu_check] {key} {variant}: {status}", flush=True)
+    for family, frames, height, width in workloads(args):
+        key = f"{family}-{op}-{frames}x{height}x{width}"
+        for variant in args.variants:
+            left = args.part_budget - (time.monotonic() - start)
+            if left < 20:
+                rows.append(dict(family=family, op=op, variant=variant, key=key, error="skipped: part budget spent"))
+                continue
+            spec = dict(VARIANTS[variant], family=family, op=op, frames=frames, height=height, width=width,
+                        variant=variant, key=key, device=args.device, tiny=args.device == "cpu",
+                        repeats=args.repeats, scratch=str(scratch), reference=args.reference)
+            if spec.get("tile") and spec["tiny"]:
+                spec["tile"] = 32  # the dry run's frames are smaller than a real tile
+            row = _case_process(spec, timeout=left)
+            rows.append(row)
+            with out_file.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            status = row.get("error") or f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, " \
+                                           f"err {row.get('max_err', 0):.2e}"
+            print(f"[gpu_check] {key} {variant}: {status}", flush=True)
     return rows
 
 
@@ -253,6 +266,29 @@ def run_tests(args, out_file: Path) -> dict:
     return row
 
 
+def _logged_run(cmd: list[str], timeout: float) -> int:
+    """Run a tool, its output passed through; its exit code (-1 when it ran out of time)."""
+    try:
+        return subprocess.run(cmd, cwd=REPO, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        print(f"[gpu_check] {' '.join(cmd[2:4])}: stopped after {timeout:.0f} s", flush=True)
+        return -1
+
+
+def calibrate(args, out: Path) -> None:
+    """Fit this device type's memory model, check it at other sizes, keep a copy of the file."""
+    from vae import memory
+
+    start = time.monotonic()
+    tool = [sys.executable, "bench/calibrate_memory.py", "--device", args.device, "--families", *args.families]
+    _logged_run(tool, args.part_budget)
+    left = args.part_budget - (time.monotonic() - start)
+    if left > 30:
+        _logged_run(tool + ["--check"], left)
+    if memory.CALIBRATION.is_file():
+        (out / memory.CALIBRATION.name).write_text(memory.CALIBRATION.read_text())
+
+
 COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "median s", ".2f"),
            ("first_s", "first s", ".2f"), ("peak_gib", "peak GiB", ".2f"), ("predicted_peak_gib", "predicted GiB", ".2f"),
            ("max_err", "max err", ".1e"), ("psnr_db", "PSNR dB", ".1f"), ("error", "error", "s")]
@@ -261,12 +297,16 @@ COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--parts", nargs="+", default=["tests", "decode", "encode"],
-                        choices=["tests", "decode", "encode"])
+    parser.add_argument("--parts", nargs="+", default=["tests", "calibrate", "decode", "encode", "profile"],
+                        choices=["tests", "calibrate", "decode", "encode", "profile"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--families", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     parser.add_argument("--sizes", type=int, default=1, help="how many of each family's workload sizes (smallest first)")
+    parser.add_argument("--workloads", nargs="+", metavar="FAMILY:FxHxW",
+                        help="run these clips instead, e.g. seedvr2:81x720x1248")
+    parser.add_argument("--reference", default="reference", choices=list(VARIANTS),
+                        help="the variant whose output the error columns compare with (run it first)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--part-budget", type=float, default=480.0, help="seconds per part")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu"))
@@ -285,9 +325,16 @@ def main():
     rows = []
     for part in args.parts:
         out_file = out / f"{stamp}-{part}.jsonl"
-        out_file.write_text(json.dumps({"machine": info, "argv": sys.argv[1:]}) + "\n")
+        if part in ("tests", "decode", "encode"):
+            out_file.write_text(json.dumps({"machine": info, "argv": sys.argv[1:]}) + "\n")
         if part == "tests":
             run_tests(args, out_file)
+        elif part == "calibrate":
+            calibrate(args, out)
+        elif part == "profile":
+            family, frames, height, width = workloads(args)[0]
+            _logged_run([sys.executable, "-m", "bench.gpu_profile", "--family", family, "--size", f"{frames}x{height}x{width}",
+                         "--device", args.device, "--out", str(out / f"{stamp}-profile.txt")], args.part_budget)
         else:
             rows += run_workloads(part, args, out_file)
     if rows:

@@ -6,7 +6,8 @@ A warm-up on a tiny input first fills what persists between calls (the CPU Winog
 Prints one JSON line: retained_bytes (what the warm-up left resident), activation_bytes (peak during
 the measured op minus what was resident just before it), peak_bytes (peak minus the process's
 footprint before the model existed) and predicted_bytes (`vae.memory.estimate` for the same
-settings, if calibrated).
+settings, if calibrated). `measure` does the same for a model already built (the CUDA calibration
+measures every point in one process: the allocator's statistics are exact there).
 """
 import ctypes
 import json
@@ -15,7 +16,7 @@ import sys
 
 import torch
 
-from bench.common import build_random_model, peak_rss_bytes, reset_peak_rss, rss_bytes
+from bench.common import DTYPES, build_random_model, peak_rss_bytes, reset_peak_rss, rss_bytes
 from bench.families import FULL_CONFIGS, make_input
 from optimizations.conv import WINOGRAD_MIN_FRAME_PIXELS
 from vae import memory
@@ -31,13 +32,33 @@ def fixed_mmap_threshold(threshold: int = 1 << 16) -> None:
 
 
 def run(spec: dict) -> dict:
+    """Build the family's full config in float32 (or spec["dtype"]) on spec["device"], then `measure`."""
     device = torch.device(spec.get("device", "cpu"))
-    cuda = device.type == "cuda"
-    measure = (lambda: torch.cuda.memory_allocated(device)) if cuda else rss_bytes
-    start = measure()
+    measure_now = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else rss_bytes
+    start = measure_now()
     family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-    model = build_random_model(family_cls, cfg, torch.float32, device=str(device))
+    model = build_random_model(family_cls, cfg, DTYPES[spec.get("dtype", "fp32")], device=str(device))
+    result = measure(model, spec)
+    result["peak_bytes"] += result.pop("base_bytes") - start
+    return result
+
+
+def measure(model, spec: dict) -> dict:
+    """One encode/decode of `model` (on its device) as `spec` says, after a warm-up; returns
+    activation_bytes (peak during the op minus what was resident just before it: live tensors on
+    the CPU, the caching allocator's reserved memory on CUDA, which includes cuDNN workspaces and
+    fragmentation), retained_bytes, peak_bytes (from base_bytes, what was resident before the input
+    was made) and predicted_bytes (`vae.memory.estimate`, if calibrated)."""
+    device = model.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    measure_now = (lambda: torch.cuda.memory_reserved(device)) if cuda else rss_bytes
+    base = measure_now()
     x = make_input(model, spec).to(device)
+    if spec["op"] == "encode":
+        x = x.to(model.encode_dtype)
     kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
                   tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
     op = model.decode if spec["op"] == "decode" else model.encode
@@ -47,26 +68,28 @@ def run(spec: dict) -> dict:
         kwargs["out"] = out
     # Warm up on the smallest latent whose frames every layer runs by Winograd (8x8 cells: 64 pixels, the
     # dispatch's floor): fills what persists between calls (the Winograd filter cache).
-    before_warmup = measure()
+    before_warmup = measure_now()
     cells = math.isqrt(WINOGRAD_MIN_FRAME_PIXELS - 1) + 1
-    op(make_input(model, dict(spec, height=cells * model.spatial_factor, width=cells * model.spatial_factor)).to(device),
-       temporal_chunk=1)
-    retained = measure() - before_warmup
+    warm = make_input(model, dict(spec, height=cells * model.spatial_factor, width=cells * model.spatial_factor)).to(device)
+    op(warm.to(model.encode_dtype) if spec["op"] == "encode" else warm, temporal_chunk=1)
+    del warm
     if cuda:
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     else:
         reset_peak_rss()
-    base = measure()
+    retained = measure_now() - before_warmup
+    before = measure_now()
     op(x, **kwargs)
-    peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
+    peak = torch.cuda.max_memory_reserved(device) if cuda else peak_rss_bytes()
     try:
         predicted = memory.estimate(model, spec["op"], tuple(x.shape), spec.get("temporal_chunk") or 1,
                                     spec.get("tile_size"), spec.get("tiling", "exact"), device, kwargs["cache_offload"])
     except KeyError:
         predicted = None
-    return {"activation_bytes": peak - base, "retained_bytes": retained, "peak_bytes": peak - start,
-            "predicted_bytes": predicted}
+    return {"activation_bytes": peak - before, "retained_bytes": retained, "peak_bytes": peak - base,
+            "base_bytes": base, "predicted_bytes": predicted}
 
 
 if __name__ == "__main__":

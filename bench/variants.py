@@ -15,7 +15,7 @@ import torch
 
 from optimizations import Optimizations
 
-SWITCHES = tuple(f.name for f in fields(Optimizations))
+SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))
 
 # What each switch does, in the table's words (the full story is in optimizations/settings.py).
 SWITCH_NOTES = {
@@ -34,7 +34,6 @@ SWITCH_NOTES = {
 EXTRA_NOTES = {
     "channels_last_3d": "conv weights stored NDHWC (backend.to_channels_last_3d)",
     "compile": "torch.compile (inductor) per block, eager fallback",
-    "fp8_weights": "weights stored float8 e4m3 + per-channel scale, dequantized per run",
     "winograd_uncapped": "Winograd filter-transform cache without its byte cap",
     "core": "ComfyUI core's VAE, same weights and input",
 }
@@ -43,14 +42,8 @@ EXTRAS = tuple(EXTRA_NOTES)
 # Optimizations from the design documents that this CPU cannot exercise, or that live outside the
 # timed network path; each gets a row with its verdict. Measured ones are in the main table.
 NOT_MEASURED = [
-    ("cuDNN benchmark (autotuned conv algorithms)", "CUDA only; switch in backend.BackendFlags. Not measured (no GPU)."),
-    ("TF32 matmul/conv", "CUDA (Ampere+) only; switch in backend.BackendFlags. Not measured (no GPU)."),
-    ("pinned memory + non-blocking copies", "CUDA only; optimizations/streams.py copy-out pipeline. Not measured (no GPU)."),
-    ("CUDA streams: compute / copy-out overlap", "CUDA only; optimizations/streams.py. Not measured (no GPU); CPU fallback tested."),
-    ("CUDA graphs for a fixed tile", "CUDA only; optimizations/cuda_graphs.py. Not measured (no GPU); CPU fallback tested."),
-    ("torch.compile reduce-overhead / max-autotune", "CUDA modes (CUDA graphs, Triton autotuning). Not measured (no GPU)."),
-    ("fused GroupNorm+SiLU Triton kernel", "CUDA only (switch triton_norm); matches torch under TRITON_INTERPRET. Speed not measured (no GPU)."),
-    ("flash / memory-efficient SDPA kernels", "CUDA kernels; on CPU SDPA is the sdpa_attention row. Not measured (no GPU)."),
+    ("GPU switches (cuDNN benchmark, TF32, channels-last, Triton norm, attention kernels)",
+     "measured on a GPU by bench/gpu_check.py (bench/RESULTS.md, GPU section), not by this CPU table."),
     ("fp16/bf16 autocast", "Not used: weights are cast per half (encode/decode dtype) with fp32 norm statistics; "
                            "bf16 rows measure it."),
     ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
@@ -92,7 +85,6 @@ def prepared(model, variant: str):
     from optimizations import winograd
     from optimizations.backend import to_channels_last_3d
     from optimizations.compile import CompileSettings, compile_blocks, uncompile_blocks, blocks
-    from optimizations.fp8_weights import Fp8WeightStore
 
     model.opts = options(variant)
     setup = SimpleNamespace(per_run=contextlib.nullcontext, weight_bytes=None)
@@ -104,9 +96,6 @@ def prepared(model, variant: str):
             report = compile_blocks(model, CompileSettings())
             if report.fallback_reason:
                 raise RuntimeError(f"compile unavailable: {report.fallback_reason}")
-        elif variant == "fp8_weights":
-            store = Fp8WeightStore(model)
-            setup.per_run, setup.weight_bytes = store.materialized, store.stored_bytes
         elif variant == "winograd_uncapped":
             winograd.FILTER_CACHE.set_limit(1 << 62)
         yield setup

@@ -51,7 +51,8 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.model_size()
 
     def _peak(self, op: str, shape) -> int:
-        return planning.make_plan(self.handle.model, op, shape, self.tiling, self.device).peak_bytes or 0
+        """What core should free for `op` beside the weights (core adds the model's size itself)."""
+        return planning.make_plan(self.handle.model, op, shape, self.tiling, self.device).work_bytes or 0
 
     # -- decode ------------------------------------------------------------------------------------
     def decode(self, samples_in, vae_options={}, tiling: Tiling | None = None):

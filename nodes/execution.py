@@ -11,6 +11,7 @@ import torch
 from ..optimizations import backend, run_with_fallback
 from ..optimizations.compile import dynamo_limits
 from ..vae import streaming
+from ..vae.devices import same_device
 from . import faults, planning
 from .common import Clips, LatentClips, Tiling, clip_video, finish_image, image_view
 
@@ -87,19 +88,20 @@ def _engine_kwargs(op: str, tiling: Tiling, plan: planning.PlanInfo) -> dict:
     return kwargs
 
 
-def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
+def _start(handle, op: str, shape, tiling: Tiling, clips: int, io_on_device) -> RunReport:
     """Ask ComfyUI for memory, then plan within what is free.
 
-    The request is the peak of the settings without a budget (capped by an explicit budget):
-    ComfyUI unloads other models to make room, as much as it can. The plan that is run is then made
-    with the budget, "auto" meaning what is free after that.
+    The request is the peak of the settings without a budget (capped by an explicit budget), less
+    the weights, which ComfyUI counts itself when it loads the model: ComfyUI unloads other models to
+    make room, as much as it can. The plan that is run is then made with the budget, "auto" meaning
+    what is free after that.
     """
     unbounded = Tiling(tiling.tile_size, tiling.tile_overlap, tiling.temporal_chunk, tiling.tiling, None)
-    required = planning.make_plan(handle.model, op, shape, unbounded, handle.load_device).peak_bytes or 0
+    required = planning.make_plan(handle.model, op, shape, unbounded, handle.load_device, io_on_device).work_bytes or 0
     if isinstance(tiling.memory_budget, int):
         required = min(required, tiling.memory_budget)
     handle.prepare(required)
-    plan = planning.make_plan(handle.model, op, shape, tiling, handle.load_device)
+    plan = planning.make_plan(handle.model, op, shape, tiling, handle.load_device, io_on_device)
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")
@@ -122,7 +124,8 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
     latents n_clips,C,T',h,w on the intermediate device."""
     out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
     n, height, width = len(clips.spans), image.shape[1], image.shape[2]
-    report = _start(handle, "encode", (1, 3, clips.length, height, width), tiling, n)
+    report = _start(handle, "encode", (1, 3, clips.length, height, width), tiling, n,
+                    (same_device(image.device, handle.load_device), same_device(out_device, handle.load_device)))
     for note in notes:
         report.notes.append(note)
         log.warning("StreamVAE encode: %s", note)
@@ -150,7 +153,8 @@ def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error"
     sf = handle.spatial_factor
     height, width = latent.size if latent.size is not None else (h * sf, w * sf)
     out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
-    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
+    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b,
+                    (same_device(z.device, handle.load_device), same_device(out_device, handle.load_device)))
     kwargs = _engine_kwargs("decode", tiling, report.plan)
     image = torch.empty((sum(latent.frames), height, width, 3), dtype=torch.float32, device=out_device)
     progress = Progress(b, report)

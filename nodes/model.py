@@ -3,14 +3,15 @@ dtypes it runs with, the two settings nodes' choices, and the ComfyUI ModelPatch
 ComfyUI's memory manager load it, evict it, and evict other models for it.
 """
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from .. import vae
-from ..optimizations import BackendFlags, CompileSettings, Optimizations, compile_blocks
-from ..optimizations import backend
+from ..vae import devices
+from ..optimizations import BackendFlags, CompileSettings, attention, backend, compile_blocks
+from ..vae.blocks import FrameSelfAttention
 
 try:  # ComfyUI services; the pack imports without them (e.g. in tools), it just cannot be managed
     import comfy.model_management as mm
@@ -34,7 +35,7 @@ class GpuOptions:
     flags: BackendFlags
     channels_last_3d: bool = False
     fused_norm_silu: bool = True
-    cuda_graphs: bool = False
+    attention: str = "auto"
 
 
 class PatchedVAE(nn.Module):
@@ -66,14 +67,22 @@ def resolve_offload(choice: str, load_device: torch.device) -> torch.device:
 
 
 def resolve_dtype(choice: str, device: torch.device, half: str) -> torch.dtype:
-    """"auto": decode in bf16 where the device supports it (near-lossless), encode in fp32 (bf16
-    encode hurts image-to-video); ComfyUI's --fp32-vae/--bf16-vae/--fp16-vae flags win over both."""
+    """"auto": `vae.devices.auto_dtype` (decode in bf16 where the device computes it natively, which
+    is near-lossless; encode in fp32, as bf16 encode hurts image-to-video). ComfyUI's
+    --fp32-vae/--bf16-vae/--fp16-vae flags win over both."""
     if choice != "auto":
         return _DTYPES[choice]
-    if mm is None:
-        return torch.float32
-    allowed = [torch.bfloat16, torch.float32] if half == "decode" else [torch.float32]
-    return mm.vae_dtype(device, allowed)
+    forced = _comfy_vae_dtype_flag()
+    return forced if forced is not None else devices.auto_dtype(device, half)
+
+
+def _comfy_vae_dtype_flag() -> torch.dtype | None:
+    """The VAE precision forced on ComfyUI's command line, if any."""
+    args = getattr(mm, "args", None)
+    for flag, dtype in (("fp16_vae", torch.float16), ("bf16_vae", torch.bfloat16), ("fp32_vae", torch.float32)):
+        if getattr(args, flag, False):
+            return dtype
+    return None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -164,29 +173,33 @@ class StreamVAEHandle:
         self.notes.append(note)
         log.warning("StreamVAE %s: %s", self.name, note)
 
+    def note(self, text: str) -> None:
+        """Information for the node (not a problem): shown on the node and logged at info level."""
+        self.notes.append(text)
+        log.info("StreamVAE %s: %s", self.name, text)
+
     def _apply_gpu_options(self) -> None:
+        """Apply the GPU Optimizations node's choices; each one that does nothing on this device says so."""
         gpu = self.gpu
         if gpu is None:
             return
-        cuda = self.load_device.type == "cuda"
-        switches = {f.name for f in fields(Optimizations)}
-        changes = {"fused_norm_act": gpu.fused_norm_silu}
-        if "cuda_graphs" in switches:
-            changes["cuda_graphs"] = gpu.cuda_graphs and cuda
-        elif gpu.cuda_graphs:
-            self.warn("CUDA graphs: not available in this StreamVAE build")
-        if gpu.cuda_graphs and not cuda and "cuda_graphs" in switches:
-            self.warn(f"cuda_graphs: CUDA only, not applied on {self.load_device.type}")
-        self.model.opts = self.model.opts.with_(**changes)
+        device = self.load_device
+        cuda = device.type == "cuda"
+        self.model.opts = self.model.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention)
         if gpu.channels_last_3d and cuda:
             backend.to_channels_last_3d(self.model)
         elif gpu.channels_last_3d:
-            self.warn(f"channels_last_3d: CUDA only, not applied on {self.load_device.type}")
-        flags = gpu.flags
-        if not cuda and (flags.cudnn_benchmark or flags.attention not in ("auto", "math")):
-            self.warn(f"cudnn_benchmark / attention_backend: GPU switches, no effect on {self.load_device.type}")
+            self.warn(f"channels_last_3d: a cuDNN layout, not applied on {device.type}")
+        if gpu.flags.cudnn_benchmark and not cuda:
+            self.warn(f"cudnn_benchmark: a cuDNN setting, no effect on {device.type}")
+        if gpu.attention != "auto":
+            heads = sorted({m.channels for m in self.model.modules() if isinstance(m, FrameSelfAttention)})
+            for head in heads:
+                kernel, why = attention.choose(gpu.attention, head, self.model.decode_dtype, device)
+                if why is not None:
+                    self.warn(why)
         if gpu.flags.conv3d_workaround and backend.conv3d_regression_affected():
-            self.notes.append("PyTorch 2.9 cuDNN conv3d regression detected: workaround on")  # info, not a warning
+            self.note("PyTorch 2.9 cuDNN conv3d regression detected: workaround on")
 
     # -- memory ----------------------------------------------------------------------------------
     def prepare(self, memory_required: int) -> None:

@@ -41,6 +41,12 @@ class PlanInfo:
     budget_bytes: int | None
     estimated: bool  # False when the library has no memory model (peak unknown)
     cache_offload: str = "none"  # where the causal caches wait between chunks ("none": on the device)
+    weight_bytes: int = 0  # the weights' part of peak_bytes
+
+    @property
+    def work_bytes(self) -> int | None:
+        """The peak without the weights: what to ask ComfyUI for beside the model it loads itself."""
+        return None if self.peak_bytes is None else max(0, self.peak_bytes - self.weight_bytes)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -66,23 +72,25 @@ def engine_accepts(op: str, name: str) -> bool:
     return name in inspect.signature(getattr(streaming, op)).parameters
 
 
-def make_plan(model, op: str, input_shape, tiling, device) -> PlanInfo:
+def make_plan(model, op: str, input_shape, tiling, device, io_on_device=(False, False)) -> PlanInfo:
     """The plan for running `op` ("encode"/"decode") on an input of `input_shape` with `tiling`
-    (`common.Tiling`) on `device`. Without a usable memory model (none in this build, or no
-    calibration for this family/op/mode) the plan has the grid but no peak estimate."""
+    (`common.Tiling`) on `device`; `io_on_device`: whether the whole input / output live on that
+    device (a node's IMAGE and LATENT stay in host memory unless ComfyUI runs --gpu-only). Without a
+    usable memory model (none in this build, or no calibration for this family/op/mode) the plan
+    has the grid but no peak estimate."""
     device = torch.device(device)
     plan = None
     if vae_memory is not None:
         try:
             plan = vae_memory.plan(model, op, tuple(input_shape), temporal_chunk=tiling.temporal_chunk,
                                    tile_size=tiling.tile_size, tile_overlap=tiling.tile_overlap, tiling=tiling.tiling,
-                                   memory_budget=tiling.memory_budget, device=device)
+                                   memory_budget=tiling.memory_budget, device=device, io_on_device=tuple(io_on_device))
         except KeyError as missing:  # the memory model has no calibration for this case
             _warn_once(f"StreamVAE: no peak memory estimate ({missing.args[0] if missing.args else missing})")
     if plan is not None:
         tile = tuple(plan.tile_size) if plan.tile_size else None
         return PlanInfo(op, tuple(input_shape), tuple(plan.grid), tile, plan.temporal_chunk, int(plan.peak_bytes),
-                        bool(plan.fits), getattr(plan, "budget_bytes", None), True, getattr(plan, "cache_offload", "none"))
+                        bool(plan.fits), plan.budget_bytes, True, plan.cache_offload, plan.weight_bytes)
     return _grid_only_plan(model, op, input_shape, tiling)
 
 

@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from ..optimizations import BackendFlags, CompileSettings
-from ..optimizations.backend import ATTENTION_BACKENDS
+from ..optimizations.attention import KERNELS
 from ..optimizations.compile import MODES
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS
@@ -58,8 +58,9 @@ class GPUOptimizations(io.ComfyNode):
             node_id="StreamVAEGPUOptimizations",
             display_name="StreamVAE GPU Optimizations",
             category="StreamVAE",
-            description="Backend switches for StreamVAE on NVIDIA GPUs (Ampere to Blackwell). They apply only while "
-                        "StreamVAE runs; PyTorch's global settings are restored afterwards. No effect on CPU.",
+            description="Backend switches for StreamVAE on GPUs (NVIDIA; AMD ROCm where noted). They apply only while "
+                        "StreamVAE runs; PyTorch's global settings are restored afterwards. A switch that has no effect "
+                        "on the device in use says so on Load VAE.",
             inputs=[
                 io.Boolean.Input("cudnn_benchmark", default=False, tooltip=(
                     "cuDNN times its conv algorithms for every new tile shape and keeps the fastest. Faster with "
@@ -73,12 +74,11 @@ class GPUOptimizations(io.ComfyNode):
                 io.Boolean.Input("fused_norm_silu", default=True, tooltip=(
                     "Norm + SiLU in one pass written straight into the next conv's input buffer (less memory "
                     "traffic). Turn off only to compare against the straightforward path.")),
-                io.Combo.Input("attention_backend", options=list(ATTENTION_BACKENDS), default="auto", tooltip=(
-                    "Kernel for the mid-block attention. auto = PyTorch's choice; flash / efficient / cudnn force "
-                    "one (math stays as fallback); math = reference kernel, slow, for debugging.")),
-                io.Boolean.Input("cuda_graphs", default=False, tooltip=(
-                    "Replay fixed-shape tiles as CUDA graphs (less CPU launch overhead). Needs fixed tile sizes and "
-                    "extra memory; turn off if memory is tight or results look wrong. Ignored where unavailable.")),
+                io.Combo.Input("attention_backend", options=list(KERNELS), default="auto", tooltip=(
+                    "Kernel for the mid-block attention (one head of 384-512 channels). auto = PyTorch's choice; "
+                    "flash / efficient / cudnn ask for one: a kernel that cannot take this head width (flash: up to "
+                    "256, cudnn: up to 128) is replaced by one that can, and Load VAE says which runs; math = the "
+                    "reference kernel, slow, for debugging.")),
                 io.Boolean.Input("conv3d_workaround", default=True, tooltip=(
                     "PyTorch 2.9/2.10 with cuDNN 9.10-9.14 route half-precision conv3d to a slow path using ~3x the "
                     "memory (ComfyUI#10373); this calls cuDNN directly there. Only acts where that combination is "
@@ -90,8 +90,7 @@ class GPUOptimizations(io.ComfyNode):
 
     @classmethod
     def execute(cls, cudnn_benchmark=False, tf32=True, channels_last_3d=False, fused_norm_silu=True,
-                attention_backend="auto", cuda_graphs=False, conv3d_workaround=True) -> io.NodeOutput:
-        flags = BackendFlags(cudnn_benchmark=cudnn_benchmark, tf32=tf32, attention=attention_backend,
-                             conv3d_workaround=conv3d_workaround)
+                attention_backend="auto", conv3d_workaround=True) -> io.NodeOutput:
+        flags = BackendFlags(cudnn_benchmark=cudnn_benchmark, tf32=tf32, conv3d_workaround=conv3d_workaround)
         return io.NodeOutput(GpuOptions(flags, channels_last_3d=channels_last_3d, fused_norm_silu=fused_norm_silu,
-                                        cuda_graphs=cuda_graphs))
+                                        attention=attention_backend))

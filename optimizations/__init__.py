@@ -8,14 +8,14 @@
 - `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (by
   frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
   within 1-4 GiB).
-- `backend`: process-wide torch switches (cuDNN autotuning, TF32, attention kernel, the PyTorch 2.9
-  conv3d workaround) applied around one encode/decode and restored afterwards.
+- `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass
+  statistics), probed once per device.
+- `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.
+- `backend`: process-wide torch switches (cuDNN autotuning, TF32, the PyTorch 2.9 conv3d
+  workaround) applied around one encode/decode and restored afterwards.
 - `compile`: torch.compile per encoder/decoder block, falling back to eager with one warning.
-- `cuda_graphs`: `GraphedTile`, a fixed-shape tile function replayed from a CUDA graph (eager off CUDA).
-- `streams`: `copy_out_pipeline`, the next tile's compute overlapping the previous tile's copy into
-  pinned host memory (synchronous off CUDA).
-- `fp8_weights`: `Fp8WeightStore`, weights kept as float8 between runs, dequantized for one run.
 """
+from .attention import sdpa
 from .backend import BackendFlags
 from .compile import CompileFallback, CompileReport, CompileSettings, compile_blocks, run_with_fallback
 from .conv import conv3d, cpu_has_native
@@ -45,4 +45,5 @@ __all__ = [
     "merge_group_moments",
     "rms_norm_act",
     "run_with_fallback",
+    "sdpa",
 ]

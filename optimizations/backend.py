@@ -1,12 +1,15 @@
 """Process-wide torch backend flags, applied for the duration of one encode/decode and then restored.
 
-PyTorch keeps cuDNN autotuning, TF32 and the attention backend as global switches. The host
-application (ComfyUI) and other nodes set them too, so StreamVAE never leaves its choices behind:
-`applied(flags)` sets what `BackendFlags` asks for and restores every previous value on exit, also
-when the work inside raises.
+PyTorch keeps cuDNN autotuning and TF32 as global switches. The host application (ComfyUI) and
+other nodes set them too, so StreamVAE never leaves its choices behind: `applied(flags)` sets what
+`BackendFlags` asks for and restores every previous value on exit, also when the work inside raises.
+(The attention kernel is not global: it is `Optimizations.attention`, see attention.py.)
 
-    with applied(BackendFlags(tf32=True, attention="flash")):
+    with applied(BackendFlags(tf32=True)):
         y = model.decode(z)
+
+Every torch API read here is checked for before use: the pack supports torch 2.4 and newer, and
+the TF32 API changed in 2.9 (`torch.backends.cudnn.conv.fp32_precision`).
 
 The PyTorch 2.9 cuDNN conv3d regression (ComfyUI#10373, pytorch#166643): PyTorch 2.9-2.10 stop using
 cuDNN for half-precision conv3d when cuDNN is 9.10-9.14, because of a cuDNN bug seen on one data
@@ -22,8 +25,6 @@ from functools import lru_cache
 
 import torch
 
-ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
-
 # The affected window, as ComfyUI core narrowed it down from user reports (cuDNN 9.10.02 up to 9.15,
 # torch 2.9 and 2.10; torch 2.8 uses cuDNN for these convs and is not affected).
 _CUDNN_AFFECTED = (91002, 91500)
@@ -37,20 +38,13 @@ class BackendFlags:
     cudnn_benchmark: let cuDNN time the conv algorithms for each new input shape (faster for fixed
         tile shapes once warmed up; more memory and a slow first call).
     tf32: TensorFloat-32 for float32 matmuls and convs on Ampere and newer (10-bit mantissa).
-    attention: scaled-dot-product attention kernel: "auto" (PyTorch picks), "flash", "efficient",
-        "cudnn" or "math" (the reference kernel).
     conv3d_workaround: call cuDNN directly for half-precision conv3d where the PyTorch 2.9
         regression is detected (no effect elsewhere).
     """
 
     cudnn_benchmark: bool | None = None
     tf32: bool | None = None
-    attention: str = "auto"
     conv3d_workaround: bool = True
-
-    def __post_init__(self):
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
 
 
 # --- version probe ---------------------------------------------------------------------------------
@@ -109,8 +103,8 @@ def wants_cudnn_conv3d(x: torch.Tensor) -> bool:
 # --- applying and restoring ------------------------------------------------------------------------
 
 def _tf32_get() -> tuple:
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if hasattr(matmul, "fp32_precision") and hasattr(conv, "fp32_precision"):
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
         # torch >= 2.9: reading the legacy allow_tf32 flags after the new API was used raises, and
         # the other way round, so only the new API is touched where it exists.
         return ("new", matmul.fp32_precision, conv.fp32_precision)
@@ -133,17 +127,6 @@ def _tf32_value(enabled: bool, api: str):
     return enabled
 
 
-def _sdpa_context(name: str):
-    if name == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
-    # MATH stays allowed as the fallback, so an input a fast kernel cannot take still runs.
-    return sdpa_kernel([backend, SDPBackend.MATH])
-
-
 @contextlib.contextmanager
 def applied(flags: BackendFlags | None):
     """Set `flags` for the duration of the block; every previous value is restored on exit."""
@@ -160,8 +143,7 @@ def applied(flags: BackendFlags | None):
             value = _tf32_value(flags.tf32, saved_tf32[0])
             _tf32_set((saved_tf32[0], value, value))
         _state.conv3d_workaround = flags.conv3d_workaround and conv3d_regression_affected()
-        with _sdpa_context(flags.attention):
-            yield
+        yield
     finally:
         torch.backends.cudnn.benchmark = saved_benchmark
         _tf32_set(saved_tf32)

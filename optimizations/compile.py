@@ -29,6 +29,9 @@ import torch.nn as nn
 log = logging.getLogger("streamvae")
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Inductor modes that replay CUDA graphs: a graph's outputs live in memory the graph's next replay
+# overwrites, so a block's output must be copied before the same block runs again (next tile/chunk).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass(frozen=True)
@@ -162,13 +165,33 @@ class CompileFallback(RuntimeError):
     """
 
 
-def _guarded(module: nn.Module, compiled, report: CompileReport, all_blocks: list[nn.Module]):
+def uses_cuda_graphs(settings: CompileSettings) -> bool:
+    """Whether blocks compiled with `settings` replay CUDA graphs (on a CUDA device)."""
+    return settings.backend == "cudagraphs" or (settings.backend == "inductor" and settings.mode in CUDA_GRAPH_MODES)
+
+
+def _owned(out):
+    """A copy of a block's output (tensors, or tuples/lists of them) that no graph replay overwrites."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_owned(o) for o in out)
+    return out
+
+
+def _guarded(module: nn.Module, compiled, report: CompileReport, all_blocks: list[nn.Module], graphed: bool = False):
     """A forward that runs `compiled`; on a compilation failure it reverts every block to eager and
-    raises `CompileFallback`."""
+    raises `CompileFallback`. `graphed`: the compiled block replays CUDA graphs, so each call starts
+    a new graph step (`cudagraph_mark_step_begin`: the engine keeps earlier outputs alive, e.g. the
+    causal caches and the previous tile) and returns a copy of the output."""
+    mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if graphed else None
 
     def forward(*args, **kwargs):
         try:
-            return compiled(*args, **kwargs)
+            if mark_step is not None:
+                mark_step()
+            out = compiled(*args, **kwargs)
+            return _owned(out) if graphed else out
         except Exception as error:
             if not _is_compile_error(error):
                 raise
@@ -238,7 +261,7 @@ def compile_blocks(model: nn.Module, settings: CompileSettings, device=None) -> 
             report.fall_back(f"torch.compile failed for {name}: {error}")
             uncompile_blocks(modules)
             return report
-        module.forward = _guarded(module, compiled, report, modules)
+        module.forward = _guarded(module, compiled, report, modules, uses_cuda_graphs(settings))
         report.compiled.append(name)
     return report
 

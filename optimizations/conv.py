@@ -1,5 +1,8 @@
 """Convolution dispatch.
 
+On GPUs, convs go to cuDNN through F.conv3d, or straight to cuDNN where PyTorch 2.9/2.10 would send
+half-precision conv3d to its slow vol2col path (`backend.wants_cudnn_conv3d`).
+
 On the CPU, float32 convs go straight to oneDNN: PyTorch's own heuristic sends convs with few
 channels (< 64) to an im2col fallback that is 2-5x slower here. On CPUs without native bf16/fp16
 convolution kernels (no AVX-512 BF16 / AMX; oneDNN then falls back to a reference kernel about 40x
@@ -13,6 +16,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from . import backend
 from .winograd import transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
@@ -78,6 +82,8 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
     compiled blocks use inductor's convs.
     """
+    if backend.wants_cudnn_conv3d(x):  # the PyTorch 2.9 cuDNN regression (backend.py)
+        return backend.cudnn_conv3d(x, weight, bias, stride, padding)
     if x.device.type != "cpu":
         return F.conv3d(x, weight, bias, stride, padding)
     if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)

@@ -7,6 +7,8 @@ to every block through the execution context.
 """
 from dataclasses import dataclass, fields, replace
 
+from .attention import KERNELS
+
 
 @dataclass(frozen=True)
 class Optimizations:
@@ -37,11 +39,18 @@ class Optimizations:
     # On CUDA, the norm + SiLU steps as Triton kernels (triton_norm.py): statistics in one pass
     # over the group, the scaled SiLU written in a second, into any strided output.
     triton_norm: bool = True
+    # Which SDPA kernel the mid-block attention asks for (attention.KERNELS): "auto" lets PyTorch
+    # pick; a forced kernel that cannot take the model's head width is replaced (attention.choose).
+    attention: str = "auto"
+
+    def __post_init__(self):
+        if self.attention not in KERNELS:
+            raise ValueError(f"attention must be one of {KERNELS}, got {self.attention!r}")
 
     @classmethod
     def straightforward(cls) -> "Optimizations":
         """Every switch off: the reference behaviour, used as the baseline in benchmarks and tests."""
-        return cls(**{f.name: False for f in fields(cls)})
+        return cls(**{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
 
     def with_(self, **changes) -> "Optimizations":
         return replace(self, **changes)

@@ -28,7 +28,10 @@ import pytest
 # `tests.comfy_support`, which would depend on `tests` resolving to our namespace package.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from comfy_support import environment  # noqa: E402  (needs the path entry above)
+from comfy_support import environment, old_torch  # noqa: E402  (needs the path entry above)
+
+if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)
+    old_torch.hide_newer_torch()
 
 SERVER_FIXTURES = {"comfy_server", "comfy_client"}
 BROWSER_FIXTURES = {"comfy_browser"}

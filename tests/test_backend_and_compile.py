@@ -25,7 +25,7 @@ def global_state():
 def test_backend_flags_are_applied_and_restored(benchmark, tf32):
     before = global_state()
     api = before[1][0]
-    with backend.applied(BackendFlags(cudnn_benchmark=benchmark, tf32=tf32, attention="math")):
+    with backend.applied(BackendFlags(cudnn_benchmark=benchmark, tf32=tf32)):
         assert torch.backends.cudnn.benchmark is benchmark
         expected = backend._tf32_value(tf32, api)
         assert backend._tf32_get()[1:] == (expected, expected)
@@ -46,19 +46,6 @@ def test_none_leaves_switches_alone():
         assert global_state()[:2] == before[:2]
     with backend.applied(None):
         assert global_state() == before
-
-
-@pytest.mark.parametrize("attention", backend.ATTENTION_BACKENDS)
-def test_attention_backend_choice_still_computes_attention(attention):
-    q, k, v = (torch.randn(1, 1, 16, 8) for _ in range(3))
-    expected = F.scaled_dot_product_attention(q, k, v)
-    with backend.applied(BackendFlags(attention=attention)):  # forced kernels fall back to math on CPU
-        torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), expected)
-
-
-def test_unknown_attention_backend_is_rejected():
-    with pytest.raises(ValueError, match="attention must be one of"):
-        BackendFlags(attention="fastest")
 
 
 def test_conv3d_workaround_probe(monkeypatch):

@@ -10,7 +10,7 @@ import vae
 from tests.reference import load_tiny, tensors
 from tests.test_tiling import FIXTURES, _last_causal_conv
 from vae import memory
-from vae.causal_cache import CausalCache
+from vae.causal_cache import CausalCache, _HostStore
 
 FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -27,12 +27,12 @@ def fixture_clips(family):
 
 
 @pytest.mark.parametrize("tile", [None, 32], ids=["untiled", "exact-tile32"])
-@pytest.mark.parametrize("offload", ["disk", "host"])
-def test_offloaded_caches_give_the_same_result(model, offload, tile):
+def test_caches_on_disk_give_the_same_result(model, tile):
+    """("host" is "none" with CPU compute; its store is tested below and on CUDA.)"""
     video, z = fixture_clips(model.family)
     for run, x in ((model.encode, video), (model.decode, z)):
         on_device = run(x, temporal_chunk=1, tile_size=tile, cache_offload="none")
-        assert torch.equal(run(x, temporal_chunk=1, tile_size=tile, cache_offload=offload), on_device)
+        assert torch.equal(run(x, temporal_chunk=1, tile_size=tile, cache_offload="disk"), on_device)
 
 
 def test_disk_store_round_trips_and_reuses_each_modules_slot():
@@ -42,15 +42,50 @@ def test_disk_store_round_trips_and_reuses_each_modules_slot():
     cache.put(a, frames[:, :, 1:])  # a non-contiguous view
     cache.put(b, frames.to(torch.bfloat16))
     assert torch.equal(cache.get(a), frames[:, :, 1:]) and torch.equal(cache.get(b), frames.to(torch.bfloat16))
-    size = cache._disk.end
+    size = cache._store.end
     for _ in range(3):  # a module that pops and puts every chunk (Wan2.2's held frame) keeps its slot
         cache.pop(a)
         assert a not in cache and cache.get(a) is None
         cache.put(a, frames[:, :, :1])
-    assert cache._disk.end == size and torch.equal(cache.get(a), frames[:, :, :1])
+    assert cache._store.end == size and torch.equal(cache.get(a), frames[:, :, :1])
     assert sorted(n for _, n in cache.sizes()) == [frames[:, :, :1].nbytes, frames.to(torch.bfloat16).nbytes]
     cache.close()
-    assert cache._disk.file.closed
+    assert cache._store.file.closed
+
+
+def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():
+    """The host store's tiers, driven on the CPU: pinning fails on a machine without a GPU (exactly
+    what a failed pin on a GPU machine raises), so it warns once and uses pageable memory; a module
+    whose frames exceed what is left of the budget goes to disk; values always round-trip."""
+    store = _HostStore(budget_bytes=1000)
+    small, big = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 10)  # 480 and 960 bytes
+    a, b, c = (torch.nn.Identity() for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="could not pin host memory"):
+        store.put(a, small, owned=False)
+    assert not store.pin and a in store.held and store.left == 520
+    store.put(b, big, owned=False)  # 960 > 520 left: to disk
+    assert b not in store.held and b in store.disk.live
+    store.put(c, small, owned=False)  # fits what is left
+    assert c in store.held and store.left == 40
+    for key, frames in ((a, small), (b, big), (c, small)):
+        assert torch.equal(store.get(key, "cpu"), frames)
+    store.put(a, small * 2, owned=False)  # same shape: the buffer is reused, the budget unchanged
+    assert store.left == 40 and torch.equal(store.get(a, "cpu"), small * 2)
+    store.discard(a)
+    assert store.left == 520 and set(store.keys()) == {b, c}
+    store.close()
+    assert store.left == 1000 and store.disk.file.closed
+
+
+def test_host_budget_defaults_to_what_the_machine_can_spare(monkeypatch):
+    from vae import devices
+
+    monkeypatch.setattr(devices, "host_free", lambda: 40 * 2**30)
+    assert devices.host_available() == 36 * 2**30  # 10 % margin
+    monkeypatch.setattr(devices, "host_free", lambda: 3 * 2**30)
+    assert devices.host_available() == 2**30  # at least 2 GiB stay free
+    monkeypatch.setattr(devices, "host_free", lambda: 2**30)
+    assert devices.host_available() == 0
 
 
 def test_host_offload_with_cpu_compute_keeps_the_caches_in_place():
@@ -112,3 +147,20 @@ def test_host_offload_on_cuda_equals_the_caches_on_the_gpu():
     for tile in (None, 32):
         on_gpu = m.decode(z, temporal_chunk=1, tile_size=tile, cache_offload="none")
         assert torch.equal(m.decode(z, temporal_chunk=1, tile_size=tile, cache_offload="host"), on_gpu)
+    video = fixture_clips("seedvr2")[0].cuda()
+    assert torch.equal(m.encode(video, temporal_chunk=1, cache_offload="host"), m.encode(video, temporal_chunk=1))
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_host_store_on_cuda_pins_and_spills_past_its_budget():
+    """Real pinned buffers and non-blocking copies; a budget too small for the last module spills it to disk."""
+    frames = [torch.randn(1, 4, 3, 64, 64, device="cuda") * i for i in range(1, 5)]
+    store = _HostStore(budget_bytes=3 * frames[0].nbytes)
+    keys = [torch.nn.Identity() for _ in frames]
+    for key, f in zip(keys, frames):
+        store.put(key, f, owned=False)
+    assert store.pin and all(store.held[k].is_pinned() for k in keys[:3])
+    assert keys[-1] in store.disk.live
+    for key, f in zip(keys, frames):
+        assert torch.equal(store.get(key, "cuda"), f)

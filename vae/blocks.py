@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from .causal_cache import CausalCache
 
 try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
-    from ..optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act
+    from ..optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act, sdpa
 except ImportError:  # plain library use: the repository root is on sys.path
-    from optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act
+    from optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act, sdpa
 
 
 class StreamContext:
@@ -412,8 +412,12 @@ class FrameSelfAttention(nn.Module):
     """Single-head self-attention among the H*W positions of each frame, plus the residual.
 
     Subclasses own the parameters (their names follow each checkpoint) and define `normalize`,
-    `project_qkv` (tokens B*T,N,C -> q, k, v) and `project_out`.
+    `project_qkv` (tokens B*T,N,C -> q, k, v) and `project_out`. The one head is `channels` wide.
     """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.channels = channels
 
     def normalize(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         raise NotImplementedError
@@ -429,7 +433,7 @@ class FrameSelfAttention(nn.Module):
         tokens = self.normalize(x, ctx).permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)
         q, k, v = self.project_qkv(tokens)
         if ctx.opts.sdpa_attention:
-            o = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+            o = sdpa(q, k, v, ctx.opts.attention)
         else:
             weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * (c ** -0.5), dim=-1)
             o = torch.bmm(weights, v)

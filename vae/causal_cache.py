@@ -8,17 +8,23 @@ chunk's tiles read them with halos. Offloaded, only the cache of the module that
 the compute device (its old frames while it reads them, its new ones until they are stored):
 
 - "none": on the compute device.
-- "host": pinned CPU memory, copied with non-blocking transfers (for CUDA; with CPU compute the
-  device is the host, so this is "none").
+- "host": CPU memory for a GPU: pinned (page-locked) buffers copied with non-blocking transfers,
+  pageable ones where pinning fails, within the RAM the machine has free (past that: disk). With
+  CPU compute the device is the host, so this is "none".
 - "disk": a temporary file in the temp directory (TMPDIR; any device; with CPU compute the one
   memory outside the process; the operating system may keep it in its reclaimable page cache).
 """
+import logging
 import tempfile
+import warnings
 
 import torch
 import torch.nn as nn
 
+from .devices import host_available
+
 CACHE_OFFLOADS = ("none", "host", "disk")
+log = logging.getLogger("streamvae")
 
 
 def check_offload(value: str) -> str:
@@ -43,7 +49,7 @@ class _DiskStore:
         self.live: dict[nn.Module, tuple[torch.Size, torch.dtype]] = {}
         self.end = 0
 
-    def put(self, key, frames: torch.Tensor) -> None:
+    def put(self, key, frames: torch.Tensor, owned: bool = False) -> None:
         host = frames.detach().to("cpu").contiguous()
         offset, capacity = self.slots.get(key, (self.end, 0))
         if capacity < host.nbytes:
@@ -61,11 +67,114 @@ class _DiskStore:
             raise OSError(f"StreamVAE: the causal-cache file {self.file.name} came back short; is its disk full?")
         return host.to(device)
 
+    def discard(self, key) -> None:
+        self.live.pop(key, None)  # the slot stays for the key's next put
+
+    def keys(self):
+        return self.live.keys()
+
     def sizes(self):
         return [(shape, shape.numel() * dtype.itemsize) for shape, dtype in self.live.values()]
 
     def close(self) -> None:
+        self.live.clear()
         self.file.close()
+
+
+class _DeviceStore:
+    """Tensors kept where they are (the compute device)."""
+
+    def __init__(self):
+        self.held: dict[nn.Module, torch.Tensor] = {}
+
+    def put(self, key, frames: torch.Tensor, owned: bool) -> None:
+        self.held[key] = frames if owned else frames.clone()
+
+    def get(self, key, device) -> torch.Tensor:
+        return self.held[key]
+
+    def discard(self, key) -> None:
+        self.held.pop(key, None)
+
+    def keys(self):
+        return self.held.keys()
+
+    def sizes(self):
+        return [(t.shape, t.nbytes) for t in self.held.values()]
+
+    def close(self) -> None:
+        self.held.clear()
+
+
+class _HostStore:
+    """Tensors in host memory for a GPU, within `budget_bytes` of RAM: page-locked (pinned) buffers,
+    one per module and reused while its shape stays, filled and read with non-blocking copies in
+    stream order; pageable buffers where pinning fails (pinned memory is a scarce kind of RAM, and
+    a failed pin raises a RuntimeError rather than an out-of-memory error); the disk for what does
+    not fit the budget or cannot be allocated at all. The budget keeps the machine out of swap."""
+
+    def __init__(self, budget_bytes: int):
+        self.left = budget_bytes
+        self.pin = True
+        self.held: dict[nn.Module, torch.Tensor] = {}
+        self.disk: _DiskStore | None = None
+
+    def _buffer(self, frames: torch.Tensor) -> torch.Tensor | None:
+        """A host buffer for `frames` (pinned if possible), or None when the host has no room."""
+        if frames.nbytes > self.left:
+            return None
+        if self.pin:
+            try:
+                return torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+            except RuntimeError as error:
+                self.pin = False
+                message = (f"StreamVAE: could not pin host memory for the causal caches ({str(error).strip()[:200]}); "
+                           "using pageable memory (slower copies, same result)")
+                log.warning(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=4)
+        try:
+            return torch.empty(frames.shape, dtype=frames.dtype)
+        except (RuntimeError, MemoryError):
+            return None
+
+    def put(self, key, frames: torch.Tensor, owned: bool) -> None:
+        held = self.held.get(key)
+        if held is None or held.shape != frames.shape or held.dtype != frames.dtype:
+            if held is not None:
+                self.discard(key)
+            held = self._buffer(frames)
+            if held is None:
+                self.disk = self.disk or _DiskStore()
+                self.disk.put(key, frames)
+                return
+            self.held[key] = held
+            self.left -= held.nbytes
+        held.copy_(frames, non_blocking=held.is_pinned())
+
+    def get(self, key, device) -> torch.Tensor:
+        held = self.held.get(key)
+        if held is None:
+            return self.disk.get(key, device)
+        return held.to(device, non_blocking=held.is_pinned())
+
+    def discard(self, key) -> None:
+        held = self.held.pop(key, None)
+        if held is not None:
+            self.left += held.nbytes
+        if self.disk is not None:
+            self.disk.live.pop(key, None)
+
+    def keys(self):
+        return self.held.keys() | (self.disk.live.keys() if self.disk is not None else set())
+
+    def sizes(self):
+        return [(t.shape, t.nbytes) for t in self.held.values()] + (self.disk.sizes() if self.disk else [])
+
+    def close(self) -> None:
+        for key in list(self.held):
+            self.discard(key)
+        if self.disk is not None:
+            self.disk.close()
 
 
 class CausalCache:
@@ -74,10 +183,12 @@ class CausalCache:
     `get` returns a tensor on the compute device that the caller may only read; `put` stores a copy
     of `frames` (with `owned=True` the caller hands over a tensor nobody else writes, which the
     on-device store then keeps without copying). `fallback` is the offload an out-of-memory retry may
-    switch to (None: the user chose where the caches live).
+    switch to (None: the user chose where the caches live). `host_budget` caps the RAM that "host"
+    offloading takes (default: `devices.host_available()`, what the OS has free minus a margin);
+    past it the caches go to disk.
     """
 
-    def __init__(self, offload: str = "none", device=None, fallback: str | None = None):
+    def __init__(self, offload: str = "none", device=None, fallback: str | None = None, host_budget: int | None = None):
         if offload not in CACHE_OFFLOADS:
             raise ValueError(f"cache_offload must be one of {CACHE_OFFLOADS}, got {offload!r}")
         self.device = torch.device(device if device is not None else "cpu")
@@ -85,52 +196,33 @@ class CausalCache:
             offload = "none"
         self.offload = offload
         self.fallback = fallback if fallback != offload else None
-        self._held: dict[nn.Module, torch.Tensor] = {}  # on the device ("none") or pinned host memory ("host")
-        self._disk = _DiskStore() if offload == "disk" else None
-
-    @property
-    def _index(self) -> dict:
-        """Module -> what is stored for it (the tensor, or the disk store's shape and dtype)."""
-        return self._disk.live if self._disk is not None else self._held
+        if offload == "host":
+            self._store = _HostStore(host_available() if host_budget is None else host_budget)
+        else:
+            self._store = _DiskStore() if offload == "disk" else _DeviceStore()
 
     def __contains__(self, module) -> bool:
-        return module in self._index
+        return module in self._store.keys()
 
     def get(self, module) -> torch.Tensor | None:
-        if module not in self:
-            return None
-        if self._disk is not None:
-            return self._disk.get(module, self.device)
-        held = self._held[module]
-        return held if self.offload == "none" else held.to(self.device, non_blocking=True)
+        return self._store.get(module, self.device) if module in self else None
 
     def put(self, module, frames: torch.Tensor, owned: bool = False) -> None:
-        if self._disk is not None:
-            self._disk.put(module, frames)
-        elif self.offload == "none":
-            self._held[module] = frames if owned else frames.clone()
-        else:  # pinned host buffer per module, reused while the shape stays (stream-ordered copies)
-            held = self._held.get(module)
-            if held is None or held.shape != frames.shape or held.dtype != frames.dtype:
-                held = self._held[module] = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
-            held.copy_(frames, non_blocking=True)
+        self._store.put(module, frames, owned)
 
     def pop(self, module) -> torch.Tensor | None:
         frames = self.get(module)
-        self._index.pop(module, None)
+        self._store.discard(module)
         return frames
 
     def clear(self) -> None:
-        self._index.clear()
+        for module in list(self._store.keys()):
+            self._store.discard(module)
 
     def sizes(self) -> list[tuple[torch.Size, int]]:
         """(shape, bytes) of every stored tensor."""
-        if self._disk is not None:
-            return self._disk.sizes()
-        return [(held.shape, held.nbytes) for held in self._held.values()]
+        return self._store.sizes()
 
     def close(self) -> None:
         """Drop everything (and the disk file, if any)."""
-        self.clear()
-        if self._disk is not None:
-            self._disk.close()
+        self._store.close()

@@ -223,9 +223,20 @@ def load(
     else:
         state_dict, metadata = read_checkpoint(source)
     model, state_dict = build_empty(state_dict, metadata, config)
-    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
-    model.set_dtypes(encode=encode_dtype, decode=decode_dtype)
+    target = _target_dtypes(model, dtype, encode_dtype, decode_dtype)
+    # Each tensor goes from the file's dtype straight to its half's dtype: casting everything to
+    # `dtype` first would round fp32/fp16 encoder weights through bf16 when only decode is bf16.
+    model.load_state_dict({k: v.to(target(k)) for k, v in state_dict.items()}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
+
+
+def _target_dtypes(model: VideoVAE, dtype: torch.dtype, encode_dtype: torch.dtype | None,
+                   decode_dtype: torch.dtype | None):
+    """key -> the dtype its weight is computed in: the encoder's or decoder's own, else `dtype`."""
+    names = {id(module): name for name, module in model.named_modules()}
+    prefixes = [(names[id(m)] + ".", encode_dtype or dtype) for m in model.encode_modules()]
+    prefixes += [(names[id(m)] + ".", decode_dtype or dtype) for m in model.decode_modules()]
+    return lambda key: next((d for prefix, d in prefixes if key.startswith(prefix)), dtype)
 
 
 def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None,

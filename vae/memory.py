@@ -1,13 +1,16 @@
 """Memory model and planning: predict an encode/decode's peak memory, pick settings that fit a budget.
 
-Peak = weights + input/output buffers on the compute device + what stays resident between calls
-(the CPU Winograd filter cache, from the model's conv weights and the cache cap) + activations.
-Activations follow a
-linear model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles
-are untiled runs of one tile) on the CPU (bench/calibrate_memory.py writes `memory_calibration.json`
-beside this file; a CUDA calibration is used on CUDA where one exists):
+Peak = weights + the input/output buffers that live on the compute device (a decode into host
+memory counts none of its output) + what stays resident between calls (the CPU Winograd filter
+cache, from the model's conv weights and the cache cap) + activations. Activations follow a linear
+model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles are
+untiled runs of one tile), separately per device type (bench/calibrate_memory.py writes
+`memory_calibration.json` beside this file): on the CPU the peak of live tensors, on CUDA the peak
+the caching allocator reserves (cuDNN workspaces and fragmentation included). A device type without
+its own calibration (a GPU before `python -m bench.gpu_check --parts calibrate` ran on one; MPS)
+uses the CPU's coefficients times UNCALIBRATED_MARGIN:
 
-    activations = element_size * (per_pixel * chunk_pixels + per_tile_pixel * tile_pixels) + fixed
+    activations = element_size * (per_pixel * chunk_pixels + per_tile_pixel * tile_pixels + fixed)
 
 with chunk_pixels the pixel-frames of one temporal chunk at video resolution (decode output /
 encode input) and tile_pixels those of one spatial tile (exact tiling). The causal caches are part
@@ -26,6 +29,7 @@ import torch
 
 from .blocks import StreamContext
 from .causal_cache import check_offload
+from .devices import host_free
 from .tiling import as_pair, latent_grid
 
 try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
@@ -37,6 +41,9 @@ CALIBRATION = Path(__file__).with_name("memory_calibration.json")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
 AUTO_MARGIN_MIN = 512 * 2**20  # ... and at least 512 MiB
 TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96, 64, 48, 32)
+# CPU coefficients on a GPU underestimate it: on an H100 (bench/results/gpu/, 2026-11-24) measured
+# peaks were 1.1x (Wan2.1 decode) to 1.8x (Wan2.2 decode) of the CPU model's prediction.
+UNCALIBRATED_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Plan:
     peak_bytes: int              # predicted peak: weights + buffers + activations
     budget_bytes: int | None
     fits: bool
+    weight_bytes: int = 0        # the weights' part of peak_bytes (a host that loads them counts them itself)
 
     def describe(self) -> str:
         rows, cols, chunks = self.grid
@@ -68,13 +76,15 @@ def _calibration() -> dict:
 
 def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     """Calibrated {per_pixel, per_tile_pixel, fixed} for a family/op/mode ("caches": the
-    `cache_profile`), preferring the device's own measurement (CPU numbers stand in where a device
-    type has none)."""
+    `cache_profile`, elements per pixel, the same on every device) on `device_type`; where that
+    device type has no calibration, the CPU's times UNCALIBRATED_MARGIN."""
     table = _calibration()
-    for dev in (device_type, "cpu"):
-        entry = table.get(dev, {}).get(family, {}).get(op, {}).get(mode)
-        if entry:
-            return entry
+    entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return entry
+    entry = table.get("cpu", {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return entry if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in entry.items()}
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run bench/calibrate_memory.py")
 
 
@@ -136,15 +146,7 @@ def free_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import psutil  # not on Linux: ask psutil (installed with ComfyUI)
-
-    return psutil.virtual_memory().available
+    return host_free()
 
 
 def resolve_budget(memory_budget, device) -> int | None:
@@ -160,7 +162,7 @@ def resolve_budget(memory_budget, device) -> int | None:
 
 
 def _geometry(model, op: str, shape):
-    """(latent frames, video height, video width, bytes of the input + output buffers per element)."""
+    """(batch, latent frames, video height, video width, (input, output) buffer elements)."""
     sf, tf = model.spatial_factor, model.temporal_factor
     if op == "decode":
         b, _, n_lat, h, w = shape
@@ -172,21 +174,25 @@ def _geometry(model, op: str, shape):
         height, width = -(-height // sf) * sf, -(-width // sf) * sf
     video = b * 3 * frames * height * width
     latent = b * model.latent_channels * n_lat * (height // sf) * (width // sf)
-    return b, n_lat, height, width, video + latent
+    return b, n_lat, height, width, (latent, video) if op == "decode" else (video, latent)
 
 
 def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
-             cache_offload: str = "none") -> int:
+             cache_offload: str = "none", io_on_device: tuple[bool, bool] = (True, True)) -> int:
     """Predicted peak bytes on the compute device for one encode/decode with these settings.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
     Offloaded caches ("host", "disk") leave all but the running module's old and new frames.
+    `io_on_device`: whether the whole input and the whole output live on the compute device (a
+    node's latent and frames stay in host memory and pass through the device a chunk at a time,
+    which the activations already count).
     """
     device = torch.device(device) if device is not None else model.device
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     elem = torch.finfo(dtype).bits // 8
-    b, n_lat, height, width, buffers = _geometry(model, op, shape)
+    b, n_lat, height, width, io_elements = _geometry(model, op, shape)
+    buffers = sum(n for n, here in zip(io_elements, io_on_device) if here)
     frames = model.temporal_factor * min(temporal_chunk, n_lat)  # pixel frames of a full chunk
     tile_pixels = 0
     if tile_size is not None:
@@ -203,7 +209,7 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
         caches = coefficients(model.family, op, "caches", device.type)
         frame_pixels = tile_pixels / frames if tile_size is not None and tiling == "fast" else b * height * width
         act -= (caches["all"] - 2 * caches["largest"]) * frame_pixels
-    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device) + elem * act + coef.get("fixed", 0))
+    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device) + elem * (act + coef.get("fixed", 0)))
 
 
 def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
@@ -220,14 +226,14 @@ def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> 
 
 
 def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, tile_overlap=0, tiling="exact",
-         memory_budget=None, device=None, cache_offload="auto") -> Plan:
+         memory_budget=None, device=None, cache_offload="auto", io_on_device=(True, True)) -> Plan:
     """Settings for an encode ("encode", pixels B,3,T,H,W) or decode ("decode", latent B,C,T,h,w).
 
     Without a budget the given settings are kept (temporal_chunk None -> 1; cache_offload "auto" ->
     "none"). With one, the largest settings that fit are chosen, the given ones acting as upper
     limits: untiled with the largest temporal chunk if that fits, then untiled with the causal caches
     offloaded (cache_offload "auto": to `offload_target`), else exact tiles, largest tile first, each
-    without and then with offloaded caches.
+    without and then with offloaded caches. `io_on_device` as in `estimate`.
     """
     if op not in ("encode", "decode"):
         raise ValueError(f"op must be 'encode' or 'decode', got {op!r}")
@@ -247,10 +253,10 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     given_tile = as_pair(tile_size) if tile_size is not None else None
 
     def make(chunk, tile, offload):
-        peak = estimate(model, op, input_shape, chunk, tile, tiling, device, offload)
+        peak = estimate(model, op, input_shape, chunk, tile, tiling, device, offload, io_on_device)
         fits = budget is None or peak <= budget
         grid = _grid(model, op, input_shape, chunk, tile, tile_overlap, tiling)
-        return Plan(op, chunk, tile, tiling, offload, grid, peak, budget, fits)
+        return Plan(op, chunk, tile, tiling, offload, grid, peak, budget, fits, weight_bytes(model))
 
     def first_fit(tile):
         candidates = (make(chunk, tile, offload) for offload in offloads for chunk in chunks)

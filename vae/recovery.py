@@ -17,11 +17,12 @@ import torch
 
 from . import tiling as tiles
 from .causal_cache import CausalCache
+from .devices import OOM, native_bf16
 
 log = logging.getLogger("streamvae")
 
 
-class OutOfMemory(torch.OutOfMemoryError):
+class OutOfMemory(OOM):
     """Out of memory even at the smallest tile and temporal chunk; the message says what was tried."""
 
 
@@ -29,18 +30,12 @@ class HalfOverflow(ArithmeticError):
     """fp16 compute produced Inf/NaN from a finite input (caught by the engine, which falls back)."""
 
 
-def is_oom(error: BaseException) -> bool:
-    """CUDA/MPS OOM (torch.OutOfMemoryError), Python's MemoryError, or the CPU allocator's failure (a
-    plain RuntimeError)."""
-    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
-
-
 def free_cached_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
 
 
 def min_tile(model) -> int:
@@ -102,10 +97,8 @@ _half_fallbacks_reported: set[int] = set()
 
 
 def half_fallback_dtype(device: torch.device) -> torch.dtype:
-    """bf16 where the device runs it natively (CUDA with bf16 support), else float32."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
+    """bf16 where the GPU computes it natively (not where it is only emulated), else float32."""
+    return torch.bfloat16 if device.type != "cpu" and native_bf16(device) else torch.float32
 
 
 def fall_back_from_half(model, op: str) -> torch.dtype:

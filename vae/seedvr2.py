@@ -58,7 +58,7 @@ class SeedVR2Attention(FrameSelfAttention):
     """diffusers `Attention` as converted from the old attention block: GroupNorm, 1 head of width C."""
 
     def __init__(self, channels: int, cfg: SeedVR2Config):
-        super().__init__()
+        super().__init__(channels)
         self.group_norm = FrameGroupNorm(cfg.norm_num_groups, channels, eps=cfg.eps)
         self.to_q = nn.Linear(channels, channels)
         self.to_k = nn.Linear(channels, channels)

@@ -19,6 +19,7 @@ from . import memory, recovery
 from . import tiling as tiles
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 from .causal_cache import CausalCache, check_offload
+from .devices import is_oom, same_device
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
@@ -140,11 +141,12 @@ def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
     return x, image
 
 
-def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling, cache_offload):
+def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_overlap, tiling, cache_offload,
+              io_devices):
     """(temporal_chunk, tile_size, make_caches) to run with: the given ones, or the plan's for a
     memory budget. `make_caches()` makes a stream's `CausalCache`: where the plan (or the user) put
     them; cache_offload "auto" without a budget keeps them on the device, with offloading left to
-    an out-of-memory retry."""
+    an out-of-memory retry. `io_devices`: where the whole input and output live."""
     check_offload(cache_offload)
     fallback = memory.offload_target(model.device) if cache_offload == "auto" else None
     offload = "none" if fallback else cache_offload
@@ -152,7 +154,8 @@ def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_o
         try:
             plan = memory.plan(model, op, tuple(shape), temporal_chunk=temporal_chunk, tile_size=tile_size,
                                tile_overlap=tile_overlap, tiling=tiling, memory_budget=memory_budget,
-                               cache_offload=cache_offload)
+                               cache_offload=cache_offload,
+                               io_on_device=tuple(same_device(d, model.device) for d in io_devices))
         except KeyError as missing:  # no calibration for this family/op: run as given, OOM retry still guards
             log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
         else:
@@ -185,7 +188,7 @@ def _stream(model, ctx: StreamContext, steps: Steps, n_lat: int, chunk: int, ref
             try:
                 more = step(lo, n, not replay)
             except (RuntimeError, MemoryError) as error:
-                if not recovery.is_oom(error):
+                if not is_oom(error):
                     raise
                 reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
             else:
@@ -257,13 +260,13 @@ def encode(
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
     _check_tiling(model, tiling, tile_size, tile_overlap)
+    out_device = video.device if out_device is None else torch.device(out_device)
     temporal_chunk, tile_size, make_caches = _budgeted(model, "encode", video.shape, memory_budget, temporal_chunk, tile_size,
-                                                   tile_overlap, tiling, cache_offload)
+                                                   tile_overlap, tiling, cache_offload, (video.device, out_device))
     size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     n_lat = latent_frames(t, tf)
     chunk = _check_chunk(temporal_chunk, n_lat)
-    out_device = video.device if out_device is None else torch.device(out_device)
     out_dtype = video.dtype if video.dtype.is_floating_point else torch.float32
     shape = (b, model.latent_channels, n_lat, -(-h // sf), -(-w // sf))
     mean = torch.empty(shape, dtype=out_dtype, device=out_device)
@@ -380,8 +383,9 @@ def decode(
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
     _check_tiling(model, tiling, tile_size, tile_overlap)
+    where_out = out.device if out is not None else (z.device if out_device is None else out_device)
     temporal_chunk, tile_size, make_caches = _budgeted(model, "decode", z.shape, memory_budget, temporal_chunk, tile_size,
-                                                   tile_overlap, tiling, cache_offload)
+                                                   tile_overlap, tiling, cache_offload, (z.device, where_out))
     size, overlap = _check_tiling(model, tiling, tile_size, tile_overlap)
     sf, tf = model.spatial_factor, model.temporal_factor
     full_t, full_h, full_w = pixel_frames(n_lat, tf), h * sf, w * sf

@@ -87,7 +87,7 @@ class WanAttentionBlock(FrameSelfAttention):
     """Per-frame single-head attention: RMS norm, 1x1 conv `to_qkv` (output channels [q | k | v]), 1x1 `proj`."""
 
     def __init__(self, channels: int):
-        super().__init__()
+        super().__init__(channels)
         self.norm = RMSNorm(channels, spatial_dims=2)
         self.to_qkv = nn.Conv2d(channels, 3 * channels, 1)
         self.proj = nn.Conv2d(channels, channels, 1)

@@ -1,0 +1,87 @@
+"""Where the GPU time of one decode goes: per kernel and per kind (convolution, norm, attention,
+copies, other), from torch.profiler over one decode after a warm-up.
+
+    python -m bench.gpu_profile --family wan21 --size 81x480x832 [--dtype bf16] [--out profile.txt]
+
+Full released config with random weights, the optimized default path, frames to host memory as the
+nodes do. Kinds are read from kernel names (cuDNN/CUTLASS convolution kernels, our Triton norm
+kernels, SDPA kernels, copy and fill kernels); the table says how much fell in none of them.
+"""
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from bench.common import DTYPES, build_random_model, machine_summary  # noqa: E402
+from bench.families import FULL_CONFIGS, make_input  # noqa: E402
+
+KINDS = [  # (kind, substrings of kernel names), first match wins
+    ("norm", ("_gn_partial_kernel", "_center_scale_act_kernel", "_rms_act_kernel", "group_norm", "GroupNorm", "norm_kernel")),
+    ("attention", ("fmha", "flash", "attention", "Attention", "softmax")),
+    ("conv", ("conv", "Conv", "xmma", "implicit", "cutlass", "sm90", "sm80", "gemm", "Gemm", "wgrad", "dgrad", "fprop")),
+    ("copy", ("copy", "Copy", "Memcpy", "memcpy", "Memset", "fill", "cat_", "CatArray", "pad", "index")),
+    ("elementwise", ("elementwise", "vectorized", "silu", "add", "mul")),
+]
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, keys in KINDS if any(k in name for k in keys)), "other")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", default="wan21", choices=sorted(FULL_CONFIGS))
+    parser.add_argument("--size", default="81x480x832", help="pixel frames x height x width")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--out", help="also write the tables to this file")
+    args = parser.parse_args()
+    frames, height, width = (int(v) for v in args.size.lower().split("x"))
+    model = build_random_model(*FULL_CONFIGS[args.family](), DTYPES[args.dtype], device=args.device)
+    z = make_input(model, dict(op="decode", frames=frames, height=height, width=width)).to(args.device)
+
+    def decode():
+        model.decode(z, out_device="cpu")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    decode()  # warm-up: Triton compilation, cuDNN heuristics, the allocator's pool
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        decode()
+    wall = time.perf_counter() - start
+    per_kernel, per_kind = defaultdict(float), defaultdict(float)
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(event, "self_cuda_time_total", 0)
+        if device_us and event.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[event.key] += device_us / 1e6
+            per_kind[kind_of(event.key)] += device_us / 1e6
+    total = sum(per_kernel.values())
+    lines = [f"machine: {machine_summary()}",
+             f"{args.family} decode {args.size} {args.dtype}: wall {wall:.2f} s under the profiler, GPU kernels {total:.2f} s", "",
+             "| kind | GPU s | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v:.3f} | {100 * v / total:.1f}% |" for k, v in sorted(per_kind.items(), key=lambda kv: -kv[1])] if total else []
+    lines += ["", "| kernel | kind | GPU s | share |", "|---|---|---|---|"]
+    for name, seconds in sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]:
+        lines.append(f"| {name[:110]} | {kind_of(name)} | {seconds:.3f} | {100 * seconds / total:.1f}% |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

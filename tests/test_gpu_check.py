@@ -1,0 +1,29 @@
+"""The GPU check's dry run on the CPU (tiny models), so the script CI cannot run for real does not rot:
+every part it can run here runs, each row is complete, and the error columns measure something."""
+import json
+import subprocess
+import sys
+
+from tests.reference import REPO
+
+
+def test_gpu_check_dry_run_writes_complete_rows(tmp_path):
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "encode", "profile",
+           "--families", "wan21", "--variants", "reference", "bf16", "bf16-tiles", "--repeats", "1",
+           "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert [f.name.rsplit("-", 1)[1] for f in files] == ["decode.jsonl", "encode.jsonl"]
+    for path in files:
+        header, *rows = (json.loads(line) for line in path.read_text().splitlines())
+        assert header["machine"]["torch"] and header["machine"]["commit"], header
+        by_variant = {row["variant"]: row for row in rows}
+        assert set(by_variant) == {"reference", "bf16", "bf16-tiles"}
+        assert not any("error" in row for row in rows), rows
+        assert all(row["finite"] and row["median_s"] > 0 for row in rows)
+        bf16 = by_variant["bf16"]["max_err"]
+        assert 1e-4 < bf16 < 0.2  # bf16 rounding, measured against the fp32 reference
+        tiled = by_variant["bf16-tiles"]["max_err"]
+        assert abs(tiled - bf16) < 0.5 * bf16  # exact tiles: the untiled bf16 result's error, not a seam's
+    assert "| kind | GPU s | share |" in (next(tmp_path.glob("*-profile.txt"))).read_text()
