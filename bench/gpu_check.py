@@ -56,6 +56,7 @@ VARIANTS = {
     "bf16-tiles": dict(dtype="bf16", tile=512),
     "bf16-budget-12g": dict(dtype="bf16", budget=12 * 2**30),
     "bf16-auto": dict(dtype="bf16", budget="auto"),  # what the nodes run by default
+    "bf16-fast-tiles": dict(dtype="bf16", tile=512, tiling="fast", overlap=64),
     "core-bf16": dict(dtype="bf16", core=True),
     "core-fp32": dict(dtype="fp32", core=True),
 }
@@ -81,6 +82,9 @@ def machine() -> dict:
             info["driver"] = smi.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
+    if os.environ.get("STREAMVAE_COMMIT"):  # a copy of the tree without its git history (a remote GPU machine)
+        info["commit"] = os.environ["STREAMVAE_COMMIT"]
+        return info
     try:
         info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                                         text=True, timeout=30).stdout.strip() or None
@@ -128,7 +132,7 @@ def _build(spec: dict):
         x = x.to(dtype)
     kwargs = dict(temporal_chunk=spec.get("chunk"))
     if spec.get("tile"):
-        kwargs["tile_size"] = spec["tile"]
+        kwargs.update(tile_size=spec["tile"], tiling=spec.get("tiling", "exact"), tile_overlap=spec.get("overlap", 0))
     if spec.get("budget"):
         kwargs["memory_budget"] = spec["budget"]
     if spec["op"] == "decode":
