@@ -44,6 +44,7 @@ TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96,
 # CPU coefficients on a GPU underestimate it: on an H100 (bench/results/gpu/, 2026-11-24) measured
 # peaks were 1.1x (Wan2.1 decode) to 1.8x (Wan2.2 decode) of the CPU model's prediction.
 UNCALIBRATED_MARGIN = 2.0
+NEAR_LOWEST = 1.10  # when no setting fits a budget: the fastest one within 10 % of the lowest peak
 
 
 @dataclass(frozen=True)
@@ -279,4 +280,9 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     for tile in tiles:
         if (candidate := first_fit(tile)) is not None:
             return candidate
-    return make(1, tiles[-1], offloads[-1])  # nothing fits: the smallest setting, marked fits=False
+    # Nothing fits (marked fits=False). Smaller exact tiles stop paying once the whole-frame part of
+    # the peak dominates (exact tiles bound each conv's temporaries, not the frames between layers),
+    # while their cost keeps growing: take the largest tile within NEAR_LOWEST of the lowest peak.
+    smallest = [make(1, tile, offloads[-1]) for tile in tiles]
+    lowest = min(candidate.peak_bytes for candidate in smallest)
+    return next(candidate for candidate in smallest if candidate.peak_bytes <= lowest * NEAR_LOWEST)

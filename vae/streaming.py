@@ -160,8 +160,10 @@ def _budgeted(model, op, shape, memory_budget, temporal_chunk, tile_size, tile_o
             log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
         else:
             if not plan.fits:
-                log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway",
-                            op, plan.describe(), plan.budget_bytes / 2**30)
+                log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway (an "
+                            "out-of-memory error shrinks it further). Exact tiles keep whole frames between layers: "
+                            "to fit, free memory, decode a smaller size, or use tiling='fast'", op, plan.describe(),
+                            plan.budget_bytes / 2**30)
             elif plan.cache_offload != "none":
                 log.info("StreamVAE %s: %s", op, plan.describe())
             temporal_chunk, tile_size, offload = plan.temporal_chunk, plan.tile_size, plan.cache_offload
