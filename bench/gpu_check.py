@@ -186,6 +186,7 @@ def run_case(spec: dict) -> dict:
     result.update(first_s=warm, times_s=times, median_s=statistics.median(times))
     if cuda:
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30  # what the memory model predicts
         result["peak_above_start_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**30
     y = y.float().cpu()
     result["finite"] = bool(torch.isfinite(y).all())
@@ -294,7 +295,8 @@ def calibrate(args, out: Path) -> None:
 
 
 COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "median s", ".2f"),
-           ("first_s", "first s", ".2f"), ("peak_gib", "peak GiB", ".2f"), ("predicted_peak_gib", "predicted GiB", ".2f"),
+           ("first_s", "first s", ".2f"), ("peak_gib", "peak GiB", ".2f"), ("peak_reserved_gib", "reserved GiB", ".2f"),
+           ("predicted_peak_gib", "predicted GiB", ".2f"),
            ("max_err", "max err", ".1e"), ("psnr_db", "PSNR dB", ".1f"), ("error", "error", "s")]
 
 

@@ -199,18 +199,32 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     if tile_size is not None:
         th, tw = as_pair(tile_size)
         tile_pixels = b * frames * min(th, height) * min(tw, width)
-    if tile_size is not None and tiling == "fast":
-        coef = coefficients(model.family, op, "untiled", device.type)
+    fast = tile_size is not None and tiling == "fast"
+    frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
+    coef = coefficients(model.family, op, "untiled" if tile_size is None or fast else "exact", device.type)
+    # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
+    # are whole frames per module whatever the chunk length: they scale with the frame, the rest
+    # with the chunk's pixel frames.
+    cache_all, cache_largest = _cache_elements(model, op, device.type)
+    per_chunk_pixel = max(0.0, coef["per_pixel"] - cache_all / model.temporal_factor)
+    act = per_chunk_pixel * frames * frame_pixels + cache_all * frame_pixels
+    if fast:
         clip_frames = model.temporal_factor * (n_lat - 1) + 1
-        act = coef["per_pixel"] * tile_pixels + 3 * clip_frames * tile_pixels / frames
+        act += 3 * clip_frames * frame_pixels  # the tile's own output buffer
     else:
-        coef = coefficients(model.family, op, "untiled" if tile_size is None else "exact", device.type)
-        act = coef["per_pixel"] * b * frames * height * width + coef.get("per_tile_pixel", 0.0) * tile_pixels
+        act += coef.get("per_tile_pixel", 0.0) * tile_pixels
     if cache_offload != "none":
-        caches = coefficients(model.family, op, "caches", device.type)
-        frame_pixels = tile_pixels / frames if tile_size is not None and tiling == "fast" else b * height * width
-        act -= (caches["all"] - 2 * caches["largest"]) * frame_pixels
+        act -= (cache_all - 2 * cache_largest) * frame_pixels
     return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device) + elem * (act + coef.get("fixed", 0)))
+
+
+def _cache_elements(model, op: str, device_type: str) -> tuple[float, float]:
+    """Causal-cache elements per video pixel (all modules, the largest one); (0, 0) uncalibrated."""
+    try:
+        caches = coefficients(model.family, op, "caches", device_type)
+    except KeyError:
+        return 0.0, 0.0
+    return caches["all"], caches["largest"]
 
 
 def _grid(model, op, shape, temporal_chunk, tile_size, tile_overlap, tiling) -> tuple[int, int, int]:
