@@ -130,6 +130,35 @@ class CausalConv3d(Conv3d):
             return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
         return self.run(ctx, x.shape, x, _norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
+    # -- the causal state, one definition for the untiled path and for exact tiles ------------------
+    def head(self, ctx: StreamContext) -> tuple[torch.Tensor | None, int]:
+        """(cached frames or None, how many head frames go before this call's new frames): the
+        previous chunk's unconsumed input, or on the first chunk `head_frames` frames of padding."""
+        head = ctx.cache.get(self) if self.temporal else None
+        if head is not None:
+            return head, head.shape[2]
+        return None, self.head_frames if self.temporal and ctx.first_chunk else 0
+
+    def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
+                   rows: slice = slice(None), cols: slice = slice(None)) -> None:
+        """Fill the first `n_head` frames of `frames` (the unpadded frame region of a conv buffer, or
+        rows x cols of it for a tile), whose later frames already hold the new input."""
+        if head is not None:
+            frames[:, :, :n_head] = head[..., rows, cols]
+        elif n_head and self.head_mode == "replicate":
+            frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
+        elif n_head:
+            frames[:, :, :n_head].zero_()
+
+    def output_frames(self, n: int) -> int:
+        """Output frames of a window of `n` input frames (head included)."""
+        kt, st = self.kernel_size[0], self.stride[0]
+        return (n - kt) // st + 1 if n >= kt else 0
+
+    def kept_from(self, n: int) -> int:
+        """The first of `n` input frames that the next chunk still reads: the cache is frames [kept_from, n)."""
+        return self.output_frames(n) * self.stride[0]
+
     def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
 
@@ -138,29 +167,22 @@ class CausalConv3d(Conv3d):
         """
         if ctx.tiling is not None:
             return ctx.tiling.conv(self, ctx, shape, like, fill)
-        head = ctx.cache.get(self) if self.temporal else None
-        n_head = head.shape[2] if head is not None else (self.head_frames if ctx.first_chunk else 0)
+        head, n_head = self.head(ctx)
         if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
                 and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0]):
             return self._convolve_after_zeros(_padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
         buf = _padded_buffer(like, shape, n_head, self.buffer_pad, fill)
-        if n_head:
-            if head is not None:
-                _interior(buf, self.buffer_pad)[:, :, :n_head] = head
-            elif self.head_mode == "replicate":
-                buf[:, :, :n_head] = buf[:, :, n_head:n_head + 1]
-            else:
-                buf[:, :, :n_head].zero_()
+        self.write_head(_interior(buf, self.buffer_pad), head, n_head)
         return self._convolve(buf, ctx)
 
     def _forward_concat(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """Straightforward path: torch.cat of the head + F.pad, as the upstream code does."""
-        head = ctx.cache.get(self) if self.temporal else None
-        if head is None and ctx.first_chunk and self.head_frames:
+        head, n_head = self.head(ctx)
+        if head is None and n_head:
             if self.head_mode == "replicate":
-                head = x[:, :, :1].expand(-1, -1, self.head_frames, -1, -1)
+                head = x[:, :, :1].expand(-1, -1, n_head, -1, -1)
             else:  # shaped explicitly: x may have no frames (Wan's up3d time_conv on a 1-frame first chunk)
-                head = x.new_zeros(x.shape[:2] + (self.head_frames,) + x.shape[3:])
+                head = x.new_zeros(x.shape[:2] + (n_head,) + x.shape[3:])
         if head is not None:
             x = torch.cat([head, x], dim=2)
         if any(self.buffer_pad):
@@ -190,13 +212,12 @@ class CausalConv3d(Conv3d):
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        kt, st = self.kernel_size[0], self.stride[0]
         n = buf.shape[2]
-        n_out = (n - kt) // st + 1 if n >= kt else 0
+        n_out = self.output_frames(n)
         if self.temporal:
             # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
             # copy, so the chunk's buffer can be freed.
-            ctx.cache.put(self, _interior(buf, self.buffer_pad)[:, :, n_out * st:])
+            ctx.cache.put(self, _interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
@@ -233,7 +254,20 @@ class FrameConv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding=(pad[2], pad[0]) if symmetric else 0)
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
-        self.head_mode, self.temporal = "zeros", False  # no temporal state: the tiling engine asks
+        self.temporal = False
+
+    # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
+    def head(self, ctx: StreamContext) -> tuple[None, int]:
+        return None, 0
+
+    def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
+        pass
+
+    def output_frames(self, n: int) -> int:
+        return n
+
+    def kept_from(self, n: int) -> int:
+        return n
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         if ctx.tiling is not None:

@@ -206,24 +206,23 @@ class ExactTiling:
     def conv(self, conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
         """A (causal) conv over new frames of `shape` (B,C,T,H,W), tile by tile.
 
-        `conv` is a blocks.CausalConv3d or FrameConv2d; `fill(view, rows, cols)` writes input
-        rows/cols (slices of the unpadded frame) into `view`. A tile's buffer is exactly the input
-        region its outputs read, [tile - halo, tile + halo), zero where it leaves the frame, and the
-        conv runs on it unpadded ("valid"), so it computes nothing beyond the tile (Winograd has a
-        valid mode for this: a same-padded conv of the region would also compute the halo).
+        `conv` is a blocks.CausalConv3d or FrameConv2d, which owns the causal state (`head`,
+        `write_head`, `kept_from`: the same code as its untiled path); `fill(view, rows, cols)` writes
+        input rows/cols (slices of the unpadded frame) into `view`. A tile's buffer is exactly the
+        input region its outputs read, [tile - halo, tile + halo), zero where it leaves the frame, and
+        the conv runs on it unpadded ("valid"), so it computes nothing beyond the tile (Winograd has
+        a valid mode for this: a same-padded conv of the region would also compute the halo).
         """
         b, c, t, h, w = shape
         kh, kw = conv.kernel_size[-2:]
         sh, sw = conv.stride[-2:]
         left, right, top, bottom = conv.spatial_pad
-        kt, st = (conv.kernel_size[0], conv.stride[0]) if len(conv.kernel_size) == 3 else (1, 1)
         ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
-        head = ctx.cache.get(conv) if conv.temporal else None
-        n_head = head.shape[2] if head is not None else (conv.head_frames if conv.temporal and ctx.first_chunk else 0)
+        head, n_head = conv.head(ctx)
         n = n_head + t
-        n_out = (n - kt) // st + 1 if n >= kt else 0
+        n_out, keep = conv.output_frames(n), conv.kept_from(n)
         out = like.new_empty((b, conv.out_channels, n_out, ho, wo))
-        new_cache = like.new_empty((b, c, n - n_out * st, h, w)) if conv.temporal else None
+        new_cache = like.new_empty((b, c, n - keep, h, w)) if conv.temporal else None
         rows, cols = self.spans(ho, wo)
         if WHOLE_FRAME_WHEN_SMALLER and b * c * n * h * w <= self.largest_buffer:
             rows, cols = [(0, ho)], [(0, wo)]
@@ -237,15 +236,11 @@ class ExactTiling:
                 zero_border(buf, (cx0 - ix0, ix1 - cx1, cy0 - iy0, iy1 - cy1))
                 self.largest_buffer = max(self.largest_buffer, buf.numel())
                 inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
-                fill(inner[:, :, n_head:], slice(cy0, cy1), slice(cx0, cx1))
-                if head is not None:
-                    inner[:, :, :n_head] = head[..., cy0:cy1, cx0:cx1]
-                elif n_head and conv.head_mode == "replicate":
-                    buf[:, :, :n_head] = buf[:, :, n_head:n_head + 1]
-                elif n_head:
-                    buf[:, :, :n_head].zero_()
+                rows_in, cols_in = slice(cy0, cy1), slice(cx0, cx1)
+                fill(inner[:, :, n_head:], rows_in, cols_in)
+                conv.write_head(inner, head, n_head, rows_in, cols_in)
                 if new_cache is not None:
-                    new_cache[..., cy0:cy1, cx0:cx1] = inner[:, :, n_out * st:]
+                    new_cache[..., rows_in, cols_in] = inner[:, :, keep:]
                 if n_out:
                     out[..., oy0:oy1, ox0:ox1] = conv.conv5d(buf, ctx, padded=False)
                 self.step()
