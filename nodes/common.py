@@ -231,7 +231,8 @@ def read_latent(latent: dict, model) -> LatentClips:
     if not (isinstance(size, (list, tuple)) and len(size) == 2
             and -(-size[0] // spatial) == h and -(-size[1] // spatial) == w):
         size = None
-    samples = from_core_latent(model, z.to(torch.float32).contiguous())  # float32, as core's VAEs decode on CPU
+    # float32 before unscaling, as core's SeedVR2 VAE divides in its float32 compute dtype on the CPU
+    samples = from_core_latent(model, z.to(torch.float32).contiguous())
     return LatentClips(samples, list(frames), None if size is None else (int(size[0]), int(size[1])), layout)
 
 

@@ -2,7 +2,9 @@
 Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
 what core's own VAE of that family would give them: the same LATENTs (`common.MODEL_SPACE_FAMILIES`),
 frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
-cropping (Wan: to a multiple of the spatial factor, centred; SeedVR2: none).
+latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
+core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by
+cropping the top left, and says so).
 
 How: `StreamVAECoreVAE` subclasses `comfy.sd.VAE`, lets the base initializer set every default
 attribute of the running core version (with core's own weightless pixel-space VAE as a placeholder,
@@ -15,6 +17,7 @@ device and dtype (`--fp16-intermediates`) are core's. Older cores (0.3.75) get t
 takes VAE Decode (Tiled)'s tile sizes as StreamVAE tiles; temporal chunks carry the causal cache, so
 its temporal overlap is not needed.
 """
+import logging
 import math
 
 import torch
@@ -23,9 +26,11 @@ from comfy_api.latest import io
 import comfy.sd
 
 from . import core_api, execution, planning
-from .common import (Tiling, check_tiling, latent_frames, latent_layout, pixel_frames, read_latent,
+from .common import (Tiling, check_image, check_tiling, latent_frames, latent_layout, pixel_frames, read_latent,
                      tiling_inputs)
 from .types import STREAMVAE
+
+log = logging.getLogger("streamvae")
 
 # Core has no version flag for the protocol; its VAE.decode reading the attribute is the feature.
 CORE_HAS_CHUNKED_IO = "comfy_has_chunked_io" in comfy.sd.VAE.decode.__code__.co_consts
@@ -63,10 +68,19 @@ class StreamVAEStage(torch.nn.Module):
         return output_buffer
 
     def encode(self, pixels, device=None, tiling: Tiling | None = None):
-        """Pixels B,3,T,H,W in [-1, 1] -> LATENT; frames past the last 4n+1 are dropped, as core's
-        video VAEs drop them. `device` (where core would compute) is the handle's own."""
-        tf = self.handle.temporal_factor
-        video = pixels[:, :, :pixel_frames((pixels.shape[2] - 1) // tf + 1, tf)]
+        """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last 4n+1
+        are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
+        crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
+        tf, f = self.handle.temporal_factor, self.handle.spatial_factor
+        height, width = pixels.shape[3] // f * f, pixels.shape[4] // f * f
+        if (height, width) != tuple(pixels.shape[3:]):
+            log.warning("StreamVAE to core VAE: %dx%d frames cropped to %dx%d (top left), the latent size core's %s "
+                        "VAE makes; core pads inside its encoder instead, so values differ. For the same result use "
+                        "multiples of %d, or StreamVAE Encode (pads and keeps the size).", pixels.shape[4],
+                        pixels.shape[3], width, height, self.handle.family, f)
+        video = pixels[:, :, :pixel_frames((pixels.shape[2] - 1) // tf + 1, tf), :height, :width]
+        for clip in video:  # bad frames get Encode's message (as an IMAGE: N,H,W,3 in 0..1), not a wrong latent
+            check_image(clip.permute(1, 2, 3, 0).add(1).mul(0.5))
         samples, _ = execution.encode_clips(self.handle, video.shape[0], lambda i: video[i:i + 1],
                                             (1,) + tuple(video.shape[1:]), tiling or self.tiling)
         return samples

@@ -57,7 +57,8 @@ class Progress:
             return
         if self.bar is None:
             self.bar = comfy_utils.ProgressBar(total * self.clips)
-        # The hook behind update_absolute raises ComfyUI's interrupt exception when /interrupt was called.
+        # The hook behind update_absolute sends the progress message and raises ComfyUI's interrupt exception;
+        # from 0.33.0 on core throttles it, so the engine also checks `_cancel` at every step.
         self.bar.update_absolute(self.index * total + done, total * self.clips)
 
 

@@ -340,6 +340,25 @@ def test_core_vae_adapter_runs_core_nodes(comfy_server, comfy_client, object_inf
     assert_images_close(saved_images(comfy_client, entry, "9"), expected)  # exact tiles = untiled
 
 
+def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, object_info, models):
+    """6 frames of 28 x 44 through VAE Encode with the adapter: core's SeedVR2 VAE makes 2 x 3 x 5 latents
+    (the 6th frame dropped, floor(size / 8)); the adapter crops the top left to match and warns."""
+    prompt = {
+        "1": node(object_info, "EmptyImage", width=44, height=28, batch_size=6, color=0x3366CC),
+        "2": node(object_info, "StreamVAELoader", vae_name=vae_file("seedvr2")),
+        "3": node(object_info, "StreamVAEToCoreVAE", vae=["2", 0]),
+        "4": node(object_info, "VAEEncode", pixels=["1", 0], vae=["3", 0]),
+        "5": node(object_info, "SaveLatent", samples=["4", 0], filename_prefix="core_adapter_sizes"),
+    }
+    log_before = len(comfy_server.log)
+    entry = comfy_client.run(prompt, timeout=120)
+    colour = torch.tensor([0x33, 0x66, 0xCC]) / 255.0 * 2 - 1
+    video = colour.view(1, 3, 1, 1, 1).expand(1, 3, 5, 24, 40)
+    expected = core_latent("seedvr2", models("seedvr2").encode(video.contiguous()))
+    torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), expected, rtol=1e-4, atol=1e-4)
+    assert "44x28 frames cropped to 40x24 (top left)" in comfy_server.log[log_before:]
+
+
 # -- validation and interrupts ---------------------------------------------------------------------------
 
 
