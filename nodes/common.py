@@ -203,7 +203,8 @@ def read_latent(latent: dict, model) -> LatentClips:
     Takes core's LATENTs (see `MODEL_SPACE_FAMILIES`) in any layout `latent_layout` reads. Raises
     ValueError with what to do when the channel count does not match the VAE.
     """
-    family, channels, spatial, temporal = model.family, model.latent_channels, model.spatial_factor, model.temporal_factor
+    family, channels = model.family, model.latent_channels
+    spatial, temporal = model.spatial_factor, model.temporal_factor
     z = latent.get("samples") if isinstance(latent, dict) else None
     if not isinstance(z, torch.Tensor):
         raise ValueError("this LATENT has no 'samples' tensor; connect a LATENT output (a sampler, Empty Latent, "

@@ -38,11 +38,6 @@ SERVER_FIXTURES = {"comfy_server", "comfy_client"}
 BROWSER_FIXTURES = {"comfy_browser"}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "comfy_trees(*ids): run this server test on these ComfyUI trees "
-                                       "(ids of comfy_support.environment.TREES) instead of the default ones")
-
-
 def pytest_generate_tests(metafunc):
     """One test per ComfyUI tree for every test that (directly or through its fixtures) needs a server."""
     if "comfy_tree" not in metafunc.fixturenames:

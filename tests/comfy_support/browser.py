@@ -63,7 +63,8 @@ JS_OPEN_DIALOGS = """() => Array.from(document.querySelectorAll('.p-dialog, [dat
     .filter((d) => d.checkVisibility())
     .map((d) => d.innerText.trim())"""
 
-JS_DISMISS_ERROR_PANELS = """() => document.querySelectorAll('[data-testid=error-overlay-dismiss]').forEach((b) => b.click())"""
+JS_DISMISS_ERROR_PANELS = """() => document.querySelectorAll('[data-testid=error-overlay-dismiss]')
+    .forEach((b) => b.click())"""
 
 # Toast notifications (PrimeVue): the frontend reports e.g. a workflow that fails its schema check
 # ("Invalid workflow against zod schema") as a toast, not as a dialog or a console error.

@@ -18,9 +18,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("STREAMVAE_SHARED", REPO.parent / "shared")).resolve()
 COMFYUI = Path(os.environ.get("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI")).resolve()
-COMFYUI_0_33 = Path(os.environ.get("STREAMVAE_COMFYUI_0_33", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI")).resolve()
+COMFYUI_0_33 = Path(os.environ.get("STREAMVAE_COMFYUI_0_33",
+                                   REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI")).resolve()
 # Not resolved: a venv's python is a symlink to the base interpreter, which would lose the venv.
-PYTHON_0_33 = Path(os.environ.get("STREAMVAE_COMFYUI_0_33_PYTHON", REPO / ".cache" / "venv-comfy-0.33.0" / "bin" / "python"))
+PYTHON_0_33 = Path(os.environ.get("STREAMVAE_COMFYUI_0_33_PYTHON",
+                                  REPO / ".cache" / "venv-comfy-0.33.0" / "bin" / "python"))
 CHROMIUM = Path(os.environ.get("STREAMVAE_CHROMIUM", "/usr/bin/chromium"))
 
 # The torchvision and torchaudio stand-ins; only the ComfyUI server processes get them on their PYTHONPATH.
@@ -52,15 +54,6 @@ class ComfyTree:
     root: Path
     python: Path
     flags: tuple[str, ...] = ()
-
-    @property
-    def version(self) -> tuple[int, ...]:
-        return tuple(int(part) for part in self.id.split("-")[0].split("."))
-
-    @property
-    def has_native_seedvr2(self) -> bool:
-        """Whether core's VAELoader loads SeedVR2 checkpoints itself (0.33.0 does, 0.3.75 does not)."""
-        return (self.root / "comfy" / "ldm" / "seedvr" / "vae.py").is_file()
 
 
 TREES = {tree.id: tree for tree in (
@@ -104,7 +97,8 @@ def require_modules(*names: str) -> None:
 
 def require_comfyui(tree: ComfyTree) -> None:
     require((tree.root / "main.py").is_file(), f"ComfyUI {tree.id} ({tree.root})")
-    require(tree.python.is_file() and os.access(tree.python, os.X_OK), f"the Python of ComfyUI {tree.id} ({tree.python})")
+    require(tree.python.is_file() and os.access(tree.python, os.X_OK),
+            f"the Python of ComfyUI {tree.id} ({tree.python})")
     require_modules("requests", "websocket")
 
 
