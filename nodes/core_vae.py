@@ -1,15 +1,23 @@
 """StreamVAE to core VAE: a core ComfyUI `VAE` whose encode/decode run StreamVAE, so core nodes (VAE
-Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path.
+Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
+what core's own VAE of that family would give them: the same LATENTs (`common.MODEL_SPACE_FAMILIES`),
+frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
+latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
+core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by
+cropping the top left, and says so).
 
-Why this is sound: core nodes only use a VAE through its public methods (`encode`, `decode`,
-`encode_tiled`, `decode_tiled`) and a few attributes (compression ratios, latent channels and
-dimensions, `patcher`). `StreamVAECoreVAE` subclasses `comfy.sd.VAE`, lets the base initializer
-set every default attribute of the running core version (with core's own weightless pixel-space VAE
-as a placeholder, so nothing is loaded), then replaces the model, its ModelPatcher and the ratios
-and overrides the four methods. Semantics follow core: IMAGE batches are one clip, pixels are
-cropped to a multiple of the spatial factor, and `decode_tiled`'s tile sizes are used as StreamVAE
-tiles (its temporal overlap is not needed: temporal chunks carry the causal cache, so are exact).
+How: `StreamVAECoreVAE` subclasses `comfy.sd.VAE`, lets the base initializer set every default
+attribute of the running core version (with core's own weightless pixel-space VAE as a placeholder,
+so nothing is loaded), then replaces the model with `StreamVAEStage` and the ModelPatcher and ratios
+with StreamVAE's. The stage speaks core's chunked-I/O protocol (`comfy_has_chunked_io`,
+`decode_output_shape`, `decode(..., output_buffer=)`, `encode(..., device=)`): where the running
+core has it (0.33.0 and newer), core's own `decode`/`encode` drive the stage, so batching, output
+device and dtype (`--fp16-intermediates`) are core's. Older cores (0.3.75) get the same steps from
+`_decode_image`/`_encode_pixels`. The tiled methods always run StreamVAE's exact tiles: `decode_tiled`
+takes VAE Decode (Tiled)'s tile sizes as StreamVAE tiles; temporal chunks carry the causal cache, so
+its temporal overlap is not needed.
 """
+import logging
 import math
 
 import torch
@@ -17,14 +25,72 @@ from comfy_api.latest import io
 
 import comfy.sd
 
-from . import execution, planning
-from .common import Tiling, check_image, check_tiling, latent_frames, read_latent, split_clips, tiling_inputs
+from . import core_api, execution, planning
+from .common import (Tiling, check_image, check_tiling, latent_frames, latent_layout, pixel_frames, read_latent,
+                     tiling_inputs)
 from .types import STREAMVAE
 
-try:
-    import comfy.model_management as mm
-except ImportError:
-    mm = None
+log = logging.getLogger("streamvae")
+
+# Core has no version flag for the protocol; its VAE.decode reading the attribute is the feature.
+CORE_HAS_CHUNKED_IO = "comfy_has_chunked_io" in comfy.sd.VAE.decode.__code__.co_consts
+
+
+class StreamVAEStage(torch.nn.Module):
+    """The adapter's `first_stage_model`: StreamVAE behind core's chunked-I/O protocol. Latents in and
+    out are core's LATENTs for the family; pixels are core's B,3,T,H,W in [-1, 1]."""
+
+    comfy_has_chunked_io = True
+
+    def __init__(self, handle, tiling: Tiling):
+        super().__init__()
+        # A submodule, so core's model_size() and get_sd() see the weights the patcher manages.
+        self.weights = handle.patcher.model if handle.patcher is not None else handle.model
+        self.handle, self.tiling = handle, tiling
+
+    def latent_shape(self, shape) -> tuple:
+        """A LATENT's shape in any layout `common.latent_layout` reads -> B,C,T',h,w."""
+        h = self.handle
+        return tuple(latent_layout(torch.empty(shape, device="meta"), h.family, h.latent_channels)[0].shape)
+
+    def decode_output_shape(self, shape) -> tuple:
+        b, _, t, h, w = self.latent_shape(shape)
+        f = self.handle.spatial_factor
+        return b, 3, pixel_frames(t, self.handle.temporal_factor), h * f, w * f
+
+    def decode(self, samples, output_buffer=None, tiling: Tiling | None = None, **vae_options):
+        """LATENT -> pixels B,3,T,H,W in [-1, 1] written into `output_buffer` (a new tensor on the
+        latent's device without one, as core's tiled fallbacks call it); every latent frame is decoded."""
+        latent = read_latent({"samples": samples}, self.handle.model)
+        if output_buffer is None:
+            output_buffer = torch.empty(self.decode_output_shape(samples.shape), device=samples.device)
+        execution.decode_clips(self.handle, latent, tiling or self.tiling, lambda i: output_buffer[i:i + 1])
+        return output_buffer
+
+    def encode(self, pixels, device=None, tiling: Tiling | None = None):
+        """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last 4n+1
+        are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
+        crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
+        tf, f = self.handle.temporal_factor, self.handle.spatial_factor
+        height, width = pixels.shape[3] // f * f, pixels.shape[4] // f * f
+        if (height, width) != tuple(pixels.shape[3:]):
+            log.warning("StreamVAE to core VAE: %dx%d frames cropped to %dx%d (top left), the latent size core's %s "
+                        "VAE makes; core pads inside its encoder instead, so values differ. For the same result use "
+                        "multiples of %d, or StreamVAE Encode (pads and keeps the size).", pixels.shape[4],
+                        pixels.shape[3], width, height, self.handle.family, f)
+        video = pixels[:, :, :pixel_frames((pixels.shape[2] - 1) // tf + 1, tf), :height, :width]
+        for clip in video:  # bad frames get Encode's message (as an IMAGE: N,H,W,3 in 0..1), not a wrong latent
+            check_image(clip.permute(1, 2, 3, 0).add(1).mul(0.5))
+        samples, _ = execution.encode_clips(self.handle, video.shape[0], lambda i: video[i:i + 1],
+                                            (1,) + tuple(video.shape[1:]), tiling or self.tiling)
+        return samples
+
+    def peak_bytes(self, op: str, shape) -> int:
+        """Predicted peak of one clip less the weights (core adds the model's size itself), for core's
+        memory requests (at least 1: core divides by it)."""
+        shape = self.latent_shape(shape) if op == "decode" else tuple(shape)
+        plan = planning.make_plan(self.handle.model, op, (1,) + shape[1:], self.tiling, self.handle.load_device)
+        return max(1, plan.work_bytes or 0)
 
 
 class StreamVAECoreVAE(comfy.sd.VAE):
@@ -34,60 +100,59 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         super().__init__(sd={"pixel_space_vae": torch.tensor(1.0)})  # weightless placeholder, replaced below
         f = handle.spatial_factor
         self.handle, self.tiling = handle, tiling
-        self.first_stage_model = handle.patcher.model if handle.patcher is not None else handle.model
+        self.first_stage_model = StreamVAEStage(handle, tiling)
         self.patcher = handle.patcher
         self.device = handle.load_device
         self.vae_dtype = torch.float32  # what core casts inputs to; StreamVAE casts per half itself
-        self.output_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
+        self.output_device = core_api.intermediate_device()
         self.latent_channels, self.latent_dim, self.output_channels = handle.latent_channels, 3, 3
         self.upscale_ratio = (lambda a: max(0, a * 4 - 3), f, f)
         self.downscale_ratio = (lambda a: max(0, math.floor((a + 3) / 4)), f, f)
         self.upscale_index_formula = self.downscale_index_formula = (4, f, f)
         self.working_dtypes = [torch.bfloat16, torch.float32]
-        self.disable_offload, self.not_video, self.crop_input = True, False, True
-        self.memory_used_encode = lambda shape, dtype: self._peak("encode", shape)
-        self.memory_used_decode = lambda shape, dtype: self._peak("decode", shape)
+        self.disable_offload, self.not_video = True, False
+        self.crop_input = handle.family != "seedvr2"  # as core's SeedVR2 and Wan VAEs
+        self.memory_used_encode = lambda shape, dtype: self.first_stage_model.peak_bytes("encode", shape)
+        self.memory_used_decode = lambda shape, dtype: self.first_stage_model.peak_bytes("decode", shape)
         self.size = None
         self.model_size()
 
-    def _peak(self, op: str, shape) -> int:
-        """What core should free for `op` beside the weights (core adds the model's size itself)."""
-        return planning.make_plan(self.handle.model, op, shape, self.tiling, self.device).work_bytes or 0
+    # -- what core's chunked-I/O decode and encode do, for cores without them and the tiled methods --
+    def _decode_image(self, samples, tiling: Tiling | None = None):
+        """LATENT -> B,T,H,W,3 (values 0..1) on core's intermediate device, in its dtype."""
+        pixels = torch.empty(self.first_stage_model.decode_output_shape(samples.shape), device=self.output_device,
+                             dtype=core_api.intermediate_dtype())
+        self.first_stage_model.decode(samples, output_buffer=pixels, tiling=tiling)
+        return self.process_output(pixels).movedim(1, -1)
 
-    # -- decode ------------------------------------------------------------------------------------
-    def decode(self, samples_in, vae_options={}, tiling: Tiling | None = None):
-        """Latent B,C,T',h,w -> B,T,H,W,3 (B,H,W,3 for a 4-D image latent), values 0..1."""
-        h = self.handle
-        latent = read_latent({"samples": samples_in}, h.family, h.latent_channels, h.spatial_factor, h.temporal_factor)
-        image, _ = execution.decode(h, latent, tiling or self.tiling)
-        b, frames = latent.samples.shape[0], latent.frames[0]
-        if samples_in.dim() == 4 and frames == 1:
-            return image
-        return image.view(b, frames, *image.shape[1:])
+    def _encode_pixels(self, pixel_samples, tiling: Tiling | None = None, not_video=None):
+        """IMAGE N,H,W,C (one clip; one image each with `not_video`) or B,T,H,W,C (B clips) -> LATENT."""
+        pixels = self.vae_encode_crop_pixels(pixel_samples).movedim(-1, 1)
+        if pixels.dim() == 4:
+            as_images = self.not_video if not_video is None else not_video
+            pixels = pixels.unsqueeze(2) if as_images else pixels.movedim(1, 0).unsqueeze(0)
+        return self.first_stage_model.encode(self.process_input(pixels).to(self.vae_dtype), tiling=tiling)
 
+    if not CORE_HAS_CHUNKED_IO:
+        def decode(self, samples_in, vae_options={}):
+            return self._decode_image(samples_in)
+
+        def encode(self, pixel_samples):
+            return self._encode_pixels(pixel_samples)
+
+    # -- tiled calls: StreamVAE's exact tiles ---------------------------------------------------------
     def decode_tiled(self, samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
         """Core's tiled decode arguments are latent units (VAE Decode (Tiled) divides by the ratios)."""
         f = self.handle.spatial_factor
         tile = (tile_y * f, tile_x * f) if tile_x and tile_y else None
-        return self.decode(samples, tiling=self._tiling(tile, (overlap or 0) * f, tile_t))
+        return self._decode_image(samples, self._tiling(tile, (overlap or 0) * f, tile_t))
 
-    # -- encode ------------------------------------------------------------------------------------
-    def encode(self, pixel_samples, tiling: Tiling | None = None):
-        """IMAGE N,H,W,C (one clip; or B,T,H,W,C = B clips) -> raw latent B,C,T',h,w."""
-        pixels, clip_length = pixel_samples, 0
-        if pixels.dim() == 5:
-            clip_length = pixels.shape[1]
-            pixels = pixels.reshape(-1, *pixels.shape[2:])
-        pixels, notes = check_image(self.vae_encode_crop_pixels(pixels))
-        clips = split_clips(pixels.shape[0], clip_length)
-        samples, _ = execution.encode(self.handle, pixels, clips, tiling or self.tiling, notes)
-        return samples
-
-    def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None):
+    def encode_tiled(self, pixel_samples, tile_x=None, tile_y=None, overlap=None, tile_t=None, overlap_t=None,
+                     not_video=None):
         """Core's tiled encode arguments are pixels and frames (VAE Encode (Tiled))."""
         tile = (tile_y, tile_x) if tile_x and tile_y else None
         chunk = latent_frames(tile_t, self.handle.temporal_factor) if tile_t else None
-        return self.encode(pixel_samples, tiling=self._tiling(tile, overlap or 0, chunk))
+        return self._encode_pixels(pixel_samples, self._tiling(tile, overlap or 0, chunk), not_video)
 
     def _tiling(self, tile, overlap: int, chunk) -> Tiling:
         t = self.tiling
@@ -104,8 +169,9 @@ class ToCoreVAE(io.ComfyNode):
             display_name="StreamVAE to core VAE",
             category="StreamVAE",
             description="Wraps a StreamVAE model as a core VAE, so core nodes (VAE Decode, VAE Decode (Tiled), "
-                        "WanImageToVideo, ...) encode and decode through StreamVAE. VAE Decode (Tiled) keeps its "
-                        "own tile size; the inputs here apply to every other call.",
+                        "WanImageToVideo, ...) encode and decode through StreamVAE and get what core's own VAE "
+                        "would give them (LATENTs, frame counts, cropping). VAE Decode (Tiled) keeps its own tile "
+                        "size; the inputs here apply to every other call.",
             inputs=[io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
                     *tiling_inputs(io)],
             outputs=[io.Vae.Output(tooltip="A core VAE for any node with a VAE input.")],

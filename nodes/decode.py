@@ -13,13 +13,17 @@ class Decode(io.ComfyNode):
             node_id="StreamVAEDecode",
             display_name="StreamVAE Decode",
             category="StreamVAE",
-            description="Decodes a raw latent to video frames in tiles and chunks that fit the memory budget. Takes "
-                        "LATENTs from StreamVAE Encode (trimmed back to the original frame count and size), core "
-                        "samplers and empty-latent nodes (Wan B,16,T,H,W; Wan2.2 48 channels) and SeedVR2 4-D latents.",
+            description="Decodes a LATENT to video frames in tiles and chunks that fit the memory budget. Takes what "
+                        "core's VAE Decode takes (SeedVR2 LATENTs scaled by 0.9152 as core's SeedVR2 VAE makes them, "
+                        "Wan LATENTs raw): from StreamVAE Encode (trimmed back to the original frame count and size), "
+                        "core's VAE Encode, samplers and empty-latent nodes.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
                                                           "match the latent's channel count."),
-                io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); every batch entry is one clip."),
+                io.Latent.Input("samples", tooltip=(
+                    "Latent, every batch entry one clip: B,C,T,H,W (core's layout), B,T,H,W,C (channels last, read "
+                    "so when dim 1 is not C), B,C,H,W (one frame), or SeedVR2's B,16*T,H,W (frames folded into "
+                    "channels). The layout read is in the node's run report.")),
                 *tiling_inputs(io),
                 io.Combo.Input("nonfinite", options=["error", "zero"], default="error", tooltip=(
                     "A latent with NaN/Inf values (a diverged sampler): 'error' stops and names the latent frames; "
@@ -39,7 +43,7 @@ class Decode(io.ComfyNode):
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:
             raise ValueError(error)
-        latent = read_latent(samples, vae.family, vae.latent_channels, vae.spatial_factor, vae.temporal_factor)
+        latent = read_latent(samples, vae.model)
         settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         image, report = execution.decode(vae, latent, settings, nonfinite)
         return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

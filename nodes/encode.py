@@ -14,9 +14,10 @@ class Encode(io.ComfyNode):
             node_id="StreamVAEEncode",
             display_name="StreamVAE Encode",
             category="StreamVAE",
-            description="Encodes video frames to a raw latent (B,C,T',H',W'), exactly as the untiled VAE would, in "
-                        "tiles and chunks that fit the memory budget. Any frame count works: it is padded to 4n+1 "
-                        "and the true count travels in the LATENT, so StreamVAE Decode gives every frame back.",
+            description="Encodes video frames to a LATENT (B,C,T',H',W') exactly as the untiled VAE would, in tiles "
+                        "and chunks that fit the memory budget; the LATENT is what core's VAE Encode makes (SeedVR2 "
+                        "scaled by 0.9152, Wan raw). Any frame count works: it is padded to 4n+1 and the true count "
+                        "travels in the LATENT, so StreamVAE Decode gives every frame back.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
                 io.Image.Input("image", tooltip="Video frames along the batch axis (N,H,W,3), values 0..1. "
@@ -27,8 +28,9 @@ class Encode(io.ComfyNode):
                     "(5, 9, 13, ...): the batch is cut into clips of that many frames, the last one padded.")),
                 *tiling_inputs(io),
             ],
-            outputs=[io.Latent.Output(tooltip="Raw latent B,C,T',H/f,W/f (f = 8, or 16 for Wan2.2), one clip per "
-                                              "batch entry, with the true frame counts for StreamVAE Decode.")],
+            outputs=[io.Latent.Output(tooltip="Latent B,C,T',H/f,W/f (f = 8, or 16 for Wan2.2) as core's VAE Encode "
+                                              "makes it, one clip per batch entry, with the true frame counts for "
+                                              "StreamVAE Decode.")],
         )
 
     @classmethod

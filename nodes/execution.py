@@ -3,8 +3,10 @@ one progress step per tile x chunk (also ComfyUI's interrupt point), backend fla
 around the call, clips one after another so the peak does not grow with the batch.
 """
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -12,8 +14,9 @@ from ..optimizations import backend, run_with_fallback
 from ..optimizations.compile import dynamo_limits
 from ..vae import streaming
 from ..vae.devices import same_device
-from . import faults, planning
-from .common import Clips, LatentClips, Tiling, clip_video, finish_image, image_view
+from . import core_api, faults, planning
+from .common import (CORE_LAYOUT, Clips, LatentClips, Tiling, clip_video, finish_image, image_view,
+                     to_core_latent)
 
 try:
     import comfy.model_management as mm
@@ -34,10 +37,13 @@ class RunReport:
     steps: int = 0
     measured_peak_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    latent_layout: str | None = None  # decode: how the LATENT was read (common.latent_layout)
+    output: str = ""  # what was made, e.g. "IMAGE float16 on cpu"
 
     def as_dict(self) -> dict:
         return {"op": self.op, "plan": self.plan.as_dict(), "summary": self.plan.summary(), "clips": self.clips,
-                "steps": self.steps, "measured_peak_bytes": self.measured_peak_bytes, "notes": self.notes}
+                "steps": self.steps, "measured_peak_bytes": self.measured_peak_bytes, "notes": self.notes,
+                "latent_layout": self.latent_layout, "output": self.output}
 
 
 class Progress:
@@ -52,7 +58,8 @@ class Progress:
             return
         if self.bar is None:
             self.bar = comfy_utils.ProgressBar(total * self.clips)
-        # The hook behind update_absolute raises ComfyUI's interrupt exception when /interrupt was called.
+        # The hook behind update_absolute sends the progress message and raises ComfyUI's interrupt exception;
+        # from 0.33.0 on core throttles it, so the engine also checks `_cancel` at every step.
         self.bar.update_absolute(self.index * total + done, total * self.clips)
 
 
@@ -88,27 +95,42 @@ def _engine_kwargs(op: str, tiling: Tiling, plan: planning.PlanInfo) -> dict:
     return kwargs
 
 
-def _start(handle, op: str, shape, tiling: Tiling, clips: int, io_on_device) -> RunReport:
-    """Ask ComfyUI for memory, then plan within what is free.
+def _with_core_budget(handle, tiling: Tiling) -> Tiling:
+    """"auto" as core counts free memory for this model (under dynamic VRAM that includes what core
+    can take back from other models' weights; core's own VAEs size their work by the same number)."""
+    if tiling.memory_budget != "auto" or planning.vae_memory is None:
+        return tiling
+    free = core_api.free_memory(handle.patcher, handle.load_device)
+    if free is None:
+        return tiling
+    return dataclasses.replace(tiling, memory_budget=planning.vae_memory.budget_from_free(free))
+
+
+def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> tuple[RunReport, Tiling]:
+    """Ask ComfyUI for memory, then plan within what is free; returns the report and the settings
+    with "auto" resolved.
 
     The request is the peak of the settings without a budget (capped by an explicit budget), less
     the weights, which ComfyUI counts itself when it loads the model: ComfyUI unloads other models to
     make room, as much as it can. The plan that is run is then made with the budget, "auto" meaning
-    what is free after that.
+    what is free after that. IMAGE and LATENT tensors live on core's intermediate device: on the
+    compute device only under --gpu-only, where the memory model then counts them.
     """
+    io_here = same_device(core_api.intermediate_device(), handle.load_device)
     unbounded = Tiling(tiling.tile_size, tiling.tile_overlap, tiling.temporal_chunk, tiling.tiling, None)
-    required = planning.make_plan(handle.model, op, shape, unbounded, handle.load_device, io_on_device).work_bytes or 0
+    required = planning.make_plan(handle.model, op, shape, unbounded, handle.load_device, (io_here, io_here)).work_bytes
     if isinstance(tiling.memory_budget, int):
-        required = min(required, tiling.memory_budget)
-    handle.prepare(required)
-    plan = planning.make_plan(handle.model, op, shape, tiling, handle.load_device, io_on_device)
+        required = min(required or 0, tiling.memory_budget)
+    handle.prepare(required or 0)
+    tiling = _with_core_budget(handle, tiling)
+    plan = planning.make_plan(handle.model, op, shape, tiling, handle.load_device, (io_here, io_here))
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")
         log.warning("StreamVAE %s: %s exceeds the memory budget; lower tile_size or temporal_chunk", op, plan.summary())
     if handle.load_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(handle.load_device)
-    return report
+    return report, tiling
 
 
 def _finish(handle, report: RunReport) -> RunReport:
@@ -119,13 +141,17 @@ def _finish(handle, report: RunReport) -> RunReport:
     return report
 
 
-def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
-    """IMAGE (N,H,W,3, from `common.check_image`, whose `notes` are reported) split into `clips` -> raw
-    latents n_clips,C,T',h,w on the intermediate device."""
-    out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
-    n, height, width = len(clips.spans), image.shape[1], image.shape[2]
-    report = _start(handle, "encode", (1, 3, clips.length, height, width), tiling, n,
-                    (same_device(image.device, handle.load_device), same_device(out_device, handle.load_device)))
+def _describe(kind: str, tensor: torch.Tensor) -> str:
+    return f"{kind} {str(tensor.dtype).removeprefix('torch.')} on {tensor.device}"
+
+
+def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, tiling: Tiling,
+                 notes=()) -> tuple[torch.Tensor, RunReport]:
+    """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`common.to_core_latent`,
+    core's intermediate device and dtype). `clip(i)` gives clip i as 1,3,T,H,W in [-1, 1]; every clip
+    has `shape` (1,3,T,H,W). `notes` (input adaptations) are reported and logged."""
+    out_device = core_api.intermediate_device()
+    report, tiling = _start(handle, "encode", shape, tiling, n)
     for note in notes:
         report.notes.append(note)
         log.warning("StreamVAE encode: %s", note)
@@ -133,37 +159,61 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
     progress = Progress(n, report)
     samples = None
     with _engine_scope(handle, "encode"):
-        for i, span in enumerate(clips.spans):
+        for i in range(n):
             progress.index = i
-            video = clip_video(image, span, clips.length)
+            video = clip(i)
             z = run_with_fallback(handle.model.encode, video, out_device=out_device, progress=progress,
                                   cancel=_cancel, **kwargs)
+            z = to_core_latent(handle.model, z)
             if samples is None:
-                samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=torch.float32, device=out_device)
+                samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
             samples[i:i + 1] = z
             del video, z
+    report.output = _describe("LATENT", samples)
     return samples, _finish(handle, report)
 
 
-def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error") -> tuple[torch.Tensor, RunReport]:
-    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3), trimmed to the true frame counts
-    and pixel size; the decoder writes straight into the IMAGE tensor. `nonfinite`: see `streaming.decode`."""
+def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
+    """IMAGE (N,H,W,3, from `common.check_image`, whose `notes` are reported) split into `clips` ->
+    LATENT samples n_clips,C,T',h,w (see `encode_clips`)."""
+    shape = (1, 3, clips.length, image.shape[1], image.shape[2])
+    return encode_clips(handle, len(clips.spans), lambda i: clip_video(image, clips.spans[i], clips.length), shape,
+                        tiling, notes)
+
+
+def decode_clips(handle, latent: LatentClips, tiling: Tiling, out: Callable[[int], torch.Tensor],
+                 nonfinite: str = "error") -> RunReport:
+    """Latent clips -> pixels in [-1, 1] (not clamped), written by the decoder straight into `out(i)`,
+    a 1,3,T,H,W tensor (or view) per clip; its frames and size trim the result. `nonfinite`: see
+    `streaming.decode`."""
     z = latent.samples
-    b, _, _, h, w = z.shape
+    b = z.shape[0]
+    report, tiling = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
+    report.latent_layout = latent.layout
+    if latent.layout != CORE_LAYOUT:
+        log.info("StreamVAE decode: LATENT read as %s", latent.layout)
+    kwargs = _engine_kwargs("decode", tiling, report.plan)
+    progress = Progress(b, report)
+    with _engine_scope(handle, "decode"):
+        for i in range(b):
+            progress.index = i
+            view = out(i)
+            run_with_fallback(handle.model.decode, z[i:i + 1], num_frames=view.shape[2], height=view.shape[3],
+                              width=view.shape[4], out=view, progress=progress, cancel=_cancel, nonfinite=nonfinite,
+                              **kwargs)
+    return _finish(handle, report)
+
+
+def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error") -> tuple[torch.Tensor, RunReport]:
+    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device and in its
+    dtype, trimmed to the true frame counts and pixel size; the decoder writes straight into the IMAGE."""
+    h, w = latent.samples.shape[3:]
     sf = handle.spatial_factor
     height, width = latent.size if latent.size is not None else (h * sf, w * sf)
-    out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
-    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b,
-                    (same_device(z.device, handle.load_device), same_device(out_device, handle.load_device)))
-    kwargs = _engine_kwargs("decode", tiling, report.plan)
-    image = torch.empty((sum(latent.frames), height, width, 3), dtype=torch.float32, device=out_device)
-    progress = Progress(b, report)
-    start = 0
-    with _engine_scope(handle, "decode"):
-        for i, frames in enumerate(latent.frames):
-            progress.index = i
-            out = image_view(image, start, start + frames)
-            run_with_fallback(handle.model.decode, z[i:i + 1], num_frames=frames, height=height, width=width,
-                              out=out, progress=progress, cancel=_cancel, nonfinite=nonfinite, **kwargs)
-            start += frames
-    return finish_image(image), _finish(handle, report)
+    image = torch.empty((sum(latent.frames), height, width, 3), dtype=core_api.intermediate_dtype(),
+                        device=core_api.intermediate_device())
+    starts = [sum(latent.frames[:i]) for i in range(len(latent.frames))]
+    report = decode_clips(handle, latent, tiling, lambda i: image_view(image, starts[i], starts[i] + latent.frames[i]),
+                          nonfinite)
+    report.output = _describe("IMAGE", image)
+    return finish_image(image), report

@@ -1,6 +1,10 @@
 """Shared fixtures: a real ComfyUI server (`comfy_server`, `comfy_client`) and its real frontend
-(`comfy_browser`). Both are started once per session, on first use, by tests marked `comfy` /
-`browser`; without `.ci/setup` those tests skip (locally) or fail (CI=true).
+(`comfy_browser`). Both are started once per ComfyUI tree per session, on first use, by tests marked
+`comfy` / `browser`; without `.ci/setup` those tests skip (locally) or fail (CI=true).
+
+Every test that uses a server runs once per tree in `environment.DEFAULT_TREES` (0.3.75 and 0.33.0;
+the test id ends in the tree, e.g. `[0.33.0]`). `@pytest.mark.comfy_trees("0.33.0-fp16")` picks other
+trees for a test. pytest groups the tests by tree, so one server runs at a time.
 
     @pytest.mark.comfy
     def test_something(comfy_server, comfy_client):
@@ -37,6 +41,16 @@ SERVER_FIXTURES = {"comfy_server", "comfy_client"}
 BROWSER_FIXTURES = {"comfy_browser"}
 
 
+def pytest_generate_tests(metafunc):
+    """One test per ComfyUI tree for every test that (directly or through its fixtures) needs a server."""
+    if "comfy_tree" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("comfy_trees")
+    wanted = tuple(marker.args) if marker else environment.DEFAULT_TREES
+    trees = environment.selected_trees(wanted)
+    metafunc.parametrize("comfy_tree", trees, ids=trees, indirect=True, scope="session")
+
+
 def pytest_collection_modifyitems(items):
     """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten)."""
     for item in items:
@@ -48,19 +62,26 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def comfy_server(tmp_path_factory):
-    """A running ComfyUI server (`comfy_support.server.ComfyServer`), shared by the whole session.
+def comfy_tree(request):
+    """The ComfyUI tree (`comfy_support.environment.ComfyTree`) this test runs against."""
+    return environment.TREES[request.param]
 
-    Attributes: `url`, `base` (its base directory), `log` (text so far), `log_tail()`,
+
+@pytest.fixture(scope="session")
+def comfy_server(comfy_tree, tmp_path_factory):
+    """A running ComfyUI server (`comfy_support.server.ComfyServer`) of `comfy_tree`, shared by every
+    test on that tree.
+
+    Attributes: `url`, `base` (its base directory), `tree`, `log` (text so far), `log_tail()`,
     `assert_pack_imported()`, `client()`. Fails every dependent test with the log tail if the server
     cannot start.
     """
-    environment.require_comfyui()
+    environment.require_comfyui(comfy_tree)
     environment.require_fixtures()
     from comfy_support.server import ComfyServer, ServerDied, build_base_directory
 
-    base = build_base_directory(tmp_path_factory.mktemp("comfyui"))
-    server = ComfyServer(base)
+    base = build_base_directory(tmp_path_factory.mktemp(f"comfyui-{comfy_tree.id}"))
+    server = ComfyServer(base, tree=comfy_tree)
     failure = None
     try:
         server.start()

@@ -213,17 +213,38 @@ def test_nonfinite_image_names_the_frames():
     ({"noise_mask": torch.zeros(1)}, "no 'samples' tensor"),
     ({"samples": torch.zeros(1, 48, 2, 4, 4)}, "Load the VAE that made it"),
 ], ids=["rank3", "rank6", "no_frames", "no_batch", "int64", "no_samples", "other_family"])
-def test_unusable_latent_is_refused_with_the_fix(latent, message):
+def test_unusable_latent_is_refused_with_the_fix(latent, message, wan21):
     with pytest.raises(ValueError, match=message):
-        common.read_latent(latent, "wan21", 16, 8)
+        common.read_latent(latent, wan21)
 
 
-def test_stale_latent_metadata_is_ignored_not_applied():
+def test_stale_latent_metadata_is_ignored_not_applied(wan21):
     """Frame counts/sizes from Encode that no longer fit the latent (it was cut or resized on the way)
     must not trim the wrong frames: Decode then returns everything."""
     latent = common.make_latent(torch.zeros(1, 16, 3, 4, 4), [30], (100, 100))
-    clips = common.read_latent(latent, "wan21", 16, 8)
+    clips = common.read_latent(latent, wan21)
     assert clips.frames == [9] and clips.size is None
+
+
+def test_every_latent_layout_reads_as_the_same_clip():
+    """Core's B,C,T,H,W, channels-last B,T,H,W,C and SeedVR2's folded B,16*T,H,W are the same latent;
+    which one was read is reported. A SeedVR2 LATENT is core's (raw * 0.9152), a Wan LATENT raw."""
+    seedvr2, wan21 = load_tiny("seedvr2"), load_tiny("wan21")
+    core = torch.randn(2, 16, 3, 4, 5, generator=torch.Generator().manual_seed(3))
+    layouts = {common.CORE_LAYOUT: core, common.CHANNELS_LAST_LAYOUT: core.permute(0, 2, 3, 4, 1),
+               common.FOLDED_LAYOUT: core.reshape(2, 48, 4, 5)}
+    for layout, samples in layouts.items():
+        clips = common.read_latent({"samples": samples}, seedvr2)
+        assert clips.layout == layout and clips.frames == [9, 9]
+        torch.testing.assert_close(clips.samples, core / 0.9152, rtol=0, atol=0)
+    wan = common.read_latent({"samples": core.permute(0, 2, 3, 4, 1).half()}, wan21)
+    assert wan.layout == common.CHANNELS_LAST_LAYOUT and wan.samples.dtype == torch.float32
+    torch.testing.assert_close(wan.samples, core.half().float(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="48 channels"):  # folding is SeedVR2's, never a Wan guess
+        common.read_latent({"samples": core.reshape(2, 48, 4, 5)}, wan21)
+    # dim 1 wins when the last dim has the channel count too: read as core's layout, and said so
+    square = common.read_latent({"samples": torch.zeros(1, 16, 2, 3, 16)}, wan21)
+    assert square.layout == common.CORE_LAYOUT and square.samples.shape == (1, 16, 2, 3, 16)
 
 
 # -- tiling values ComfyUI does not range-check once a node validates them -------------------------------

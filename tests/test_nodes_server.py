@@ -4,6 +4,8 @@ the library's own output, queue-time validation, interrupts, and the core-VAE ad
 Inputs are exact: frames are uploaded as an animated PNG, which core LoadImage turns into an IMAGE
 batch of uint8/255 values, so the library reference sees the same numbers. Latents come back through
 core SaveLatent (float32 safetensors), images through PreviewImage (uint8 PNGs, truncated like core).
+A LATENT is what core's VAE nodes make: the library's raw latent for Wan, times 0.9152 for SeedVR2
+(`core_latent`). Interop with core's own VAEs: test_core_interop_server.py.
 """
 import io
 import math
@@ -67,17 +69,32 @@ def clip():
     return np.random.default_rng(5).integers(0, 256, (FRAMES, HEIGHT, WIDTH, 3), dtype=np.uint8)
 
 
-@pytest.fixture(scope="module")
-def uploaded_clip(comfy_server, clip):
-    """`clip` uploaded as an animated PNG; core LoadImage reads it as a 7-frame IMAGE batch."""
+def upload_frames(server, frames_uint8, name: str) -> str:
+    """uint8 frames N,H,W,3 uploaded as an animated PNG, which core LoadImage reads as an N-frame IMAGE
+    batch of exactly these values / 255; returns the name to give LoadImage."""
     data = io.BytesIO()
-    images = [Image.fromarray(frame) for frame in clip]
+    images = [Image.fromarray(frame) for frame in frames_uint8]
     images[0].save(data, format="PNG", save_all=True, append_images=images[1:], duration=40, loop=0)
-    client = comfy_server.client()
+    client = server.client()
     try:
-        return client.upload_image(data.getvalue(), "streamvae_clip.png")["name"]
+        return client.upload_image(data.getvalue(), name)["name"]
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def uploaded_clip(comfy_server, clip):
+    """`clip` uploaded; core LoadImage reads it as a 7-frame IMAGE batch."""
+    return upload_frames(comfy_server, clip, "streamvae_clip.png")
+
+
+# Core's SeedVR2 VAE keeps LATENTs scaled by this (comfy/ldm/seedvr/constants.py, 0.33.0); Wan's are raw.
+SEEDVR2_CORE_SCALE = 0.9152
+
+
+def core_latent(family, z):
+    """The library's raw latent as core's VAE Encode of `family` would return it."""
+    return z * SEEDVR2_CORE_SCALE if family == "seedvr2" else z
 
 
 def video_of(frames_uint8):
@@ -190,7 +207,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     latent = saved_latent(comfy_server, entry, "4")
     assert latent.shape == z.shape == (1, model.latent_channels, 3, math.ceil(HEIGHT / model.spatial_factor),
                                       math.ceil(WIDTH / model.spatial_factor))
-    torch.testing.assert_close(latent, z, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
     images = saved_images(comfy_client, entry, "6")
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3)  # every frame back, padding trimmed
     assert_images_close(images, as_uint8(model.decode(z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
@@ -240,19 +257,27 @@ def test_decode_takes_core_empty_latents(comfy_client, object_info, models):
     assert_images_close(images, np.concatenate([as_uint8(expected)] * 2))
 
 
-def test_decode_takes_seedvr2_4d_latents(comfy_server, comfy_client, models):
+@pytest.mark.parametrize("layout", ["folded", "channels_last"])
+def test_decode_takes_seedvr2_latents_in_other_layouts(layout, comfy_server, comfy_client, models):
+    """Core's folded B,16*T,H,W and a channels-last B,T,H,W,16 SeedVR2 LATENT decode like core's B,16,T,H,W,
+    and the run report says which layout was read."""
     z = torch.randn(1, 16, 3, 4, 5, generator=torch.Generator().manual_seed(1))
-    save_file({"latent_tensor": z.reshape(1, 48, 4, 5).contiguous(), "latent_format_version_0": torch.tensor([])},
-              str(comfy_server.base / "input" / "streamvae_seedvr2_4d.latent"))
+    samples = core_latent("seedvr2", z)
+    samples = samples.reshape(1, 48, 4, 5) if layout == "folded" else samples.permute(0, 2, 3, 4, 1)
+    name = f"streamvae_seedvr2_{layout}.latent"
+    save_file({"latent_tensor": samples.contiguous(), "latent_format_version_0": torch.tensor([])},
+              str(comfy_server.base / "input" / name))
     info = comfy_client.object_info()
     prompt = {
-        "1": node(info, "LoadLatent", latent="streamvae_seedvr2_4d.latent"),
+        "1": node(info, "LoadLatent", latent=name),
         "2": node(info, "StreamVAELoader", vae_name=vae_file("seedvr2")),
         "3": node(info, "StreamVAEDecode", vae=["2", 0], samples=["1", 0]),
         "4": node(info, "PreviewImage", images=["3", 0]),
     }
     entry = comfy_client.run(prompt, timeout=120)
     assert_images_close(saved_images(comfy_client, entry, "4"), as_uint8(models("seedvr2").decode(z)))
+    read = entry["outputs"]["3"]["streamvae_run"][0]["latent_layout"]
+    assert read.startswith("B,C*T,H,W" if layout == "folded" else "B,T,H,W,C"), read
 
 
 def test_latent_of_another_family_is_named_clearly(comfy_client, object_info):
@@ -304,11 +329,34 @@ def test_core_vae_adapter_runs_core_nodes(comfy_server, comfy_client, object_inf
     }
     entry = comfy_client.run(prompt, timeout=180)
     model = models("wan21")
-    z = model.encode(video_of(clip))
+    # Core's semantics: the 7 frames encode as their first 5 (a core video VAE drops frames past the
+    # last 4n+1) and 24 x 40 is cropped, centred, to 24 x 40 (both multiples of 8 already); decode
+    # gives every latent frame.
+    z = model.encode(video_of(clip[:5]))
     torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), z, rtol=1e-4, atol=1e-4)
-    expected = as_uint8(model.decode(z))  # core semantics: no frame metadata, so all 9 decoded frames
+    expected = as_uint8(model.decode(z))
+    assert expected.shape[0] == 5
     assert_images_close(saved_images(comfy_client, entry, "7"), expected)
     assert_images_close(saved_images(comfy_client, entry, "9"), expected)  # exact tiles = untiled
+
+
+def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, object_info, models):
+    """6 frames of 28 x 44 through VAE Encode with the adapter: core's SeedVR2 VAE makes 2 x 3 x 5 latents
+    (the 6th frame dropped, floor(size / 8)); the adapter crops the top left to match and warns."""
+    prompt = {
+        "1": node(object_info, "EmptyImage", width=44, height=28, batch_size=6, color=0x3366CC),
+        "2": node(object_info, "StreamVAELoader", vae_name=vae_file("seedvr2")),
+        "3": node(object_info, "StreamVAEToCoreVAE", vae=["2", 0]),
+        "4": node(object_info, "VAEEncode", pixels=["1", 0], vae=["3", 0]),
+        "5": node(object_info, "SaveLatent", samples=["4", 0], filename_prefix="core_adapter_sizes"),
+    }
+    log_before = len(comfy_server.log)
+    entry = comfy_client.run(prompt, timeout=120)
+    colour = torch.tensor([0x33, 0x66, 0xCC]) / 255.0 * 2 - 1
+    video = colour.view(1, 3, 1, 1, 1).expand(1, 3, 5, 24, 40)
+    expected = core_latent("seedvr2", models("seedvr2").encode(video.contiguous()))
+    torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), expected, rtol=1e-4, atol=1e-4)
+    assert "44x28 frames cropped to 40x24 (top left)" in comfy_server.log[log_before:]
 
 
 # -- validation and interrupts ---------------------------------------------------------------------------

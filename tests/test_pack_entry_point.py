@@ -26,3 +26,15 @@ def test_libraries_do_not_import_comfyui():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_entry_point_without_the_v3_api_says_what_to_do():
+    """A ComfyUI without `comfy_api.latest` gets one line saying what is missing, not a traceback
+    from deep inside the node modules (run apart: another test may have put a ComfyUI on sys.path)."""
+    code = ("import asyncio, importlib.util, sys; "
+            "spec = importlib.util.spec_from_file_location('streamvae_pack_probe', 'nodes_probe_root/__init__.py'); "
+            "pack = importlib.util.module_from_spec(spec); spec.loader.exec_module(pack); "
+            "asyncio.run(pack.comfy_entrypoint())").replace("nodes_probe_root", str(REPO))
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "ImportError: StreamVAE needs ComfyUI's V3 node API" in result.stderr, result.stderr[-2000:]

@@ -9,6 +9,10 @@ Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan
 A14B) and Wan2.2 (`wan22`: TI2V-5B), the Wan files in upstream/ComfyUI or diffusers key names.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
 diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
+
+Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: core's SeedVR2 VAE
+returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
+are raw (the Wan latent format normalises inside the model). The node pack converts at its edges.
 """
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE

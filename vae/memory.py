@@ -150,13 +150,17 @@ def free_memory(device: torch.device) -> int:
     return host_free()
 
 
+def budget_from_free(free: int) -> int:
+    """The "auto" budget when `free` bytes are free: minus a margin for what the model does not count."""
+    return max(0, free - max(int(free * AUTO_MARGIN), AUTO_MARGIN_MIN))
+
+
 def resolve_budget(memory_budget, device) -> int | None:
     """None (no limit), bytes, or "auto" (free memory minus a margin) -> bytes or None."""
     if memory_budget is None:
         return None
     if memory_budget == "auto":
-        free = free_memory(device)
-        return max(0, free - max(int(free * AUTO_MARGIN), AUTO_MARGIN_MIN))
+        return budget_from_free(free_memory(device))
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
         raise ValueError(f"memory_budget must be None, 'auto' or a positive number of bytes, got {memory_budget!r}")
     return memory_budget

@@ -7,6 +7,8 @@ the methods here only forward to it so users get one obvious API:
 
     z = m.encode(video)   # B,3,T,H,W in [-1, 1] -> raw posterior mean B,C,T',H/f,W/f
     y = m.decode(z)       # raw latent -> B,3,T'',H'',W'' (not clamped)
+
+Raw means unscaled: a SeedVR2 LATENT from ComfyUI core's VAE Encode is `to_model_space(z)` instead.
 """
 import torch
 import torch.nn as nn

@@ -138,7 +138,9 @@ function showRun(node, message) {
     const run = message?.streamvae_run?.[0];
     if (!run) return;
     const measured = run.measured_peak_bytes != null ? `, measured ${gib(run.measured_peak_bytes)}` : "";
-    node.streamvaeRun = `last run: ${gridText(run.plan)} \u00b7 ${run.clips} clip(s) \u00b7 peak ${gib(run.plan.peak_bytes)}${measured}`;
+    // A LATENT in another layout than core's B,C,T,H,W: say how Decode read it.
+    const layout = run.latent_layout && !run.latent_layout.startsWith("B,C,T,H,W") ? ` \u00b7 read ${run.latent_layout}` : "";
+    node.streamvaeRun = `last run: ${gridText(run.plan)} \u00b7 ${run.clips} clip(s) \u00b7 peak ${gib(run.plan.peak_bytes)}${measured}${layout}`;
     node.setDirtyCanvas(true, false);
 }
 

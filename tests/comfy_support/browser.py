@@ -1,13 +1,15 @@
-"""The real ComfyUI frontend (comfyui-frontend-package 1.32.9) in headless Debian chromium, offline.
+"""The real ComfyUI frontend in headless Debian chromium, offline: comfyui-frontend-package 1.32.9
+(ComfyUI 0.3.75) or 1.48.7 (ComfyUI 0.33.0).
 
-Frontend facts this relies on (checked against 1.32.9):
+Frontend facts this relies on (checked against 1.32.9 and 1.48.7):
 - `window.app` (the ComfyApp) is assigned only after `app.setup()` registered every node definition from
   `/object_info` into `LiteGraph.registered_node_types`; the frontend then loads its start-up workflow.
   With the tutorial marked done (see `server.FRONTEND_SETTINGS`) that is the default workflow, so
   "`app.graph` has nodes" means start-up finished and a later `loadGraphData` will not be overwritten.
 - `app.loadGraphData(workflow)` replaces the graph. Unknown node types do not throw: the node becomes a
-  red placeholder (`has_errors`) and a "This workflow has missing nodes" dialog opens. Errors while
-  configuring the graph open an error dialog and are logged with `console.error`.
+  red placeholder (`has_errors`) and the frontend says so: 1.32.9 in a "This workflow has missing
+  nodes" dialog, 1.48.7 in a non-modal error panel ("Missing node: <type>"). Errors while configuring
+  the graph open an error dialog and are logged with `console.error`.
 - `(await app.graphToPrompt()).output` is the API prompt the Queue button would send.
 - Even offline, start-up logs a few harmless errors (404s for a new user's files, a TypeError inside the
   frontend's settings code), so `ComfyPage` reports only errors that occur during a call of ours.
@@ -56,9 +58,13 @@ JS_LOAD = """async (workflow) => {
 JS_WIDGET_VALUES = """() => Object.fromEntries(
     window.app.graph.nodes.map((n) => [String(n.id), n.serialize().widgets_values ?? null]))"""
 
-JS_OPEN_DIALOGS = """() => Array.from(document.querySelectorAll('.p-dialog'))
+# PrimeVue dialogs, and the error panel of newer frontends (1.48.7 reports missing nodes there).
+JS_OPEN_DIALOGS = """() => Array.from(document.querySelectorAll('.p-dialog, [data-testid=error-overlay]'))
     .filter((d) => d.checkVisibility())
     .map((d) => d.innerText.trim())"""
+
+JS_DISMISS_ERROR_PANELS = """() => document.querySelectorAll('[data-testid=error-overlay-dismiss]')
+    .forEach((b) => b.click())"""
 
 # Toast notifications (PrimeVue): the frontend reports e.g. a workflow that fails its schema check
 # ("Invalid workflow against zod schema") as a toast, not as a dialog or a console error.
@@ -200,14 +206,16 @@ class ComfyPage:
         return set(self.evaluate("() => Object.keys(window.LiteGraph.registered_node_types)"))
 
     def open_dialogs(self) -> list[str]:
-        """The text of every visible dialog (PrimeVue `.p-dialog`)."""
+        """The text of every visible dialog (PrimeVue `.p-dialog`) and error panel."""
         return self.evaluate(JS_OPEN_DIALOGS)
 
     def close_dialogs(self) -> None:
-        """Close open dialogs (e.g. a missing-nodes warning left by an earlier load) with Escape."""
+        """Close open dialogs (e.g. a missing-nodes warning left by an earlier load): Escape, and the
+        close button of error panels."""
         for _ in range(5):
             if not self.open_dialogs():
                 return
+            self.evaluate(JS_DISMISS_ERROR_PANELS)
             self.page.keyboard.press("Escape")
             self.page.wait_for_timeout(100)
         raise RuntimeError(f"dialogs would not close: {self.open_dialogs()}")

@@ -11,22 +11,27 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import requests
 
 from .client import ComfyClient
-from .environment import COMFYUI, FIXTURE_CONFIGS, FIXTURE_VAES, PACK_FOLDER, REPO, SHARED, STUBS
+from .environment import FIXTURE_CONFIGS, FIXTURE_VAES, PACK_FOLDER, REPO, SHARED, STUBS, TREES, ComfyTree
 
 STARTUP_TIMEOUT_S = 120
 LOG_TAIL_CHARS = 6000
 
 # Frontend settings for the test user. With the tutorial marked done, the frontend loads its default
 # workflow on start instead of opening the template browser over the canvas, and `ComfyPage` uses
-# "default workflow loaded" as the sign that the frontend finished starting.
-FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True}
+# "default workflow loaded" as the sign that the frontend finished starting. Workflow validation is
+# on in frontend 1.32.9 by default and off in 1.48.7 (0.33.0); on, both report a workflow that fails
+# the schema, so the browser tests check the same thing on both.
+FRONTEND_SETTINGS = {"Comfy.TutorialCompleted": True, "Comfy.Validation.Workflows": True}
+
+# ComfyUI 0.33.0 starts every log line with a coloured level tag ("\x1b[32m[INFO]\x1b[0m    0.1 seconds: ...").
+ANSI_COLOUR = re.compile(r"\x1b\[[\d;]*m")
+LEVEL_TAG = re.compile(r"^\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ?", re.M)
 
 
 class ServerDied(RuntimeError):
@@ -64,10 +69,12 @@ def free_port() -> int:
 
 
 class ComfyServer:
-    """A ComfyUI 0.3.75 process serving `base` on 127.0.0.1; use `start()` / `stop()` or `with`."""
+    """A ComfyUI process of `tree` (default 0.3.75) serving `base` on 127.0.0.1; use `start()` / `stop()`
+    or `with`."""
 
-    def __init__(self, base: Path, port: int | None = None):
+    def __init__(self, base: Path, port: int | None = None, tree: ComfyTree = TREES["0.3.75"]):
         self.base = Path(base)
+        self.tree = tree
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = self.base / "comfyui.log"
@@ -77,15 +84,16 @@ class ComfyServer:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, str(COMFYUI / "main.py"),
+            str(self.tree.python), str(self.tree.root / "main.py"),
             "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
             "--base-directory", str(self.base),
             # The default database path is inside the ComfyUI tree; keep the tree read-only.
             "--database-url", "sqlite:///:memory:",
+            *self.tree.flags,
         ]
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: our torchvision stand-in first on PYTHONPATH, unbuffered logs."""
+        """The server's environment: our torchvision/torchaudio stand-ins first on PYTHONPATH, unbuffered logs."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STUBS), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
@@ -148,14 +156,19 @@ class ComfyServer:
         """Everything the server has logged so far (stdout and stderr)."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    @property
+    def plain_log(self) -> str:
+        """`log` without the colour codes and level tags newer ComfyUI puts at the start of lines."""
+        return LEVEL_TAG.sub("", ANSI_COLOUR.sub("", self.log))
+
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
-        return f"--- end of {self.log_path} ---\n{self.log[-chars:]}"
+        return f"--- end of {self.log_path} ---\n{self.plain_log[-chars:]}"
 
     def pack_import_line(self, folder: str = PACK_FOLDER) -> str | None:
         """The line for `custom_nodes/<folder>` in ComfyUI's "Import times for custom nodes" table
         (e.g. "0.1 seconds (IMPORT FAILED): <path>"), or None if ComfyUI did not try to import it."""
         path = re.escape(str(self.base / "custom_nodes" / folder))
-        found = re.search(rf"^\s*[\d.]+ seconds(?: \(IMPORT FAILED\))?: {path}\s*$", self.log, re.M)
+        found = re.search(rf"^\s*[\d.]+ seconds(?: \(IMPORT FAILED\))?: {path}\s*$", self.plain_log, re.M)
         return found.group(0).strip() if found else None
 
     def pack_import_failure(self, folder: str = PACK_FOLDER) -> str | None:
@@ -173,10 +186,10 @@ class ComfyServer:
             return None
         path = str(self.base / "custom_nodes" / folder)
         traceback = re.search(rf"Traceback \(most recent call last\):\n(?:(?!Traceback).*\n)*?"
-                              rf"Cannot import {re.escape(path)} module for custom nodes: .*", self.log)
+                              rf"Cannot import {re.escape(path)} module for custom nodes: .*", self.plain_log)
         if traceback:
             return traceback.group(0)
-        return "\n".join(text for text in self.log.splitlines() if path in text)
+        return "\n".join(text for text in self.plain_log.splitlines() if path in text)
 
     def assert_pack_imported(self, folder: str = PACK_FOLDER) -> None:
         """Fail with ComfyUI's traceback unless `custom_nodes/<folder>` imported cleanly."""

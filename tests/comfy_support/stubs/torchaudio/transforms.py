@@ -1,0 +1,4 @@
+"""torchaudio.transforms stand-in."""
+from _streamvae_standin import names_of
+
+__getattr__ = names_of(__name__)
