@@ -9,6 +9,8 @@ Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan
 A14B) and Wan2.2 (`wan22`: TI2V-5B), the Wan files in upstream/ComfyUI or diffusers key names.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
 diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
+`vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
+files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 """
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
@@ -25,8 +27,19 @@ __all__ = [
     "Wan21VAE",
     "Wan22Config",
     "Wan22VAE",
+    "decode_to_file",
     "detect_family",
+    "encode_from_file",
     "load",
     "read_checkpoint",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    """The video-file functions, imported on first use: they need PyAV, the models do not."""
+    if name in ("decode_to_file", "encode_from_file"):
+        from . import video_file
+
+        return getattr(video_file, name)
+    raise AttributeError(f"module 'vae' has no attribute {name!r}")
