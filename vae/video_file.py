@@ -62,13 +62,13 @@ class FileSink:
 def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264", crf: int = 19,
                    pixel_format: str = "auto", bit_depth="auto", num_frames: int | None = None,
                    height: int | None = None, width: int | None = None, audio=None, metadata: dict | None = None,
-                   progress=None, cancel=None, **decode_kwargs) -> Path:
+                   observe=None, progress=None, cancel=None, **decode_kwargs) -> Path:
     """Decode a raw latent B,C,T',h,w (every batch entry a clip; they are written one after another)
     into the video file `path` and return it.
 
     `codec`, `pixel_format`, `bit_depth`, `crf` and `fps` as in `video_codecs.resolve`; `num_frames`,
     `height`, `width` trim every clip as in `streaming.decode`; `audio` = (waveform C,S, sample_rate)
-    is muxed alongside. Other keyword arguments (tiling, temporal_chunk, memory_budget, ...) go to
+    is muxed alongside; `observe(first, pixels)` sees every chunk as written. Other keyword arguments (tiling, temporal_chunk, memory_budget, ...) go to
     `streaming.decode`, whose chunks are encoded while the next ones decode. On failure or cancel
     the frames written so far stay in `<name>.partial.<ext>` and the error is raised.
     """
@@ -78,7 +78,7 @@ def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264",
     frames = num_frames or streaming.pixel_frames(n_lat, model.temporal_factor)
     size = (height or video.shape[3] * model.spatial_factor, width or video.shape[4] * model.spatial_factor)
     with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata) as writer:
-        sink = FileSink(writer)
+        sink = FileSink(writer, observe)
         for i in range(clips):
             streaming.decode(model, video[i:i + 1], num_frames=frames, height=size[0], width=size[1],
                              sink=sink.at(i * frames), progress=progress, cancel=cancel, **decode_kwargs)

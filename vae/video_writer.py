@@ -22,7 +22,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from .video_codecs import BT709, FULL_RANGE, LIMITED_RANGE, RGB_MATRIX, VideoEncoding
+from .video_codecs import BT709, FULL_RANGE, LIMITED_RANGE, RGB_MATRIX, VideoEncoding, VideoFormatError
 
 log = logging.getLogger("streamvae")
 RGB48 = "rgb48le" if sys.byteorder == "little" else "rgb48be"
@@ -62,6 +62,9 @@ class VideoWriter:
                  metadata: dict | None = None, queue_chunks: int = 2):
         encoding.check_size(width, height)
         self.path, self.encoding, self.frames = Path(path), encoding, frames
+        if self.path.suffix.lower() != f".{encoding.extension}":
+            raise VideoFormatError(f"{encoding.codec.label} is written as .{encoding.extension}; name the file "
+                                   f"{self.path.stem}.{encoding.extension} instead of {self.path.name}")
         self.partial = partial_path(self.path)
         self.queued = self.encoded = 0
         self._error: BaseException | None = None
