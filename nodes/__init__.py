@@ -1,7 +1,8 @@
 """The ComfyUI node layer of StreamVAE (V3 schema). Imported by the pack's `comfy_entrypoint()` only,
 inside a running ComfyUI; the library (`vae`, `optimizations`) never imports it.
 
-One file per node (loader, encode, decode, settings, core_vae, test_pattern); shared pieces live in
+One file per node (loader, encode, decode, settings, core_vae, test_pattern, video_output = Decode to
+Video, video_input = Encode from Video); shared pieces live in
 `common` (layouts, clips, LATENT metadata, tiling inputs), `model` (the STREAMVAE handle and ComfyUI
 memory management), `execution` (progress, interrupts, memory plans around the engine), `planning`
 and `routes` (plans and checkpoint facts for the web extension).
@@ -16,12 +17,18 @@ from .encode import Encode
 from .loader import LoadVAE
 from .settings import GPUOptimizations, TorchCompileSettings
 from .test_pattern import TestPattern
+from .video_input import EncodeFromVideo
+from .video_output import DecodeToVideo
 
 log = logging.getLogger("streamvae")
 
 
 def node_list() -> list[type[io.ComfyNode]]:
     nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, TestPattern]
+    if hasattr(io, "Video"):  # core's VIDEO type; a ComfyUI without it gets the other nodes
+        nodes += [DecodeToVideo, EncodeFromVideo]
+    else:
+        log.warning("StreamVAE: the video file nodes need a ComfyUI with the VIDEO type; update ComfyUI")
     try:  # the adapter subclasses core's VAE class; without it the other nodes still work
         from .core_vae import ToCoreVAE
     except Exception as error:  # any import failure in core internals must not take the pack down

@@ -17,10 +17,12 @@ from .common import Clips, LatentClips, Tiling, clip_video, finish_image, image_
 try:
     import comfy.model_management as mm
     import comfy.utils as comfy_utils
+    from comfy.cli_args import args as comfy_args
 except ImportError:
-    mm = comfy_utils = None
+    mm = comfy_utils = comfy_args = None
 
 log = logging.getLogger("streamvae")
+IMAGE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 @dataclass
@@ -117,12 +119,28 @@ def _finish(handle, report: RunReport) -> RunReport:
     return report
 
 
+def image_dtype(choice: str) -> torch.dtype:
+    """IMAGE precision for an `output_dtype` input: "auto" is fp16 when ComfyUI runs with
+    --fp16-intermediates (newer cores; halves the RAM of every IMAGE), else fp32."""
+    if choice == "auto":
+        return torch.float16 if getattr(comfy_args, "fp16_intermediates", False) else torch.float32
+    return IMAGE_DTYPES[choice]
+
+
 def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
     """IMAGE (N,H,W,3, from `common.check_image`, whose `notes` are reported) split into `clips` -> raw
     latents n_clips,C,T',h,w on the intermediate device."""
+    videos = (clip_video(image, span, clips.length) for span in clips.spans)
+    shape = (1, 3, clips.length, image.shape[1], image.shape[2])
+    return encode_videos(handle, videos, len(clips.spans), shape, tiling, notes)
+
+
+def encode_videos(handle, videos, n: int, shape, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
+    """`n` clips of the same `shape` (1,3,T,H,W tensors in [-1, 1], or frame sources such as
+    `vae.video_reader.VideoReader`, read chunk by chunk) -> raw latents n,C,T',h,w on the
+    intermediate device."""
     out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
-    n, height, width = len(clips.spans), image.shape[1], image.shape[2]
-    report = _start(handle, "encode", (1, 3, clips.length, height, width), tiling, n)
+    report = _start(handle, "encode", shape, tiling, n)
     for note in notes:
         report.notes.append(note)
         log.warning("StreamVAE encode: %s", note)
@@ -130,9 +148,8 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
     progress = Progress(n, report)
     samples = None
     with _engine_scope(handle, "encode"):
-        for i, span in enumerate(clips.spans):
+        for i, video in enumerate(videos):
             progress.index = i
-            video = clip_video(image, span, clips.length)
             z = run_with_fallback(handle.model.encode, video, out_device=out_device, progress=progress,
                                   cancel=_cancel, **kwargs)
             if samples is None:
@@ -142,9 +159,12 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
     return samples, _finish(handle, report)
 
 
-def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error") -> tuple[torch.Tensor, RunReport]:
-    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3), trimmed to the true frame counts
-    and pixel size; the decoder writes straight into the IMAGE tensor. `nonfinite`: see `streaming.decode`."""
+def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error", dtype: torch.dtype = torch.float32,
+           sink=None) -> tuple[torch.Tensor | None, RunReport]:
+    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) in `dtype`, trimmed to the true frame
+    counts and pixel size; the decoder writes straight into the IMAGE tensor. With `sink` (a
+    `vae.video_file.FileSink`) the clips' frames go to it one after another instead, and the IMAGE
+    is None. `nonfinite`: see `streaming.decode`."""
     z = latent.samples
     b, _, _, h, w = z.shape
     sf = handle.spatial_factor
@@ -152,14 +172,15 @@ def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error"
     out_device = mm.intermediate_device() if mm is not None else torch.device("cpu")
     report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
     kwargs = _engine_kwargs("decode", tiling, report.plan)
-    image = torch.empty((sum(latent.frames), height, width, 3), dtype=torch.float32, device=out_device)
+    image = None if sink is not None else torch.empty((sum(latent.frames), height, width, 3), dtype=dtype,
+                                                      device=out_device)
     progress = Progress(b, report)
     start = 0
     with _engine_scope(handle, "decode"):
         for i, frames in enumerate(latent.frames):
             progress.index = i
-            out = image_view(image, start, start + frames)
+            target = {"sink": sink.at(start)} if sink is not None else {"out": image_view(image, start, start + frames)}
             run_with_fallback(handle.model.decode, z[i:i + 1], num_frames=frames, height=height, width=width,
-                              out=out, progress=progress, cancel=_cancel, nonfinite=nonfinite, **kwargs)
+                              progress=progress, cancel=_cancel, nonfinite=nonfinite, **target, **kwargs)
             start += frames
-    return finish_image(image), _finish(handle, report)
+    return (None if image is None else finish_image(image)), _finish(handle, report)
