@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.common import print_table, psnr  # noqa: E402
+from bench.common import git_commit, print_table, psnr  # noqa: E402
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
 WORKLOADS = {
@@ -78,15 +78,7 @@ def machine() -> dict:
             info["driver"] = smi.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                        text=True, timeout=30).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        if dirty and info["commit"]:
-            info["commit"] += "+dirty"
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    info["commit"] = git_commit()
     return info
 
 
