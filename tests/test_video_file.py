@@ -153,7 +153,7 @@ def test_full_disk_is_a_clear_error_and_keeps_what_was_written(tmp_path):
     result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT.format(repo=str(REPO), path=str(path))],
                             capture_output=True, text=True, timeout=120)
     message = result.stdout.strip()
-    assert "full.partial.mp4" in message and "File too large" in message and "stay readable" in message, result
+    assert "full.partial.mp4" in message and "File too large" in message and "stays readable" in message, result
     assert not path.exists()
     decoded = 0
     with av.open(str(tmp_path / "full.partial.mp4")) as container:

@@ -43,8 +43,12 @@ def partial_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.partial{path.suffix}")
 
 
+def _disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in DISK_FULL
+
+
 def _reason(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.errno in DISK_FULL:
+    if _disk_full(error):
         return f"the disk is full ({error.strerror})"
     return getattr(error, "strerror", None) or str(error) or type(error).__name__
 
@@ -164,9 +168,9 @@ class VideoWriter:
     def _check_thread(self) -> None:
         if self._error is not None:
             self._stop()
+            advice = " Free disk space or choose another folder and run again." if _disk_full(self._error) else ""
             raise self._failure(f"writing {self.partial.name} failed after {self.encoded} of {self.frames} frames: "
-                                f"{_reason(self._error)}. Free disk space or choose another folder and run again.",
-                                self._error)
+                                f"{_reason(self._error)}.{advice}", self._error)
 
     def _stop(self) -> None:
         """End the thread and close the file (errors while closing are logged: the run already failed)."""
@@ -185,9 +189,9 @@ class VideoWriter:
         if self.encoded == 0:
             self.partial.unlink(missing_ok=True)
             error = VideoWriteError(message + " Nothing was written.")
-        else:
-            error = VideoWriteError(f"{message} The {self.encoded} frames written so far stay readable in "
-                                    f"{self.partial} (not the complete video).", self.partial)
+        else:  # after a write error some encoded frames may not have reached the disk
+            kept = f"The {self.encoded} frames written so far stay" if self._error is None else "What reached the disk stays"
+            error = VideoWriteError(f"{message} {kept} readable in {self.partial} (not the complete video).", self.partial)
         error.__cause__ = cause
         return error
 
