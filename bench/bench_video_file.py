@@ -4,9 +4,9 @@
     python bench/bench_video_file.py --skip-timing    # only the RAM table
     python bench/bench_video_file.py --frames 17 65 --timing-frames 17 --repeats 1 --name smoke   # a smoke run
 
-RAM: every row is a fresh process (glibc's mmap threshold fixed so RSS follows the live tensors, as in
-bench/memory_worker.py) that loads the tiny test model, makes a random latent, warms the decode up on
-two latent frames (so per-size caches exist in every row), then decodes once: into a video file
+RAM: every row is a fresh process (glibc's mmap threshold fixed at 1 MiB so RSS follows the live
+tensors, as in bench/memory_worker.py) that loads the tiny test model, makes a random latent, warms the
+decode up on two latent frames (so per-size caches exist in every row), then decodes once: into a video file
 (`vae.decode_to_file`, H.264) or into a preallocated IMAGE-sized tensor (fp32 and fp16, what StreamVAE
 Decode's `output_dtype` chooses). "peak" is the process's peak RSS (VmHWM); "run peak" is that peak
 minus the RSS just before the decode (model, latent and warm-up already resident).
@@ -70,7 +70,7 @@ TIMING_MODES = ("decode, frames dropped", "file, h264 (.mp4)", "file, ffv1 (.mkv
 
 
 def memory_worker(spec: dict) -> dict:
-    fixed_mmap_threshold()
+    fixed_mmap_threshold(1 << 20)  # 1 MiB: tensors still come and go with mmap, small objects do not
     model = load_tiny(spec["family"])
     z = random_latent(model, spec["frames"], spec["height"], spec["width"])
     with tempfile.TemporaryDirectory() as folder:
@@ -150,7 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="wan22", choices=("seedvr2", "wan21", "wan22"))
     parser.add_argument("--size", default="512x512", help="HxW in pixels (default: %(default)s)")
-    parser.add_argument("--frames", type=int, nargs="+", default=[17, 1001], help="clip lengths for the RAM table")
+    parser.add_argument("--frames", type=int, nargs="+", default=[17, 257, 1001], help="clip lengths for the RAM table")
     parser.add_argument("--timing-frames", type=int, default=257, help="clip length for the time table")
     parser.add_argument("--timing-size", default="256x256", help="HxW for the time table (default: %(default)s)")
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="torch threads, one time table each")

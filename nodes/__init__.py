@@ -17,18 +17,22 @@ from .encode import Encode
 from .loader import LoadVAE
 from .settings import GPUOptimizations, TorchCompileSettings
 from .test_pattern import TestPattern
-from .video_input import EncodeFromVideo
-from .video_output import DecodeToVideo
 
 log = logging.getLogger("streamvae")
 
 
 def node_list() -> list[type[io.ComfyNode]]:
     nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, TestPattern]
-    if hasattr(io, "Video"):  # core's VIDEO type; a ComfyUI without it gets the other nodes
-        nodes += [DecodeToVideo, EncodeFromVideo]
+    try:  # the video file nodes need PyAV (ComfyUI depends on it) and core's VIDEO type
+        if not hasattr(io, "Video"):
+            raise ImportError("this ComfyUI has no VIDEO type")
+        from .video_input import EncodeFromVideo
+        from .video_output import DecodeToVideo
+    except ImportError as error:
+        log.warning("StreamVAE: 'Decode to Video' and 'Encode from Video' are unavailable (%s); update ComfyUI "
+                    "or install PyAV (pip install av)", error)
     else:
-        log.warning("StreamVAE: the video file nodes need a ComfyUI with the VIDEO type; update ComfyUI")
+        nodes += [DecodeToVideo, EncodeFromVideo]
     try:  # the adapter subclasses core's VAE class; without it the other nodes still work
         from .core_vae import ToCoreVAE
     except Exception as error:  # any import failure in core internals must not take the pack down
