@@ -2,6 +2,7 @@
 
     python bench/bench_video_file.py                 # both tables (tiny Wan2.2; ~25 min on 2 cores)
     python bench/bench_video_file.py --skip-timing    # only the RAM table
+    python bench/bench_video_file.py --skip-memory --threads 2 --repeats 7 --name video_file_timing_2_threads
     python bench/bench_video_file.py --frames 17 65 --timing-frames 17 --repeats 1 --name smoke   # a smoke run
 
 RAM: every row is a fresh process (glibc's mmap threshold fixed at 1 MiB so RSS follows the live
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="torch threads, one time table each")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median), after one warm-up round")
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--name", default=None, help="results file stem (default: video_file_<family>_<size>)")
     args = parser.parse_args()
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
@@ -165,8 +167,9 @@ def main() -> None:
               f"{machine['cpu_model']['model']} ({', '.join(machine['cpu_model']['flags'])}), {machine['threads']} threads, "
               f"torch {machine['torch']}, commit {machine['commit']}")
     print(header, flush=True)
-    result = {"machine": machine, "settings": vars(args), "memory": memory_table(args)}
-    lines = [header, "", "Peak host RSS against clip length (each row a fresh process):", ""]
+    result = {"machine": machine, "settings": vars(args)}
+    if not args.skip_memory:
+        result["memory"] = memory_table(args)
     if not args.skip_timing:
         result["timing"] = timing_table(args)
     RESULTS.mkdir(exist_ok=True)
@@ -174,8 +177,10 @@ def main() -> None:
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
     with open(RESULTS / f"{stem}.txt", "w") as text:
         for out in (sys.stdout, text):
-            print("\n".join(lines), file=out)
-            _print(print_table, result["memory"], MEMORY_COLUMNS, out)
+            print(header, file=out)
+            if "memory" in result:
+                print("\nPeak host RSS against clip length (each row a fresh process):\n", file=out)
+                _print(print_table, result["memory"], MEMORY_COLUMNS, out)
             if "timing" in result:
                 print(f"\nTime of {args.timing_frames} frames of {args.timing_height}x{args.timing_width}, the rows in "
                       f"turn, median of {args.repeats} after a warm-up round:\n", file=out)
