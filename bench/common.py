@@ -147,6 +147,31 @@ def scratch_dir() -> Path:
     return path
 
 
+def git_commit() -> str | None:
+    """The checked-out commit (short), with "+dirty" when tracked files differ from it."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=30).stdout.strip() or None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit}+dirty" if commit and dirty else commit
+
+
+def cpu_model() -> dict:
+    """CPU name and the vector-instruction flags that decide conv speed (Linux /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"model": platform.processor() or platform.machine(), "flags": []}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return {"model": fields.get("model name", platform.machine()),
+            "flags": [f for f in wanted if f in fields.get("flags", "").split()], "cores": os.cpu_count()}
+
+
 def machine_summary() -> dict:
     return {
         "cpu": platform.processor() or platform.machine(),

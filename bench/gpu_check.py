@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.common import print_table, psnr  # noqa: E402
+from bench.common import git_commit, print_table, psnr  # noqa: E402
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
 WORKLOADS = {
@@ -82,18 +82,8 @@ def machine() -> dict:
             info["driver"] = smi.stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
-    if os.environ.get("STREAMVAE_COMMIT"):  # a copy of the tree without its git history (a remote GPU machine)
-        info["commit"] = os.environ["STREAMVAE_COMMIT"]
-        return info
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                        text=True, timeout=30).stdout.strip() or None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        if dirty and info["commit"]:
-            info["commit"] += "+dirty"
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    # a copy of the tree without its git history (a remote GPU machine) gets the commit from outside
+    info["commit"] = os.environ.get("STREAMVAE_COMMIT") or git_commit()
     return info
 
 

@@ -1,7 +1,8 @@
 """The ComfyUI node layer of StreamVAE (V3 schema). Imported by the pack's `comfy_entrypoint()` only,
 inside a running ComfyUI; the library (`vae`, `optimizations`) never imports it.
 
-One file per node (loader, encode, decode, settings, core_vae, test_pattern); shared pieces live in
+One file per node (loader, encode, decode, settings, core_vae, test_pattern, video_output = Decode to
+Video, video_input = Encode from Video); shared pieces live in
 `common` (layouts, clips, LATENT metadata, tiling inputs), `model` (the STREAMVAE handle and ComfyUI
 memory management), `execution` (progress, interrupts, memory plans around the engine), `planning`
 and `routes` (plans and checkpoint facts for the web extension).
@@ -22,6 +23,16 @@ log = logging.getLogger("streamvae")
 
 def node_list() -> list[type[io.ComfyNode]]:
     nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, TestPattern]
+    try:  # the video file nodes need PyAV (ComfyUI depends on it) and core's VIDEO type
+        if not hasattr(io, "Video"):
+            raise ImportError("this ComfyUI has no VIDEO type")
+        from .video_input import EncodeFromVideo
+        from .video_output import DecodeToVideo
+    except ImportError as error:
+        log.warning("StreamVAE: 'Decode to Video' and 'Encode from Video' are unavailable (%s); update ComfyUI "
+                    "or install PyAV (pip install av)", error)
+    else:
+        nodes += [DecodeToVideo, EncodeFromVideo]
     try:  # the adapter subclasses core's VAE class; without it the other nodes still work
         from .core_vae import ToCoreVAE
     except Exception as error:  # any import failure in core internals must not take the pack down

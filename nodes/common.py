@@ -315,3 +315,9 @@ def tiling_inputs(io) -> list:
             "exact: tiles add up to exactly the untiled result (seamless; slower). fast: independent tiles blended "
             "with cosine ramps over the overlap (less memory and time; faint seams are possible).")),
     ]
+
+
+def streamed_tiling_inputs(io) -> list:
+    """The tiling inputs of the video file nodes, which tile exactly only: a fast tile spans the whole
+    clip, so it cannot stream to or from a file."""
+    return [spec for spec in tiling_inputs(io) if spec.id != "tiling"]

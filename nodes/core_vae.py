@@ -64,7 +64,7 @@ class StreamVAEStage(torch.nn.Module):
         latent = read_latent({"samples": samples}, self.handle.model)
         if output_buffer is None:
             output_buffer = torch.empty(self.decode_output_shape(samples.shape), device=samples.device)
-        execution.decode_clips(self.handle, latent, tiling or self.tiling, lambda i: output_buffer[i:i + 1])
+        execution.decode_clips(self.handle, latent, tiling or self.tiling, lambda i: execution.into(output_buffer[i:i + 1]))
         return output_buffer
 
     def encode(self, pixels, device=None, tiling: Tiling | None = None):

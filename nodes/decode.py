@@ -28,6 +28,10 @@ class Decode(io.ComfyNode):
                 io.Combo.Input("nonfinite", options=["error", "zero"], default="error", tooltip=(
                     "A latent with NaN/Inf values (a diverged sampler): 'error' stops and names the latent frames; "
                     "'zero' decodes them with those values set to 0, with a warning.")),
+                io.Combo.Input("output_dtype", options=["auto", *execution.IMAGE_DTYPES], default="auto", tooltip=(
+                    "Precision of the IMAGE in RAM: fp32 = 12 bytes per pixel of every frame; fp16 = 6 (half the RAM, "
+                    "about 1/8 of an 8-bit level of rounding). auto = fp32, or fp16 when ComfyUI runs with "
+                    "--fp16-intermediates. For long clips use StreamVAE Decode to Video, whose RAM does not grow.")),
             ],
             outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
                                              "of every clip one after another.")],
@@ -39,11 +43,11 @@ class Decode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, samples, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
-                tiling="exact", nonfinite="error") -> io.NodeOutput:
+                tiling="exact", nonfinite="error", output_dtype="auto") -> io.NodeOutput:
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:
             raise ValueError(error)
         latent = read_latent(samples, vae.model)
         settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
-        image, report = execution.decode(vae, latent, settings, nonfinite)
+        image, report = execution.decode(vae, latent, settings, nonfinite, execution.image_dtype(output_dtype))
         return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

@@ -25,6 +25,7 @@ except ImportError:
     mm = comfy_utils = None
 
 log = logging.getLogger("streamvae")
+IMAGE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
 
 @dataclass
@@ -181,11 +182,16 @@ def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) 
                         tiling, notes)
 
 
-def decode_clips(handle, latent: LatentClips, tiling: Tiling, out: Callable[[int], torch.Tensor],
+def into(view: torch.Tensor) -> dict:
+    """Engine arguments that decode a clip into `view` (1,3,T,H,W), trimmed to the view's size."""
+    return {"out": view, "num_frames": view.shape[2], "height": view.shape[3], "width": view.shape[4]}
+
+
+def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[int], dict],
                  nonfinite: str = "error") -> RunReport:
-    """Latent clips -> pixels in [-1, 1] (not clamped), written by the decoder straight into `out(i)`,
-    a 1,3,T,H,W tensor (or view) per clip; its frames and size trim the result. `nonfinite`: see
-    `streaming.decode`."""
+    """Latent clips -> pixels in [-1, 1] (not clamped), clip i written where `target(i)` says: engine
+    arguments such as `into(view)` (straight into a 1,3,T,H,W tensor or view) or a sink with the
+    clip's frame count and size (`vae.video_file.FileSink`). `nonfinite`: see `streaming.decode`."""
     z = latent.samples
     b = z.shape[0]
     report, tiling = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
@@ -197,23 +203,34 @@ def decode_clips(handle, latent: LatentClips, tiling: Tiling, out: Callable[[int
     with _engine_scope(handle, "decode"):
         for i in range(b):
             progress.index = i
-            view = out(i)
-            run_with_fallback(handle.model.decode, z[i:i + 1], num_frames=view.shape[2], height=view.shape[3],
-                              width=view.shape[4], out=view, progress=progress, cancel=_cancel, nonfinite=nonfinite,
-                              **kwargs)
+            run_with_fallback(handle.model.decode, z[i:i + 1], progress=progress, cancel=_cancel, nonfinite=nonfinite,
+                              **target(i), **kwargs)
     return _finish(handle, report)
 
 
-def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error") -> tuple[torch.Tensor, RunReport]:
-    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device and in its
-    dtype, trimmed to the true frame counts and pixel size; the decoder writes straight into the IMAGE."""
+def image_dtype(choice: str) -> torch.dtype:
+    """IMAGE precision for an `output_dtype` input: "auto" is core's intermediate dtype (fp16 under
+    --fp16-intermediates on newer cores, which halves the RAM of every IMAGE; else fp32)."""
+    return core_api.intermediate_dtype() if choice == "auto" else IMAGE_DTYPES[choice]
+
+
+def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error", dtype: torch.dtype | None = None,
+           sink=None) -> tuple[torch.Tensor | None, RunReport]:
+    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device, in
+    `dtype` (default core's intermediate dtype), trimmed to the true frame counts and pixel size; the
+    decoder writes straight into the IMAGE. With `sink` (a `vae.video_file.FileSink`) the clips'
+    frames go to it one after another instead, and the IMAGE is None."""
     h, w = latent.samples.shape[3:]
     sf = handle.spatial_factor
     height, width = latent.size if latent.size is not None else (h * sf, w * sf)
-    image = torch.empty((sum(latent.frames), height, width, 3), dtype=core_api.intermediate_dtype(),
-                        device=core_api.intermediate_device())
     starts = [sum(latent.frames[:i]) for i in range(len(latent.frames))]
-    report = decode_clips(handle, latent, tiling, lambda i: image_view(image, starts[i], starts[i] + latent.frames[i]),
-                          nonfinite)
+    if sink is not None:
+        report = decode_clips(handle, latent, tiling, lambda i: {"sink": sink.at(starts[i]), "num_frames": latent.frames[i],
+                                                                 "height": height, "width": width}, nonfinite)
+        return None, report
+    image = torch.empty((sum(latent.frames), height, width, 3), dtype=dtype or core_api.intermediate_dtype(),
+                        device=core_api.intermediate_device())
+    report = decode_clips(handle, latent, tiling,
+                          lambda i: into(image_view(image, starts[i], starts[i] + latent.frames[i])), nonfinite)
     report.output = _describe("IMAGE", image)
     return finish_image(image), report

@@ -24,9 +24,10 @@ from reference import load_tiny
 FAMILIES = ("seedvr2", "wan21", "wan22")
 NODES = {
     "StreamVAELoader", "StreamVAEEncode", "StreamVAEDecode", "StreamVAETorchCompileSettings",
-    "StreamVAEGPUOptimizations", "StreamVAEToCoreVAE", "StreamVAETestPattern",
+    "StreamVAEGPUOptimizations", "StreamVAEToCoreVAE", "StreamVAETestPattern", "StreamVAEDecodeToVideo",
+    "StreamVAEEncodeFromVideo",
 }
-UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs")
+UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs", "CRF")
 FRAMES, HEIGHT, WIDTH = 7, 24, 40  # not 4n+1, and not a multiple of 16 (Wan2.2's factor)
 
 
@@ -176,7 +177,8 @@ def test_web_extension_and_templates_are_served(comfy_client):
     assert "/extensions/StreamVAE/streamvae.js" in comfy_client.get("/extensions").json()
     assert "registerExtension" in comfy_client.get("/extensions/StreamVAE/streamvae.js").text
     templates = comfy_client.get("/api/workflow_templates").json()
-    assert set(templates["StreamVAE"]) == {"video_roundtrip", "wan_latent_decode_budget", "tiled_exact_vs_fast"}
+    assert set(templates["StreamVAE"]) == {"video_roundtrip", "wan_latent_decode_budget", "tiled_exact_vs_fast",
+                                           "long_video_to_file"}
     info = comfy_client.get("/api/streamvae/checkpoint", vae_name=vae_file("wan22")).json()
     assert info["family"] == "wan22" and info["latent_channels"] == 48 and info["spatial_factor"] == 16
     plan = comfy_client.get("/api/streamvae/plan", vae_name=vae_file("seedvr2"), op="decode", width=512, height=320,

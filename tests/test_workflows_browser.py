@@ -80,6 +80,11 @@ def test_example_loads_converts_and_runs(path, page, comfy_client):
     if path.stem == "video_roundtrip":
         frames = next(n["inputs"]["frames"] for n in prompt.values() if n["class_type"] == "StreamVAETestPattern")
         assert [len(images) for images in previews.values()] == [frames]  # no frame lost (30, not 4n+1)
+    if path.stem == "long_video_to_file":  # through a file and back: every frame, at the pattern's size
+        frames = next(n["inputs"]["frames"] for n in prompt.values() if n["class_type"] == "StreamVAETestPattern")
+        written = next(out["streamvae_video"][0] for out in entry["outputs"].values() if "streamvae_video" in out)
+        assert (written["frames"], written["width"], written["height"]) == (frames, 96, 64)
+        assert frames in [len(images) for images in previews.values()]
     if path.stem == "tiled_exact_vs_fast":
         runs = [out["streamvae_run"][0] for out in entry["outputs"].values() if "streamvae_run" in out]
         assert sorted(run["plan"]["grid"][:2] for run in runs if run["op"] == "decode") == [[1, 2], [1, 2]]

@@ -13,6 +13,9 @@ diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
 Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: core's SeedVR2 VAE
 returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
 are raw (the Wan latent format normalises inside the model). The node pack converts at its edges.
+
+`vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
+files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 """
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
@@ -29,8 +32,19 @@ __all__ = [
     "Wan21VAE",
     "Wan22Config",
     "Wan22VAE",
+    "decode_to_file",
     "detect_family",
+    "encode_from_file",
     "load",
     "read_checkpoint",
     "save_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    """The video-file functions, imported on first use: they need PyAV, the models do not."""
+    if name in ("decode_to_file", "encode_from_file"):
+        from . import video_file
+
+        return getattr(video_file, name)
+    raise AttributeError(f"module 'vae' has no attribute {name!r}")

@@ -1,24 +1,33 @@
-"""Command line: round-trip a video through a VAE checkpoint.
+"""Command line: round-trip a video through a VAE checkpoint, or encode/decode between video files and
+latent files without holding the clip in memory.
 
     python -m vae roundtrip [input.mp4] [--checkpoint ema_vae_fp16.safetensors] [--out out/roundtrip.mp4]
+    python -m vae encode --in clip.mp4 [--out out/latent.safetensors] [--every 2 --width 960 ...]
+    python -m vae decode out/latent.safetensors [--out out/decoded.mp4] [--codec h264 --crf 19 ...]
 
 Without an input a moving test pattern is generated; without a checkpoint the tiny SeedVR2 fixture
 model from ../shared/reference is used (random weights: the output only shows that the pipeline runs).
+Latent files hold `latent_tensor` (the raw latent, as ComfyUI's Save Latent writes it) and, in the
+safetensors metadata, the frame count, pixel size and frame rate to decode back to.
 """
 import argparse
 import math
 import os
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import torch
 
 from . import load
 from .streaming import latent_frames
+from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS, VideoFormatError
+from .video_reader import RESIZE_FILTERS, VideoReader
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REPO = Path(__file__).resolve().parent.parent
+CODEC_OF_SUFFIX = {".mp4": "h264", ".mkv": "ffv1", ".mov": "prores"}
 
 
 def tiny_fixture() -> tuple[Path, dict]:
@@ -38,38 +47,6 @@ def test_pattern(frames: int, height: int, width: int) -> torch.Tensor:
     return 0.5 + 0.5 * torch.sin(2 * math.pi * (2 * x + y + t) + phase) * torch.cos(2 * math.pi * (x - 1.5 * y - t))
 
 
-def read_video(path: str, max_frames: int | None) -> tuple[torch.Tensor, float]:
-    """Frames of a video file as T,H,W,3 float in [0, 1], and its frame rate."""
-    import av
-
-    with av.open(path) as container:
-        stream = container.streams.video[0]
-        fps = float(stream.average_rate or 24)
-        frames = []
-        for frame in container.decode(stream):
-            frames.append(torch.from_numpy(frame.to_ndarray(format="rgb24")))
-            if max_frames and len(frames) >= max_frames:
-                break
-    if not frames:
-        sys.exit(f"{path} has no video frames")
-    return torch.stack(frames).float() / 255, fps
-
-
-def write_video(path: Path, frames: torch.Tensor, fps: float) -> None:
-    """T,H,W,3 in [0, 1] -> H.264 mp4 (even sizes are required by yuv420p, so one pixel may be cropped)."""
-    import av
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    t, h, w, _ = frames.shape
-    data = (frames[:, : h - h % 2, : w - w % 2] * 255).round().clamp(0, 255).to(torch.uint8).numpy()
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("libx264", rate=round(fps))
-        stream.width, stream.height, stream.pix_fmt = data.shape[2], data.shape[1], "yuv420p"
-        for array in data:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
-        container.mux(stream.encode())
-
-
 class Progress:
     """A one-line text progress bar on stderr (units: tile x temporal chunk steps)."""
 
@@ -86,7 +63,7 @@ class Progress:
         print(f"\r{self.label:7s} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} steps {elapsed:6.1f}s", end=end, file=sys.stderr, flush=True)
 
 
-def roundtrip(args: argparse.Namespace) -> None:
+def load_model(args: argparse.Namespace):
     if args.checkpoint:
         checkpoint, config = Path(args.checkpoint), {}
     else:
@@ -96,25 +73,111 @@ def roundtrip(args: argparse.Namespace) -> None:
     model = load(checkpoint, device=args.device, dtype=DTYPES[args.dtype], config=config)
     print(f"loaded {checkpoint.name}: family {model.family}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
           f"{args.dtype} on {args.device}")
+    return model
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
+    return dict(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
+                tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
+
+
+def video_kwargs(args: argparse.Namespace, out: Path) -> dict:
+    codec = args.codec or CODEC_OF_SUFFIX.get(out.suffix.lower())
+    if codec is None:
+        sys.exit(f"cannot tell the codec from {out.name}: name it .mp4, .mkv or .mov, or pass --codec")
+    return dict(codec=codec, crf=args.crf, pixel_format=args.pixel_format, bit_depth=args.bit_depth)
+
+
+def roundtrip(args: argparse.Namespace) -> None:
+    from .video_file import decode_to_file
+
+    model = load_model(args)
     if args.input:
-        frames, fps = read_video(args.input, args.frames)
+        with VideoReader(args.input, frame_count=args.frames or 0) as reader:
+            video, fps = reader.read(0, reader.frames), reader.fps
     else:
         height, width = (int(v) for v in args.size.lower().split("x"))
-        frames, fps = test_pattern(args.frames or 17, height, width), 24.0
-        print(f"no input given: generated a {frames.shape[0]}-frame {height}x{width} test pattern")
-    t, h, w, _ = frames.shape
-    video = (frames.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1)  # B,3,T,H,W in [-1, 1]
-    budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
-    tiling = dict(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
-                  tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
-    z = model.encode(video, progress=Progress("encode"), **tiling)
+        pattern, fps = test_pattern(args.frames or 17, height, width), 24
+        video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,3,T,H,W in [-1, 1]
+        print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
+    t, h, w = video.shape[2:]
+    z = model.encode(video, progress=Progress("encode"), **engine_kwargs(args))
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
-    out = model.decode(z, num_frames=t, height=h, width=w, progress=Progress("decode"), **tiling)
-    result = ((out[0].permute(1, 2, 3, 0) + 1) / 2).clamp(0, 1)
-    mse = torch.mean((result - frames) ** 2).item()
+    expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,3 in 0..255
+    squared = [0.0]
+
+    def measure(first, pixels):  # PSNR of the written 8-bit frames against the input, chunk by chunk
+        squared[0] += float(((torch.from_numpy(pixels).double() - expected[first:first + len(pixels)]) ** 2).sum())
+
+    out = Path(args.out)
+    video_args = video_kwargs(args, out)
+    if (h % 2 or w % 2) and args.pixel_format == "auto" and CODECS[video_args["codec"]].pixel_format == "yuv420":
+        video_args["pixel_format"] = "yuv444"  # 4:2:0 needs even sizes; keep every pixel instead of cropping
+    decode_to_file(model, z, out, fps=fps, num_frames=t, height=h, width=w, observe=measure,
+                   progress=Progress("decode"), **video_args, **engine_kwargs(args))
+    mse = squared[0] / expected.numel() / 255**2
     psnr = 10 * math.log10(1 / mse) if mse > 0 else float("inf")
-    write_video(Path(args.out), result, fps)
-    print(f"wrote {args.out}: {t} frames {h}x{w}; round-trip PSNR {psnr:.2f} dB vs the input")
+    print(f"wrote {out}: {t} frames {h}x{w}; round-trip PSNR {psnr:.2f} dB vs the input")
+
+
+def encode(args: argparse.Namespace) -> None:
+    from safetensors.torch import save_file
+
+    from .video_file import encode_from_file
+
+    model = load_model(args)
+    z, clip = encode_from_file(model, args.input, start_frame=args.start, frame_count=args.count, every_nth=args.every,
+                               width=args.width, height=args.height, resize_filter=args.filter,
+                               progress=Progress("encode"), **engine_kwargs(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    metadata = {"streamvae_frames": str(clip.frames), "streamvae_size": f"{clip.height},{clip.width}",
+                "fps": str(clip.fps), "family": model.family}
+    save_file({"latent_tensor": z.float().contiguous(), "latent_format_version_0": torch.tensor([])}, str(out), metadata)
+    print(f"wrote {out}: latent {tuple(z.shape)} for {clip.frames} frames {clip.height}x{clip.width} at {float(clip.fps):g} fps")
+
+
+def decode(args: argparse.Namespace) -> None:
+    from safetensors import safe_open
+
+    from .video_file import decode_to_file
+
+    with safe_open(args.latent, framework="pt") as file:
+        metadata = file.metadata() or {}
+        z = file.get_tensor("latent_tensor")
+    model = load_model(args)
+    frames = int(metadata["streamvae_frames"]) if "streamvae_frames" in metadata else None
+    height, width = (int(v) for v in metadata["streamvae_size"].split(",")) if "streamvae_size" in metadata else (None, None)
+    fps = args.fps or Fraction(metadata.get("fps", "24"))
+    out = Path(args.out)
+    path = decode_to_file(model, z, out, fps=fps, num_frames=frames, height=height, width=width,
+                          progress=Progress("decode"), **video_kwargs(args, out), **engine_kwargs(args))
+    print(f"wrote {path}")
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    """Model and engine options every command takes."""
+    parser.add_argument("--checkpoint", help="VAE checkpoint (.safetensors/.pth); default: the tiny SeedVR2 fixture")
+    parser.add_argument("--dtype", choices=DTYPES, default="fp32", help="compute dtype (default: %(default)s)")
+    parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step (default: 1, or the budget's choice)")
+    parser.add_argument("--tile-size", type=int, default=None, help="spatial tile in pixels (default: untiled)")
+    parser.add_argument("--tile-overlap", type=int, default=0, help="tile overlap in pixels (fast tiling only)")
+    parser.add_argument("--tiling", choices=("exact", "fast"), default="exact",
+                        help="exact: equals untiled; fast: blended tiles (not with video files)")
+    parser.add_argument("--memory-budget", default=None, help="GiB, or 'auto': picks the largest chunk and tile that fit")
+    parser.add_argument("--cache-offload", choices=("auto", "none", "host", "disk"), default="auto",
+                        help="where the causal caches wait between chunks; auto: off the device only when memory needs it")
+
+
+def add_video_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--codec", choices=CODECS, default=None,
+                        help="h264/h265 (.mp4), ffv1 (.mkv, lossless), prores (.mov); default: from --out's extension")
+    parser.add_argument("--crf", type=int, default=19, help="H.264/H.265 quality, 0 (best) to 51 (default: %(default)s)")
+    parser.add_argument("--pixel-format", choices=PIXEL_FORMATS, default="auto",
+                        help="yuv420/422/444 (BT.709, limited range) or rgb (default: the codec's usual)")
+    parser.add_argument("--bit-depth", choices=BIT_DEPTHS, default="auto", help="bits per channel (default: the codec's usual)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,21 +185,32 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     rt = sub.add_parser("roundtrip", help="encode then decode a video file or a generated clip")
     rt.add_argument("input", nargs="?", help="video file (default: a generated test pattern)")
-    rt.add_argument("--checkpoint", help="VAE checkpoint (.safetensors/.pth); default: the tiny SeedVR2 fixture")
     rt.add_argument("--out", default="out/roundtrip.mp4", help="output video path (default: %(default)s)")
     rt.add_argument("--frames", type=int, help="frames to read from the input / to generate (default: all / 17)")
     rt.add_argument("--size", default="256x256", help="HxW of the generated pattern in pixels (default: %(default)s)")
-    rt.add_argument("--dtype", choices=DTYPES, default="fp32", help="compute dtype (default: %(default)s)")
-    rt.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
-    rt.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step (default: 1, or the budget's choice)")
-    rt.add_argument("--tile-size", type=int, default=None, help="spatial tile in pixels (default: untiled)")
-    rt.add_argument("--tile-overlap", type=int, default=0, help="tile overlap in pixels (fast tiling only)")
-    rt.add_argument("--tiling", choices=("exact", "fast"), default="exact", help="exact: equals untiled; fast: blended tiles")
-    rt.add_argument("--memory-budget", default=None, help="GiB, or 'auto': picks the largest chunk and tile that fit")
-    rt.add_argument("--cache-offload", choices=("auto", "none", "host", "disk"), default="auto",
-                    help="where the causal caches wait between chunks; auto: off the device only when memory needs it")
+    add_common(rt)
+    add_video_output(rt)
+    enc = sub.add_parser("encode", help="encode a video file to a latent file, reading frames as they are needed")
+    enc.add_argument("--in", dest="input", required=True, help="video file to encode")
+    enc.add_argument("--out", default="out/latent.safetensors", help="latent file to write (default: %(default)s)")
+    enc.add_argument("--start", type=int, default=0, help="first frame to encode (0-based; default: %(default)s)")
+    enc.add_argument("--count", type=int, default=0, help="frames to encode; 0 = to the end (default: %(default)s)")
+    enc.add_argument("--every", type=int, default=1, help="take every n-th frame (default: %(default)s)")
+    enc.add_argument("--width", type=int, default=0, help="resize to this width in pixels; 0 = keep (default: %(default)s)")
+    enc.add_argument("--height", type=int, default=0, help="resize to this height in pixels; 0 = keep (default: %(default)s)")
+    enc.add_argument("--filter", choices=RESIZE_FILTERS, default="bicubic", help="resize filter (default: %(default)s)")
+    add_common(enc)
+    dec = sub.add_parser("decode", help="decode a latent file to a video file, writing frames as they are decoded")
+    dec.add_argument("latent", help="latent .safetensors (from `encode`, or ComfyUI's Save Latent)")
+    dec.add_argument("--out", default="out/decoded.mp4", help="video file to write (default: %(default)s)")
+    dec.add_argument("--fps", type=float, default=None, help="frames per second (default: the latent file's, else 24)")
+    add_common(dec)
+    add_video_output(dec)
     args = parser.parse_args(argv)
-    roundtrip(args)
+    try:
+        {"roundtrip": roundtrip, "encode": encode, "decode": decode}[args.command](args)
+    except (ValueError, RuntimeError, OSError) as error:  # bad input or setup: one clear line, no traceback
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

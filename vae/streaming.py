@@ -3,9 +3,11 @@
 Pixel frames and latent frames correspond as 0 <-> 0 and latent i <-> pixels 4i-3..4i, so a chunk of
 c latent frames is 1 + 4(c-1) pixel frames for the first chunk and 4c afterwards. The causal caches
 in the `StreamContext` make every chunking produce the whole-clip result; chunks are written into a
-preallocated output (optionally on another device), so memory does not grow with clip length beyond
-the output itself. Spatial tiling (`tiling.py`) composes with the chunking; a memory budget picks
-chunk and tile (`memory.py`); out-of-memory and fp16 overflow are recovered from (`recovery.py`).
+preallocated output (optionally on another device) or handed to a `sink` (a video file writer), and
+encode reads its input chunk by chunk (also from a video file), so memory does not grow with clip
+length beyond the output itself. Spatial tiling (`tiling.py`) composes with the chunking; a memory
+budget picks chunk and tile (`memory.py`); out-of-memory and fp16 overflow are recovered from
+(`recovery.py`).
 """
 import logging
 import warnings
@@ -23,6 +25,7 @@ from .devices import is_oom, same_device
 
 ProgressFn = Callable[[int, int], None]
 CancelFn = Callable[[], bool]
+SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,3,k,H,W)
 TILING_MODES = ("exact", "fast")
 NONFINITE_MODES = ("error", "zero")
 log = logging.getLogger("streamvae")
@@ -246,6 +249,9 @@ def encode(
 ):
     """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w.
 
+    `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
+    `dtype`, `device` and `index_select(2, ascending frame indices)` as a tensor has them.
+
     T is padded to 4n+1 by repeating the last frame and H, W to multiples of the spatial factor by
     edge replication, one chunk at a time (the padded clip is never materialised). `tile_size` and
     `tile_overlap` (pixels) tile the frame; `tiling` is "exact" (equals untiled) or "fast"
@@ -255,7 +261,7 @@ def encode(
     "auto" (offloaded when a memory budget or an out-of-memory retry needs it). Every setting gives
     the same result. With `return_logvar` the result is (mean, logvar).
     """
-    video, image = _as_video(video, "encode input")
+    video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
     b, c, t, h, w = video.shape
     if c != model.in_channels:
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
@@ -275,6 +281,8 @@ def encode(
     logvar = torch.empty(shape, dtype=out_dtype, device=out_device) if return_logvar else None
     n_chunks = -(-n_lat // chunk)
     grid = tiles.latent_grid(shape[3], shape[4], size, overlap, sf) if size and tiling == "fast" else None
+    if grid is not None and not isinstance(video, torch.Tensor):  # each tile would read the whole clip
+        raise ValueError("fast tiling cannot stream from a frame source; use tiling='exact'")
 
     def run():
         if grid is None:
@@ -329,10 +337,11 @@ def _encode_stream(model, video, mean, logvar, chunk, steps: Steps, tile_size, m
 
 
 def _nonfinite_frames(z: torch.Tensor) -> list[int]:
+    """Latent frames with NaN/Inf, checked a frame at a time: a whole-latent mask would grow with the clip."""
     if z.device.type == "meta":  # shape-only runs (FLOP counting) have no values to check
         return []
-    bad = ~torch.isfinite(z)
-    return torch.nonzero(bad.any(dim=(0, 1, 3, 4))).flatten().tolist() if bad.any() else []
+    finite = torch.stack([torch.isfinite(z[:, :, i]).all() for i in range(z.shape[2])])
+    return torch.nonzero(~finite).flatten().tolist()
 
 
 def decode(
@@ -352,13 +361,17 @@ def decode(
     out: torch.Tensor | None = None,
     out_device: torch.device | str | None = None,
     out_dtype: torch.dtype | None = None,
+    sink: SinkFn | None = None,
     progress: ProgressFn | None = None,
     cancel: CancelFn | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
 
     `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
-    are written straight into a preallocated buffer (`out`, or a new one on `out_device`).
+    are written straight into a preallocated buffer (`out`, or a new one on `out_device`), or, with
+    `sink`, handed over as they are decoded: `sink(first, frames)` gets frames B,3,k,H,W (on the
+    compute device, not clamped, to be copied before it returns) starting at frame `first`, and
+    decode returns None. A rerun (fp16 overflow) starts again at frame 0; only exact tiling streams.
     `tile_size` / `tile_overlap` (output pixels), `tiling`, `memory_budget` and `cache_offload` as
     in `encode`.
     A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
@@ -399,10 +412,12 @@ def decode(
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
     chunk = _check_chunk(temporal_chunk, n_lat)
     shape = (b, 3, t_out, h_out, w_out)
-    if out is None:
+    if sink is not None and (out is not None or (size and tiling == "fast")):  # fast: each tile spans the clip
+        raise ValueError("decode takes out or sink, not both, and streams to a sink with tiling='exact' only")
+    if out is None and sink is None:
         dtype = out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32)
         out = torch.empty(shape, dtype=dtype, device=z.device if out_device is None else out_device)
-    elif tuple(out.shape) != shape:
+    elif out is not None and tuple(out.shape) != shape:
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
     n_chunks = -(-n_lat // chunk)
     grid = tiles.latent_grid(h, w, size, overlap, sf) if size and tiling == "fast" else None
@@ -410,25 +425,31 @@ def decode(
     def run():
         if grid is None:
             steps = Steps(n_chunks, progress, cancel, _conv_count(model.decode_modules()))
-            _decode_stream(model, z, out, chunk, steps, size, make_caches)
+            _decode_stream(model, z, shape[2:], sink or partial(_write_into, out), chunk, steps, size, make_caches)
             return
         steps = Steps(n_chunks * len(grid[0]) * len(grid[1]), progress, cancel)
 
         def decode_tile(zt):
             tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
-            return _decode_stream(model, zt, tile_out, chunk, steps, None, make_caches, count=False)
+            _decode_stream(model, zt, tile_out.shape[2:], partial(_write_into, tile_out), chunk, steps, None, make_caches,
+                           count=False)
+            return tile_out
 
         tiles.decode_fast(model, z, out, grid, decode_tile, steps.check)
 
     with torch.inference_mode():
         _with_half_fallback(model, "decode", run)
-    return out.squeeze(2) if image else out
+    return None if sink is not None else out.squeeze(2) if image else out
 
 
-def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, make_caches, count: bool = True) -> torch.Tensor:
-    """Temporal chunks of `z` through the decoder into the preallocated `out` (cropped to its size),
-    exactly tiled when `tile_size` is smaller than the frame."""
-    t_out, h_out, w_out = out.shape[2:]
+def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
+    out[:, :, first:first + frames.shape[2]] = frames
+
+
+def _decode_stream(model, z, size_thw, deliver: SinkFn, chunk, steps: Steps, tile_size, make_caches, count: bool = True) -> None:
+    """Temporal chunks of `z` through the decoder, cropped to `size_thw` (frames, height, width) and
+    handed to `deliver(first, frames)`, exactly tiled when `tile_size` is smaller than the frame."""
+    t_out, h_out, w_out = size_thw
     reference = (z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor)
     device, dtype = model.device, model.decode_dtype
     ctx = StreamContext(model.opts, _exact_tiling(reference, tile_size, steps) if count else None, make_caches())
@@ -442,9 +463,8 @@ def _decode_stream(model, z, out, chunk, steps: Steps, tile_size, make_caches, c
         if not write:
             return True
         k = min(y.shape[2], t_out - pos)
-        out[:, :, pos:pos + k] = y[:, :, :k, :h_out, :w_out]
+        deliver(pos, y[:, :, :k, :h_out, :w_out])
         pos += k
         return pos < t_out
 
     _stream(model, ctx, steps, z.shape[2], chunk, reference, step, count)
-    return out

@@ -2,8 +2,9 @@
 //
 // - Snaps frame-count widgets (Encode's batch_size, Test Pattern's frames) to 4n+1, the clip lengths
 //   video VAEs work in (batch_size also keeps 0 = one clip).
-// - Shows on Encode/Decode nodes the tile grid (rows x cols x temporal chunks) and the predicted peak
-//   memory for the current settings, from GET /streamvae/plan; after a run, what the run used.
+// - Shows on Encode/Decode nodes (and Decode to Video / Encode from Video) the tile grid (rows x cols
+//   x temporal chunks) and the predicted peak memory for the current settings, from GET
+//   /streamvae/plan; after a run, what the run used.
 // - Shows the detected family on Load VAE (GET /streamvae/checkpoint), and what was loaded after a run.
 //
 // The clip size for a prediction is read from the graph upstream (a node with width/height widgets,
@@ -15,7 +16,12 @@ import { api } from "../../scripts/api.js";
 const LOADER = "StreamVAELoader";
 const ENCODE = "StreamVAEEncode";
 const DECODE = "StreamVAEDecode";
+const DECODE_TO_VIDEO = "StreamVAEDecodeToVideo";
+const ENCODE_FROM_VIDEO = "StreamVAEEncodeFromVideo";
 const PATTERN = "StreamVAETestPattern";
+// Nodes that show the predicted plan and, after a run, what it used.
+const PLANNED = [ENCODE, DECODE, DECODE_TO_VIDEO, ENCODE_FROM_VIDEO];
+const ENCODERS = [ENCODE, ENCODE_FROM_VIDEO];
 
 // Widgets snapped to 4n+1; `zero` keeps 0 as a valid value.
 const SNAPPED = {
@@ -60,7 +66,7 @@ function source(node, name) {
 function upstreamSize(node, depth = 0) {
     if (!node || depth > 12) return null;
     const width = value(node, "width"), height = value(node, "height");
-    if (typeof width === "number" && typeof height === "number") {
+    if (width > 0 && height > 0) { // 0 = "keep the file's size" (Encode from Video): unknown here
         const name = FRAME_WIDGETS.find((n) => typeof value(node, n) === "number");
         return { width, height, frames: name ? Math.max(1, value(node, name)) : 1 };
     }
@@ -95,7 +101,8 @@ async function getJson(path, params) {
 
 async function refreshPlan(node) {
     const loader = source(node, "vae");
-    const size = upstreamSize(source(node, node.comfyClass === ENCODE ? "image" : "samples"));
+    const encodes = ENCODERS.includes(node.comfyClass);
+    const size = upstreamSize(source(node, encodes ? "image" : "samples"));
     if (!loader || loader.comfyClass !== LOADER || !value(loader, "vae_name")) {
         node.streamvaePrediction = "connect a StreamVAE Load VAE";
     } else if (!size) {
@@ -108,7 +115,7 @@ async function refreshPlan(node) {
             device: value(loader, "device", "auto"),
             encode_dtype: value(loader, "encode_dtype", "auto"),
             decode_dtype: value(loader, "decode_dtype", "auto"),
-            op: node.comfyClass === ENCODE ? "encode" : "decode",
+            op: encodes ? "encode" : "decode",
             width: size.width, height: size.height, frames,
             tile_size: value(node, "tile_size", 0),
             tile_overlap: value(node, "tile_overlap", 64),
@@ -130,7 +137,7 @@ function scheduleRefresh(node) {
 
 function refreshAllPlans() {
     for (const node of app.graph?.nodes ?? []) {
-        if (node.comfyClass === ENCODE || node.comfyClass === DECODE) scheduleRefresh(node);
+        if (PLANNED.includes(node.comfyClass)) scheduleRefresh(node);
     }
 }
 
@@ -238,7 +245,7 @@ function extendNode(nodeType, refresh, onExecuted) {
 app.registerExtension({
     name: "StreamVAE.nodes",
     async beforeRegisterNodeDef(nodeType, nodeData) {
-        if (nodeData.name === ENCODE || nodeData.name === DECODE) {
+        if (PLANNED.includes(nodeData.name)) {
             extendNode(nodeType, scheduleRefresh, showRun);
         } else if (nodeData.name === LOADER) {
             extendNode(nodeType, (node) => {

@@ -1,0 +1,77 @@
+"""StreamVAE Encode from Video: a video file -> LATENT, reading only the frames each chunk needs, so a
+long input never becomes one IMAGE tensor (`vae.video_reader.VideoReader`)."""
+from comfy_api.latest import io
+
+from ..vae.video_reader import RESIZE_FILTERS, VideoReader
+from . import execution
+from .common import MAX_FRAMES, Tiling, check_tiling, make_latent, streamed_tiling_inputs
+from .types import STREAMVAE
+
+MAX_SIZE = 16384  # pixels
+
+
+def video_source(video):
+    """The file (path or file object) behind a ComfyUI VIDEO, e.g. from Load Video or Decode to Video."""
+    if hasattr(video, "get_stream_source"):
+        return video.get_stream_source()
+    raise ValueError("this VIDEO holds its frames in memory, not a file (e.g. from Create Video); encode its images "
+                     "with StreamVAE Encode, or load a file with Load Video")
+
+
+class EncodeFromVideo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEEncodeFromVideo",
+            display_name="StreamVAE Encode from Video",
+            category="StreamVAE",
+            description="Encodes frames of a video file to a raw latent, decoding from the file only the frames each "
+                        "chunk needs, so RAM does not grow with the clip. The same latent as Load Video -> StreamVAE "
+                        "Encode of those frames; any frame count (padded to 4n+1, trimmed again by Decode).",
+            inputs=[
+                io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
+                io.Video.Input("video", tooltip="A video file, e.g. from Load Video (upload) or StreamVAE Decode to "
+                                                "Video. YUV files are converted with the matrix and range they are "
+                                                "tagged with; 10-bit and deeper files are read at 16 bits."),
+                io.Int.Input("start_frame", default=0, min=0, max=10**7, step=1, tooltip=(
+                    "First frame to encode (0-based frame index in the file).")),
+                io.Int.Input("frame_count", default=0, min=0, max=MAX_FRAMES, step=1, tooltip=(
+                    "Frames to encode; 0 = all frames to the end of the file.")),
+                io.Int.Input("every_nth", default=1, min=1, max=1000, step=1, tooltip=(
+                    "Take every n-th frame from start_frame on (2 halves the frame rate; the fps output says the "
+                    "new rate).")),
+                io.Int.Input("width", default=0, min=0, max=MAX_SIZE, step=1, tooltip=(
+                    "Resize to this width in pixels; 0 = the file's (or, with height set, keep the aspect ratio).")),
+                io.Int.Input("height", default=0, min=0, max=MAX_SIZE, step=1, tooltip=(
+                    "Resize to this height in pixels; 0 = the file's (or, with width set, keep the aspect ratio).")),
+                io.Combo.Input("resize_filter", options=list(RESIZE_FILTERS), default="bicubic", tooltip=(
+                    "How frames are resized (FFmpeg swscale): bicubic, bilinear, lanczos (sharpest), area (best for "
+                    "shrinking), nearest (no new values).")),
+                *streamed_tiling_inputs(io),
+            ],
+            outputs=[
+                io.Latent.Output(tooltip="Raw latent 1,C,T',H/f,W/f (f = 8, or 16 for Wan2.2) with the true frame "
+                                         "count and size, for StreamVAE Decode / Decode to Video."),
+                io.Float.Output(display_name="fps", tooltip="Frame rate of the encoded frames in frames per second "
+                                                            "(the file's, divided by every_nth)."),
+            ],
+        )
+
+    @classmethod
+    def validate_inputs(cls, tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
+        return check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+
+    @classmethod
+    def execute(cls, vae, video, start_frame=0, frame_count=0, every_nth=1, width=0, height=0,
+                resize_filter="bicubic", tile_size=0, tile_overlap=64, temporal_chunk=0,
+                memory_budget_gb=0.0) -> io.NodeOutput:
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
+        if error:  # values that arrived through links are only known now
+            raise ValueError(error)
+        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
+        with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
+                         resize_filter) as reader:
+            samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
+        report.notes.append(f"read {reader.frames} frames {reader.width}x{reader.height} at {float(reader.fps):g} fps")
+        latent = make_latent(samples, [reader.frames], (reader.height, reader.width))
+        return io.NodeOutput(latent, float(reader.fps), ui={"streamvae_run": [report.as_dict()]})

@@ -1,0 +1,169 @@
+"""StreamVAE Decode to Video: LATENT -> a video file in ComfyUI's output folder, written while the chunks
+decode, so RAM holds a few chunks of frames however long the clip is (`vae.video_file`)."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from comfy_api.latest import io, ui
+
+from ..vae.video_codecs import BIT_DEPTHS, CODECS, MAX_CRF, PIXEL_FORMATS, resolve
+from ..vae.video_file import FileSink
+from ..vae.video_writer import VideoWriter
+from . import execution
+from .common import Tiling, check_tiling, read_latent, streamed_tiling_inputs
+from .types import STREAMVAE
+
+try:
+    import folder_paths
+    from comfy.cli_args import args as comfy_args
+    from comfy_api.latest import InputImpl
+except ImportError:
+    folder_paths = comfy_args = InputImpl = None
+
+PREVIEW_FRAMES = 8
+PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
+
+
+class Preview:
+    """Up to PREVIEW_FRAMES frames spread over the clip, shrunk to PREVIEW_EDGE px, kept as the chunks
+    pass (`observe`), for the node's preview of what was written."""
+
+    def __init__(self, total: int):
+        self.wanted = set(np.linspace(0, total - 1, min(PREVIEW_FRAMES, total)).round().astype(int).tolist())
+        self.frames: list[torch.Tensor] = []
+
+    def observe(self, first: int, pixels: np.ndarray) -> None:
+        for index in sorted(self.wanted.intersection(range(first, first + len(pixels)))):
+            frame = torch.from_numpy(pixels[index - first].astype(np.float32) / np.iinfo(pixels.dtype).max)
+            scale = min(1.0, PREVIEW_EDGE / max(frame.shape[:2]))
+            size = (max(1, round(frame.shape[0] * scale)), max(1, round(frame.shape[1] * scale)))
+            frame = F.interpolate(frame.permute(2, 0, 1)[None], size=size, mode="area")[0].permute(1, 2, 0)
+            self.frames.append(frame)
+
+    def image(self) -> torch.Tensor:
+        """The kept frames as an IMAGE N,h,w,3 in 0..1."""
+        return torch.stack(self.frames)
+
+
+def output_path(filename_prefix: str, extension: str, width: int, height: int) -> tuple[Path, str]:
+    """The next free `<prefix>_NNNNN_.<ext>` in ComfyUI's output folder (core's counter; a partial
+    file left by a failed run counts too, so nothing is overwritten), and its subfolder."""
+    try:
+        folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(
+            filename_prefix, folder_paths.get_output_directory(), width, height)
+    except Exception as error:  # core raises a bare Exception for a prefix outside the output folder
+        raise ValueError(f"cannot write into the output folder for filename_prefix {filename_prefix!r}: "
+                         f"{getattr(error, 'strerror', None) or error}. Choose another filename_prefix (a folder "
+                         "inside ComfyUI's output folder that you can write to).") from error
+    return Path(folder) / f"{name}_{counter:05}_.{extension}", subfolder
+
+
+def _metadata(prompt, extra_pnginfo, description: str) -> dict[str, str]:
+    """Container tags: what was written, and the workflow as core's savers store it (unless disabled)."""
+    tags = {"comment": f"StreamVAE: {description}"}
+    if comfy_args is None or not comfy_args.disable_metadata:
+        if prompt is not None:
+            tags["prompt"] = json.dumps(prompt)
+        for key, value in (extra_pnginfo or {}).items():
+            tags[key] = json.dumps(value)
+    return tags
+
+
+def _audio(audio):
+    """ComfyUI AUDIO {"waveform": B,C,S, "sample_rate"} -> (C,S of the first entry, rate) for the writer."""
+    if audio is None:
+        return None
+    return audio["waveform"][0].float().cpu().numpy(), int(audio["sample_rate"])
+
+
+class DecodeToVideo(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEDecodeToVideo",
+            display_name="StreamVAE Decode to Video",
+            category="StreamVAE",
+            description="Decodes a raw latent straight into a video file in ComfyUI's output folder: each chunk is "
+                        "encoded while the next one decodes, so RAM does not grow with the clip's length (no IMAGE "
+                        "is made). Every frame of every clip is written, in order, at the latent's true size.",
+            inputs=[
+                io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
+                                                          "match the latent's channel count."),
+                io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); the clips of the batch are "
+                                                   "written one after another into one file."),
+                io.String.Input("filename_prefix", default="StreamVAE/video", tooltip=(
+                    "File name in ComfyUI's output folder, with subfolders; _00001_ and the extension are added "
+                    "(the counter never overwrites). %date:yyyy-MM-dd%-style and %width%/%height% work as in core.")),
+                io.Combo.Input("codec", options=list(CODECS), default="h264", tooltip=(
+                    "h264 (.mp4; plays everywhere), h265 (.mp4; smaller files), ffv1 (.mkv; lossless: the file holds "
+                    "the decoded 8/16-bit values exactly), prores (.mov; for editing). Only what this PyAV build "
+                    "has is accepted.")),
+                io.Float.Input("fps", default=24.0, min=0.01, max=1000.0, step=0.001, tooltip=(
+                    "Frame rate in frames per second (23.976 and 29.97 are stored exactly as NTSC rates).")),
+                io.Int.Input("crf", default=19, min=0, max=MAX_CRF, step=1, tooltip=(
+                    "Quality in CRF units for h264/h265: 0 = best (x264: lossless in YUV), 17-23 = visually good, "
+                    "51 = smallest. ffv1 is always lossless and prores uses its HQ/4444 profile, so they ignore it.")),
+                io.Combo.Input("pixel_format", options=list(PIXEL_FORMATS), default="auto", tooltip=(
+                    "yuv420/yuv422/yuv444: YUV with the BT.709 matrix in limited range, chroma at 1/4, 1/2 or full "
+                    "resolution (4:2:0 needs even width and height). rgb: the R, G, B values themselves (lossless "
+                    "with ffv1). auto: yuv420 for h264/h265, yuv422 for prores, rgb for ffv1.")),
+                io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", tooltip=(
+                    "Bits per channel. auto: 8, or 10 for prores. 10/12 bit cut banding in gradients (h265, prores, "
+                    "ffv1); 16 bit with ffv1 rgb keeps 16-bit values exactly.")),
+                *streamed_tiling_inputs(io),
+                io.Audio.Input("audio", optional=True, tooltip=(
+                    "Sound to mux into the file (AAC in .mp4, FLAC in .mkv, PCM in .mov), cut to the video's length "
+                    "in frames / fps.")),
+            ],
+            outputs=[
+                io.Video.Output(tooltip="The written file as a VIDEO, for Save Video, Get Video Components or "
+                                        "StreamVAE Encode from Video."),
+                io.String.Output(display_name="path", tooltip="Full path of the written file."),
+            ],
+            hidden=[io.Hidden.prompt, io.Hidden.extra_pnginfo],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def validate_inputs(cls, codec=None, pixel_format=None, bit_depth=None, crf=None, fps=None, tile_size=None,
+                        tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
+        if error:
+            return error
+        if None not in (codec, pixel_format, bit_depth, crf, fps):
+            try:
+                resolve(codec, pixel_format, bit_depth, crf, fps)
+            except ValueError as problem:
+                return str(problem)
+        return True
+
+    @classmethod
+    def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=24.0, crf=19,
+                pixel_format="auto", bit_depth="auto", tile_size=0, tile_overlap=64, temporal_chunk=0,
+                memory_budget_gb=0.0, audio=None) -> io.NodeOutput:
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
+        if error:  # values that arrived through links are only known now
+            raise ValueError(error)
+        encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
+        latent = read_latent(samples, vae.model)
+        _, _, _, h, w = latent.samples.shape
+        height, width = latent.size if latent.size is not None else (h * vae.spatial_factor, w * vae.spatial_factor)
+        encoding.check_size(width, height)
+        path, subfolder = output_path(filename_prefix, encoding.extension, width, height)
+        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
+        total = sum(latent.frames)
+        preview = Preview(total)
+        metadata = _metadata(cls.hidden.prompt, cls.hidden.extra_pnginfo, encoding.describe())
+        with VideoWriter(path, encoding, width, height, total, audio=_audio(audio), metadata=metadata) as writer:
+            _, report = execution.decode(vae, latent, settings, sink=FileSink(writer, preview.observe))
+            path = writer.finish()
+        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}")
+        written = {"filename": path.name, "subfolder": subfolder, "type": "output", "frames": total,
+                   "width": width, "height": height, "fps": float(encoding.fps), "format": encoding.describe()}
+        shown = ui.PreviewImage(preview.image(), cls=cls).as_dict()
+        video = InputImpl.VideoFromFile(str(path)) if InputImpl is not None else None
+        return io.NodeOutput(video, os.fspath(path), ui={**shown, "streamvae_run": [report.as_dict()],
+                                                         "streamvae_video": [written]})

@@ -1,0 +1,225 @@
+"""`VideoWriter`: RGB frames -> a video file, encoded on a background thread behind a bounded queue.
+
+The producer (the decode) hands over chunks of frames and goes on decoding while the thread
+converts and encodes them; the queue holds at most `queue_chunks` chunks, so memory does not grow
+with the clip and a slow encoder slows the decode down instead of piling frames up.
+
+Nothing that looks complete appears before the end: frames go to `<name>.partial.<ext>`, renamed
+to `<name>.<ext>` only when every expected frame was written and the file was closed. MP4/MOV are
+written as fragmented MP4 (a fragment at least every second) and MKV is a streaming format, so a
+partial file that was cut off by a full disk or a killed process is still a playable video up to
+its last complete fragment; after a cancel or an error the file is closed properly and kept under
+its `.partial` name, and the error says so.
+"""
+import errno
+import logging
+import os
+import queue
+import sys
+import threading
+from pathlib import Path
+
+import av
+import numpy as np
+
+from .video_codecs import BT709, FULL_RANGE, LIMITED_RANGE, RGB_MATRIX, VideoEncoding, VideoFormatError
+
+log = logging.getLogger("streamvae")
+RGB48 = "rgb48le" if sys.byteorder == "little" else "rgb48be"
+FRAGMENTED_MP4 = {"movflags": "+frag_keyframe+empty_moov+default_base_moof+use_metadata_tags",
+                  "frag_duration": "1000000"}  # microseconds
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class VideoWriteError(RuntimeError):
+    """Writing the video failed; `partial_path` holds what was written (None when nothing was)."""
+
+    def __init__(self, message: str, partial_path: Path | None = None):
+        super().__init__(message)
+        self.partial_path = partial_path
+
+
+def partial_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.partial{path.suffix}")
+
+
+def _disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in DISK_FULL
+
+
+def _reason(error: BaseException) -> str:
+    if _disk_full(error):
+        return f"the disk is full ({error.strerror})"
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
+
+
+class VideoWriter:
+    """Writes `frames` frames of width x height to `path` as `encoding` says (see module docstring).
+
+    `write(chunk)` takes frames T,H,W,3 as uint8 (8-bit encodings) or uint16 (deeper ones).
+    `audio` = (waveform C,S float in -1..1, sample_rate) is muxed alongside, cut to the video's
+    length. `metadata` (str -> str) goes into the container's tags. Use `finish()` on success,
+    `abort()` on failure or cancel.
+    """
+
+    def __init__(self, path, encoding: VideoEncoding, width: int, height: int, frames: int, *, audio=None,
+                 metadata: dict | None = None, queue_chunks: int = 2):
+        encoding.check_size(width, height)
+        self.path, self.encoding, self.frames = Path(path), encoding, frames
+        if self.path.suffix.lower() != f".{encoding.extension}":
+            raise VideoFormatError(f"{encoding.codec.label} is written as .{encoding.extension}; name the file "
+                                   f"{self.path.stem}.{encoding.extension} instead of {self.path.name}")
+        self.partial = partial_path(self.path)
+        self.queued = self.encoded = 0
+        self._error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            options = FRAGMENTED_MP4 if encoding.extension in ("mp4", "mov") else {}
+            self._container = av.open(str(self.partial), mode="w", options=options)
+        except (OSError, av.FFmpegError) as error:
+            raise VideoWriteError(f"cannot write the video into {self.path.parent}: {_reason(error)}. Choose another "
+                                  "folder (filename_prefix / --out) or make this one writable; nothing was written.") from error
+        try:
+            for key, value in (metadata or {}).items():
+                self._container.metadata[key] = value
+            self._stream = self._add_video_stream(width, height)
+            self._audio = self._add_audio_stream(audio) if audio is not None else None
+        except BaseException:
+            self._container.close()
+            self.partial.unlink(missing_ok=True)
+            raise
+        self._thread = threading.Thread(target=self._run, name="streamvae-video-writer", daemon=True)
+        self._thread.start()
+
+    # --- setup -----------------------------------------------------------------------------------
+    def _add_video_stream(self, width: int, height: int):
+        e = self.encoding
+        stream = self._container.add_stream(e.codec.encoder, rate=e.fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, e.pix_fmt
+        stream.options = e.options()
+        context = stream.codec_context
+        # Tag what the pixels are, so players do not guess (BT.601 vs BT.709, limited vs full range).
+        context.colorspace = RGB_MATRIX if e.is_rgb else BT709
+        context.color_range = FULL_RANGE if e.is_rgb else LIMITED_RANGE
+        context.color_primaries = context.color_trc = BT709
+        return stream
+
+    def _add_audio_stream(self, audio):
+        waveform, sample_rate = audio
+        waveform = np.asarray(waveform, dtype=np.float32)
+        if waveform.ndim != 2 or waveform.shape[0] not in (1, 2) or sample_rate <= 0:
+            raise ValueError(f"audio must be 1 or 2 channels of samples (C,S) at a positive sample rate; got shape "
+                             f"{waveform.shape} at {sample_rate} Hz")
+        samples = round(self.frames / self.encoding.fps * sample_rate)  # the video's length
+        self._audio_samples = np.ascontiguousarray(waveform[:, :samples].T).reshape(1, -1)
+        self._audio_layout = "mono" if waveform.shape[0] == 1 else "stereo"
+        stream = self._container.add_stream(self.encoding.codec.audio_encoder, rate=int(sample_rate))
+        stream.layout = self._audio_layout
+        return stream
+
+    # --- the writer thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        ended = False  # the end-of-frames marker was taken from the queue
+        try:
+            if self._audio is not None:
+                frame = av.AudioFrame.from_ndarray(self._audio_samples, format="flt", layout=self._audio_layout)
+                frame.sample_rate, frame.pts = self._audio.rate, 0
+                self._container.mux(self._audio.encode(frame))
+                self._container.mux(self._audio.encode(None))
+            while (chunk := self._queue.get()) is not None:
+                for array in chunk:
+                    self._encode(array)
+            ended = True
+            self._container.mux(self._stream.encode(None))  # flush the encoder's delayed frames
+        except BaseException as error:  # reported to the producer by write() / finish()
+            self._error = error
+            while not ended and self._queue.get() is not None:  # a producer blocked on a full queue goes on
+                pass
+
+    def _encode(self, array: np.ndarray) -> None:
+        e = self.encoding
+        frame = av.VideoFrame.from_ndarray(array, format="rgb24" if array.dtype == np.uint8 else RGB48)
+        if e.is_rgb:
+            frame = frame.reformat(format=e.pix_fmt)
+        else:
+            frame = frame.reformat(format=e.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
+        frame.pts = self.encoded
+        self._container.mux(self._stream.encode(frame))
+        self.encoded += 1
+
+    # --- the producer side -----------------------------------------------------------------------
+    def write(self, chunk: np.ndarray) -> None:
+        """Queue frames T,H,W,3 for encoding; blocks while the queue is full; raises VideoWriteError
+        as soon as the writer thread has failed."""
+        expected = np.uint8 if self.encoding.input_bits == 8 else np.uint16
+        if chunk.dtype != expected or chunk.ndim != 4 or chunk.shape[1:] != (self._stream.height, self._stream.width, 3):
+            raise ValueError(f"frames must be {np.dtype(expected).name} T,{self._stream.height},{self._stream.width},3; "
+                             f"got {chunk.dtype} {chunk.shape}")
+        while True:
+            self._check_thread()
+            try:
+                self._queue.put(chunk, timeout=0.5)
+                break
+            except queue.Full:
+                continue
+        self.queued += len(chunk)
+
+    def _check_thread(self) -> None:
+        if self._error is not None:
+            self._stop()
+            advice = " Free disk space or choose another folder and run again." if _disk_full(self._error) else ""
+            raise self._failure(f"writing {self.partial.name} failed after {self.encoded} of {self.frames} frames: "
+                                f"{_reason(self._error)}.{advice}", self._error)
+
+    def _stop(self) -> None:
+        """End the thread and close the file (errors while closing are logged: the run already failed)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._container is not None:
+            try:
+                self._container.close()
+            except Exception as error:
+                log.warning("StreamVAE: closing %s failed: %s", self.partial, _reason(error))
+            self._container = None
+
+    def _failure(self, message: str, cause: BaseException | None = None) -> VideoWriteError:
+        """The error to raise; the partial file is kept when it holds frames, else removed."""
+        if self.encoded == 0:
+            self.partial.unlink(missing_ok=True)
+            error = VideoWriteError(message + " Nothing was written.")
+        else:  # after a write error some encoded frames may not have reached the disk
+            kept = f"The {self.encoded} frames written so far stay" if self._error is None else "What reached the disk stays"
+            error = VideoWriteError(f"{message} {kept} readable in {self.partial} (not the complete video).", self.partial)
+        error.__cause__ = cause
+        return error
+
+    def finish(self) -> Path:
+        """Encode what is queued, close the file and give it its final name; returns that path."""
+        self._queue.put(None)
+        self._thread.join()
+        self._check_thread()
+        try:
+            self._container.close()
+        except (OSError, av.FFmpegError) as error:
+            self._container = None
+            raise self._failure(f"closing {self.partial.name} failed: {_reason(error)}.", error) from error
+        self._container = None
+        if self.encoded != self.frames:
+            raise self._failure(f"{self.encoded} of {self.frames} frames arrived at the writer; the file is incomplete.")
+        os.replace(self.partial, self.path)
+        return self.path
+
+    def abort(self, reason: str) -> VideoWriteError:
+        """Stop after the queued frames, close the file, and return the error to raise (`reason` first)."""
+        self._stop()
+        return self._failure(reason)
+
+    def __enter__(self) -> "VideoWriter":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is not None and self._container is not None:
+            failure = self.abort(f"{kind.__name__}: {error}")
+            log.warning("StreamVAE: %s", failure)
