@@ -167,19 +167,26 @@ def cpu_model() -> dict:
         return {"model": platform.processor() or platform.machine(), "flags": []}
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
     return {"model": fields.get("model name", platform.machine()),
             "flags": [f for f in wanted if f in fields.get("flags", "").split()], "cores": os.cpu_count()}
 
 
 def machine_summary() -> dict:
+    """What a result was measured on: CPU model and flags (or GPU name and CUDA/cuDNN), torch, commit."""
+    cpu = cpu_model()
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu["model"],
+        "cpu_flags": cpu["flags"],
+        "cores": cpu.get("cores"),
+        "commit": git_commit(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "native_bf16_conv": cpu_has_native(torch.bfloat16),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda_runtime": torch.version.cuda if torch.cuda.is_available() else None,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
     }
 
 
