@@ -19,8 +19,8 @@ def vae_files() -> list[str]:
 class LoadVAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster on "
-                      "Ampere and newer; fp16 = like bf16, but can overflow to black or NaN frames.")
+        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster where native "
+                      "(see auto); fp16 = like bf16, but can overflow to black or NaN frames.")
         return io.Schema(
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
@@ -36,7 +36,9 @@ class LoadVAE(io.ComfyNode):
                         auto="fp32, because bf16 encode visibly hurts image-to-video"))),
                 io.Combo.Input("decode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
                     "Precision of the decoder weights and compute. " + dtype_help.format(
-                        auto="bf16 where the GPU supports it (near-lossless), else fp32"))),
+                        auto="bf16 where the device computes it natively (GPUs: NVIDIA Ampere and newer, AMD "
+                             "CDNA2+/RDNA3+, Apple on macOS 14+; CPUs with AVX-512 BF16 or AMX), near-lossless "
+                             "(46-50 dB PSNR against fp32), else fp32. The node shows which one ran"))),
                 io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=(
                     "Where encode/decode run. auto = ComfyUI's VAE device (honours --cpu-vae); gpu = ComfyUI's "
                     "main device; cpu = system memory (slow).")),
