@@ -55,9 +55,11 @@ def variants_for(family: str, args) -> list[tuple[str, str]]:
     toggles = [f"no-{s}" for s in SWITCHES if s != "triton_norm" or torch.cuda.is_available()]
     out = [BASELINE]
     if args.only:
-        # core's VAE runs in fp32 only: in half precision it would take this CPU's reference kernels
+        # core's VAE runs in fp32 only (in half precision it would take a CPU's reference kernels); as
+        # without --only, toggles and extras run in --toggle-dtypes only
         return out + [(d, v) for d in args.dtypes for v in args.only
-                      if (d, v) != BASELINE and (v != "core" or d == "fp32")]
+                      if (d, v) != BASELINE and (v != "core" or d == "fp32")
+                      and (v in ("straightforward", "optimized", "core") or d in args.toggle_dtypes)]
     for dtype in args.dtypes:
         names = ["straightforward", "optimized"]
         if dtype in args.toggle_dtypes:
@@ -123,8 +125,8 @@ def main():
     parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
     parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
-                        help="run just these variants per dtype (after the fp32 straightforward baseline), e.g. "
-                             "optimized no-winograd_conv channels_last_3d core")
+                        help="run just these variants per dtype (after the fp32 straightforward baseline; toggles "
+                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv channels_last_3d core")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")
