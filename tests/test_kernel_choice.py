@@ -190,3 +190,38 @@ def test_every_gpu_candidate_equals_the_default(dtype):
     expected = F.conv3d(x.double(), weight.double(), bias.double(), 1, (0, 1, 1))
     for name, run in candidates.items():
         torch.testing.assert_close(run(x).double(), expected, atol=2e-2, rtol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("triton_delay, torch_delay, expected", [(0.03, 0.0, "torch"), (0.0, 0.03, "triton")])
+def test_the_norm_takes_triton_only_where_it_measured_faster(cache_folder, monkeypatch, triton_delay, torch_delay,
+                                                              expected):
+    """The Triton-or-torch decision of the fused norms, on the CPU: a stand-in for the Triton kernel
+    (the known result after a controlled delay) with `_use_triton` answering yes, and the torch path
+    slowed by a controlled delay; the real kernels are compared with torch's in tests/test_triton_kernels.py."""
+    from optimizations import norm_act
+
+    triton_calls = []
+    x, gamma = torch.randn(1, 8, 3, 4, 4), torch.rand(8, 1, 1, 1) + 0.5
+    results = {n: norm_act.rms_norm_act(x[:, :, :n], gamma) for n in (1, 3)}
+
+    def fake_triton_rms(x, gamma, eps, act, out):
+        triton_calls.append(1)
+        time.sleep(triton_delay)
+        return out.copy_(results[x.shape[2]])
+
+    vector_norm = torch.linalg.vector_norm
+
+    def slow_vector_norm(*args, **kwargs):
+        time.sleep(torch_delay)
+        return vector_norm(*args, **kwargs)
+
+    monkeypatch.setattr(norm_act, "_use_triton", lambda x, enabled: enabled)
+    monkeypatch.setattr(norm_act.triton_norm, "rms_norm_act", fake_triton_rms)
+    monkeypatch.setattr(torch.linalg, "vector_norm", slow_vector_norm)
+    out = norm_act.rms_norm_act(x, gamma, triton=True, kernels="measure")
+    torch.testing.assert_close(out, results[3], atol=1e-6, rtol=1e-6)
+    key, = kernel_choice.choices_for("cpu")._choices
+    assert kernel_choice.choices_for("cpu").cached(key) == expected and "(1, 8, 4, 4)" in key
+    measured = len(triton_calls)
+    norm_act.rms_norm_act(x[:, :, :1], gamma, triton=True, kernels="measure")  # another frame count: same choice
+    assert len(triton_calls) == measured + (expected == "triton")
