@@ -111,7 +111,9 @@ def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
 def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
                     winograd: bool) -> tuple[dict, str]:
     """({name: run(input) -> output}, default name): the exact kernels that can run this conv here."""
-    if x.device.type != "cpu":
+    # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly while the workaround is on.
+    workaround = backend.wants_cudnn_conv3d(x)
+    if x.device.type != "cpu" or workaround:
         candidates = {"torch": lambda inp: F.conv3d(inp, weight, bias, stride, padding)}  # cuDNN on CUDA
         if x.is_cuda:
             def channels_last(inp):
@@ -120,10 +122,9 @@ def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
                                 bias, stride, padding).contiguous()
 
             candidates["channels_last_3d"] = channels_last
-            if x.dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None:
-                candidates["cudnn_direct"] = lambda inp: backend.cudnn_conv3d(inp, weight, bias, stride, padding)
-        # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly while the workaround is on.
-        return candidates, "cudnn_direct" if backend.wants_cudnn_conv3d(x) else "torch"
+        if workaround or (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None):
+            candidates["cudnn_direct"] = lambda inp: backend.cudnn_conv3d(inp, weight, bias, stride, padding)
+        return candidates, "cudnn_direct" if workaround else "torch"
     candidates = {"onednn": lambda inp: _cpu_direct(inp, weight, bias, stride, padding)}
     if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
             and transform_pays(x, weight)):
