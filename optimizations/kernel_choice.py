@@ -81,18 +81,18 @@ def pack_version() -> str:
 
 def _cpu_identity() -> dict:
     """CPU model and the instruction-set flags that decide kernel speed (Linux /proc/cpuinfo)."""
-    model, flags = platform.processor() or platform.machine(), []
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         info = ""
-    for line in info.splitlines():
+    fields = {}
+    for line in info.splitlines():  # the first processor's entries
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == (platform.processor() or platform.machine()):
-            model = value.strip()
-        elif key.strip() in ("flags", "Features") and not flags:
-            flags = sorted(f for f in value.split() if f.startswith(("avx", "amx", "fma", "sve", "asimd", "neon")))
-    return {"cpu": model, "flags": flags, "capability": torch.backends.cpu.get_cpu_capability()}
+        fields.setdefault(key.strip(), value.strip())
+    flags = (fields.get("flags") or fields.get("Features") or "").split()  # x86 / arm64
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+            "flags": sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sve", "asimd"))),
+            "capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def machine_identity(device) -> dict:
@@ -121,7 +121,6 @@ class KernelChoices:
         self.path, self.machine = path, machine
         self._lock = threading.Lock()
         self._choices = self._read()
-        self.loaded = len(self._choices)
         self.reused: set[str] = set()  # keys answered from the file
         self.measured: set[str] = set()  # keys measured by this process
         self.tuning_s = 0.0
