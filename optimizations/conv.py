@@ -31,6 +31,11 @@ from .winograd import GEMM_ROUTES, transform_pays, winograd_conv3d
 # times oneDNN's there, would show in the tiny test models' 1e-5 chunking tests: they keep oneDNN.
 WINOGRAD_MIN_CHANNELS = 96  # min(Cin, Cout)
 WINOGRAD_MIN_CHANNEL_TAPS = 128  # kt * min(Cin, Cout)
+# Side in pixels of the crop a measured kernel choice times: every kernel here costs the same per
+# output frame and, above this size, per pixel (Winograd's slabs of ~256 tiles are 64x64 pixels; at
+# 128x128 each of 2 threads gets two), and a 256x256 frame of 256 channels would take 10-25 s to
+# time on 2 cores instead of 2-5.
+PROBE_SIDE = 128
 # Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
 # channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
 WINOGRAD_MIN_FRAME_PIXELS = 64
@@ -90,9 +95,9 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     """
     candidates, default = conv_candidates(x, weight, bias, stride, padding, winograd)
     if kernels == "measure" and len(candidates) > 1 and not torch.compiler.is_compiling():
-        # Timed on at most two output frames: every kernel here costs the same per output frame.
+        # Timed on at most two output frames of at most PROBE_SIDE^2 pixels (a few seconds per shape).
         frames = min(x.shape[2], weight.shape[2] + stride[0])
-        probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames].contiguous())
+        probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE].contiguous())
         chosen = kernel_choice.pick(conv_key(x, weight, stride, padding), x.device,
                                     {name: (lambda run=run: run(probe())) for name, run in candidates.items()}, default)
         return candidates[chosen](x)
