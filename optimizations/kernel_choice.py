@@ -48,7 +48,7 @@ TIMED_RUNS = 2
 MIN_GAIN = 1.05
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.
-_KERNEL_SOURCES = ("conv.py", "winograd.py", "norm_act.py", "triton_norm.py", "kernel_choice.py")
+_KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py", "kernel_choice.py")
 
 
 def cache_dir() -> Path:

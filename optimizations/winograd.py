@@ -12,17 +12,15 @@ The work is cut into jobs (batch element x slab of tile rows, x output channels 
 fewer slabs than threads), run on one thread per core. A job walks its frames; with P = (m+2)^2
 Winograd positions and N tiles per frame in the slab, everything float32:
 1. the frame's slab rows plus their one-pixel zero halo: S (Cin, Hs, Ws);
-2. the overlapping (m+2) x (m+2) tiles gathered position-major: D (P, Cin, N);
+2. the overlapping (m+2) x (m+2) tiles gathered position-major: D (P, N, Cin);
 3. input transform, one GEMM: V = (B^T kron B^T) @ D, kept in a ring of the last kt frames;
 4. per output frame t, per temporal tap k, one batched GEMM over the P positions, accumulated:
    M[p] = sum_k V[t + k, p] @ U[k, p]^T (U (kt, P, Cout, Cin) is the cached filter transform; V[., p]
    is (N, Cin), M[p] (N, Cout): tiles-major, the layout of a linear layer's input and output).
    Summing the taps in K = kt*Cin at once would need the kt frames adjacent in memory; per tap, the
    ring keeps the working set per frame constant, and the shorter sums round a little less. The
-   GEMMs run on one of GEMM_ROUTES: "mkl" (torch.bmm, MKL) or "onednn" (oneDNN's linear kernel per
-   position, the tap sum fused as its add post-op): MKL runs AVX2 code on AMD CPUs, oneDNN AVX-512
-   (measured on a Zen 5: 85-100 GFLOP/s per core against 150-215); which is faster is measured per
-   machine (kernel_choice.py);
+   GEMMs run on one of GEMM_ROUTES (winograd_gemm.py: MKL's torch.bmm or oneDNN's linear kernel);
+   which is faster is measured per machine (kernel_choice.py);
 5. output transform, Y = (A^T kron A^T) @ M, scattered into the frame's m x m tiles + bias.
 Every output frame is computed by GEMMs of the same shapes whatever T is (the slab height does not
 depend on T), so a clip run in any temporal chunking gives bit-identical frames, as with oneDNN.
@@ -39,6 +37,8 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from .winograd_gemm import GEMM_ROUTES
 
 # Interpolation points (plus the point at infinity) of each tile size. For m = 4 the asymmetric set
 # {0, 1, -1, 2, -1/2} has smaller, better balanced transform entries than the textbook {0, +-1, +-2}:
@@ -436,30 +436,6 @@ def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace, padding: int, gem
                     dst.copy_(src)
                 else:
                     torch.add(src, bias, out=dst)
-
-
-def _gemm_mkl(u, v, t: int, mt) -> None:
-    """mt[p] = sum_k v[(t + k) % kt, p] @ u[k, p]^T by torch.bmm (MKL on x86), accumulated in place."""
-    kt = u.shape[0]
-    torch.bmm(v[t % kt], u[0].transpose(1, 2), out=mt)
-    for k in range(1, kt):
-        mt.baddbmm_(v[(t + k) % kt], u[k].transpose(1, 2))
-
-
-def _gemm_onednn(u, v, t: int, mt) -> None:
-    """As _gemm_mkl, by oneDNN's linear kernel per position (x @ W^T with W (Cout, Cin), as stored in
-    u), the later taps added by its fused sum post-op."""
-    kt = u.shape[0]
-    linear = torch.ops.mkldnn._linear_pointwise
-    for pos in range(u.shape[1]):
-        acc = linear(v[t % kt, pos], u[0, pos], None, "none", [], "")
-        for k in range(1, kt):
-            acc = linear.binary(v[(t + k) % kt, pos], acc, u[k, pos], None, "add")
-        mt[pos].copy_(acc)
-
-
-# The batched-GEMM implementations of step 4 (module docstring), by name.
-GEMM_ROUTES = {"mkl": _gemm_mkl, "onednn": _gemm_onednn}
 
 
 def _tile_runs(size: int, m: int):
