@@ -368,7 +368,7 @@ def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, ob
 @pytest.mark.parametrize("class_type, values, message", [
     ("StreamVAEEncode", {"batch_size": 8}, "use 5 or 9"),
     ("StreamVAEDecode", {"tile_size": 256, "tile_overlap": 256}, "must be smaller than tile_size"),
-    ("StreamVAEDecode", {"tile_size": 32}, "too small"),
+    ("StreamVAEDecode", {"tile_size": 8, "tile_overlap": 0}, "is below 16 px"),
     ("StreamVAEDecode", {"memory_budget_gb": -1.0}, "memory_budget_gb must be 0"),
 ])
 def test_bad_values_get_a_validation_error(class_type, values, message, comfy_client, object_info):
