@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from bench.common import machine_summary, print_table, psnr, random_state_dict  # noqa: E402
 from bench.core_vae import CORE_WAN, core_model  # noqa: E402
 from bench.families import FULL_CONFIGS, make_input  # noqa: E402
-from optimizations import Optimizations, kernel_choice, winograd  # noqa: E402
+from vae.optimizations import Optimizations, kernel_choice, winograd  # noqa: E402
 import vae  # noqa: E402
 from vae import devices  # noqa: E402
 
@@ -50,10 +50,7 @@ def timed(fn) -> tuple[float, torch.Tensor]:
 
 def decoder(model, opts: Optimizations, z: torch.Tensor):
     """A zero-argument decode of z by `model` with `opts`."""
-    def run():
-        model.opts = opts
-        return model.decode(z)
-    return run
+    return lambda: vae.decode(model, z, opts=opts)
 
 
 def bench_family(family: str, args) -> dict:
@@ -78,7 +75,7 @@ def bench_family(family: str, args) -> dict:
         first, _ = timed(runs["measured"])
         tuning = kernel_choice.choices_for("cpu").summary()
         kernel_choice._choices_for.cache_clear()
-        winograd.FILTER_CACHE.clear()
+        winograd.filter_cache().clear()
         cached_first, _ = timed(runs["measured"])
         for name, run in runs.items():  # warm-up: every variant's transforms and oneDNN primitives
             run()

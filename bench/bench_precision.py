@@ -28,7 +28,7 @@ CONFIG_OVERRIDES = {"seedvr2": {"norm_num_groups": 8}}  # as tests/reference.py
 def latent(family: str, model) -> torch.Tensor:
     if family == "seedvr2":
         with torch.inference_mode():
-            return model.encode(load_file(str(SHARED / family / "tiny_inputs.safetensors"))["video"])
+            return vae.encode(model, load_file(str(SHARED / family / "tiny_inputs.safetensors"))["video"])
     return load_file(str(SHARED / family / "reference_io.safetensors"))["dec_in_z_raw"]
 
 
@@ -41,8 +41,8 @@ def main():
             model = vae.load(path, decode_dtype=dtype, config=CONFIG_OVERRIDES.get(family))
             z = latent(family, vae.load(path, config=CONFIG_OVERRIDES.get(family)))
             with torch.inference_mode():
-                median, _ = median_time(lambda: model.decode(z), repeats=3)
-                outputs[name] = model.decode(z).float()
+                median, _ = median_time(lambda: vae.decode(model, z), repeats=3)
+                outputs[name] = vae.decode(model, z).float()
             rows.append(dict(family=family, dtype=name, time=median,
                              psnr=psnr(outputs[name], outputs["fp32"]) if name != "fp32" else None))
     auto = devices.auto_dtype("cpu", "decode")

@@ -38,7 +38,7 @@ from bench.common import ceilings, machine_summary, print_table, psnr, run_worke
 from bench.core_vae import CORE_WAN  # noqa: E402
 from bench.families import FULL_CONFIGS  # noqa: E402
 from bench.variants import NOT_MEASURED, SWITCHES, describe, verdict  # noqa: E402
-from optimizations import kernel_choice  # noqa: E402
+from vae.optimizations import kernel_choice  # noqa: E402
 
 BASELINE = ("fp32", "straightforward")
 DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped")
@@ -160,7 +160,7 @@ def main():
                 notes.extend(n)
     if not machine["native_bf16_conv"]:
         notes.append("this CPU has no native bf16/fp16 conv kernels: half-precision convs are computed in fp32 "
-                     "(optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
+                     "(vae/optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
     if not torch.cuda.is_available():
         notes.append("no CUDA device: the triton_norm switch changes nothing on the CPU and has no row; "
                      "CUDA-only optimizations are listed below as not measured")

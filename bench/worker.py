@@ -22,11 +22,11 @@ from bench.families import FULL_CONFIGS, make_input
 from bench.variants import prepared
 
 import vae
-from optimizations import kernel_choice
+from vae.optimizations import kernel_choice
 
 
 def build(spec: dict):
-    """(model, fn): the variant's model and the zero-argument op to time."""
+    """(model, fn): the variant's model and the op to time (called with the variant's optimizations)."""
     family_cls, cfg = FULL_CONFIGS[spec["family"]]()
     with torch.device("meta"):
         meta = family_cls(cfg)
@@ -39,11 +39,11 @@ def build(spec: dict):
         model = core_model(spec["family"], cfg, state, dtype)
         x = x.to(dtype)
         op = model.encode if spec["op"] == "encode" else model.decode
-        return model, lambda: op(x)
+        return model, lambda opts: op(x)
     model = vae.load(state, dtype=dtype)
     kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), **spec.get("engine", {}))  # engine: tiling kwargs
-    op = model.encode if spec["op"] == "encode" else model.decode
-    return model, lambda: op(x, **kwargs)
+    op = vae.encode if spec["op"] == "encode" else vae.decode
+    return model, lambda opts: op(model, x, opts=opts, **kwargs)
 
 
 def run(spec: dict) -> dict:
@@ -52,7 +52,7 @@ def run(spec: dict) -> dict:
     with torch.inference_mode(), prepared(model, spec["variant"]) as setup:
         def fn():
             with setup.per_run():
-                return op()
+                return op(setup.opts)
 
         weight_bytes = setup.weight_bytes
         if weight_bytes is None:
@@ -73,9 +73,9 @@ def run(spec: dict) -> dict:
         reset_peak_rss()
         times, out = timed_runs(fn, spec.get("repeats", 3), 0)
         peak = peak_rss_bytes() - before
+        kernels = kernel_choice.choices_for("cpu").summary() if setup.opts.kernel_choice == "measure" else None
     if spec.get("out"):
         save_file({"out": out.float().contiguous()}, spec["out"])
-    kernels = kernel_choice.choices_for("cpu").summary() if model.opts.kernel_choice == "measure" else None
     return {"times_s": times, "peak_activation": peak, "retained": retained, "weight_bytes": weight_bytes,
             "flops": flops, "first_run_s": first_run, "kernels": kernels}
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import optimizations.conv as conv
-import optimizations.kernel_choice as kernel_choice
-from optimizations import Optimizations
-from optimizations.kernel_choice import KernelChoices
+import vae.optimizations.conv as conv
+import vae.optimizations.kernel_choice as kernel_choice
+from vae.optimizations import Optimizations
+from vae.optimizations.kernel_choice import KernelChoices
+from vae.optimizations.winograd import filter_cache
 
 MACHINE = {"cpu": "test CPU", "flags": ["avx2"], "torch": "2.13.0", "pack": "0.1.0+abc"}
 
@@ -144,7 +145,7 @@ def test_every_cpu_candidate_equals_the_straightforward_conv(shape, padding):
     tolerance of F.conv3d (float32 rounding of 96-160 channel sums)."""
     x, weight, bias = layer(*shape)
     with torch.inference_mode():
-        candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), padding, winograd=True)
+        candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), padding, winograd=filter_cache())
         assert set(candidates) == {"onednn", "winograd_mkl", "winograd_onednn"} and default == "winograd_mkl"
         expected = F.conv3d(x, weight, bias, 1, padding)
         for name, run in candidates.items():
@@ -153,10 +154,10 @@ def test_every_cpu_candidate_equals_the_straightforward_conv(shape, padding):
 
 def test_ineligible_convs_have_one_candidate_and_are_never_measured(cache_folder):
     x, weight, bias = layer(32, 32, 3, 4, 16, 16)  # too few channels for Winograd
-    candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache())
     assert list(candidates) == ["onednn"] and default == "onednn"
     with torch.inference_mode():
-        conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True, kernels="measure")
+        conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache(), kernels="measure")
     assert kernel_choice.choices_for("cpu").summary()["shapes"] == 0
 
 
@@ -173,10 +174,10 @@ def test_measured_dispatch_runs_the_choice_once_measured(cache_folder, monkeypat
 
     monkeypatch.setattr(kernel_choice, "pick", pick)
     with torch.inference_mode():
-        out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True, kernels="measure")
-        conv.conv3d(x[:, :, :3], weight, bias, (1, 1, 1), (0, 1, 1), winograd=True, kernels="measure")
+        out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache(), kernels="measure")
+        conv.conv3d(x[:, :, :3], weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache(), kernels="measure")
         choice = kernel_choice.choices_for("cpu").cached(asked[0])
-        candidates, _ = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+        candidates, _ = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache())
         assert torch.equal(out, candidates[choice](x))
     assert len(set(asked)) == 1 and kernel_choice.choices_for("cpu").summary()["measured"] == 1
 
@@ -185,7 +186,7 @@ def test_measured_dispatch_runs_the_choice_once_measured(cache_folder, monkeypat
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_gpu_candidate_equals_the_default(dtype):
     x, weight, bias = (t.cuda().to(dtype) for t in layer(64, 64, 3, 4, 32, 32))
-    candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache())
     assert default == "torch" and "channels_last_3d" in candidates
     expected = F.conv3d(x.double(), weight.double(), bias.double(), 1, (0, 1, 1))
     for name, run in candidates.items():
@@ -198,7 +199,7 @@ def test_the_norm_takes_triton_only_where_it_measured_faster(cache_folder, monke
     """The Triton-or-torch decision of the fused norms, on the CPU: a stand-in for the Triton kernel
     (the known result after a controlled delay) with `_use_triton` answering yes, and the torch path
     slowed by a controlled delay; the real kernels are compared with torch's in tests/test_triton_kernels.py."""
-    from optimizations import norm_act
+    from vae.optimizations import norm_act
 
     triton_calls = []
     x, gamma = torch.randn(1, 8, 3, 4, 4), torch.rand(8, 1, 1, 1) + 0.5

@@ -9,7 +9,8 @@ convolution kernels (no AVX-512 BF16 / AMX; oneDNN then falls back to a referenc
 slower than float32 here), half-precision convs are computed in float32 and rounded back: the
 result is the same up to rounding and the speed is float32's. Stride-1 3x3 spatial convs with
 enough channels take the Winograd kernel (`winograd.py`, 4x fewer multiply-adds) when the caller
-passes `winograd=True`: the switch lives in `Optimizations`, which this module never sees.
+passes the filter-transform cache to use (`winograd=`): the switch lives in `Optimizations`, which
+this module never sees.
 
 Which of these exact kernels runs is a fixed rule (`kernels="defaults"`: the rules above, tuned on an
 AVX2 CPU) or measured on this machine once per layer shape (`kernels="measure"`, kernel_choice.py):
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, kernel_choice
-from .winograd import GEMM_ROUTES, transform_pays, winograd_conv3d
+from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
 # saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep
@@ -84,10 +85,11 @@ def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) ->
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-           *, winograd: bool = False, kernels: str = "defaults") -> torch.Tensor:
+           *, winograd: FilterCache | None = None, kernels: str = "defaults") -> torch.Tensor:
     """F.conv3d (no dilation, no groups) of x (B,C,T,H,W), by the fastest exact kernel for the device.
 
-    `winograd` (the caller's `Optimizations.winograd_conv`): allow the Winograd kernel where
+    `winograd` (the filter cache of the caller's `Optimizations`, None when its `winograd_conv` is
+    off): allow the Winograd kernel where
     `winograd_eligible` and its filter transform pays (`transform_pays`); equal to oneDNN up to
     float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
     compiled blocks use inductor's convs. `kernels` (`Optimizations.kernel_choice`): "defaults" runs the
@@ -114,8 +116,9 @@ def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
 
 
 def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-                    winograd: bool) -> tuple[dict, str]:
-    """({name: run(input) -> output}, default name): the exact kernels that can run this conv here."""
+                    winograd: FilterCache | None) -> tuple[dict, str]:
+    """({name: run(input) -> output}, default name): the exact kernels that can run this conv here
+    (`winograd`: the filter cache, None when Winograd is off)."""
     # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly while the workaround is on.
     workaround = backend.wants_cudnn_conv3d(x)
     if x.device.type != "cpu" or workaround:
@@ -131,11 +134,11 @@ def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             candidates["cudnn_direct"] = lambda inp: backend.cudnn_conv3d(inp, weight, bias, stride, padding)
         return candidates, "cudnn_direct" if workaround else "torch"
     candidates = {"onednn": lambda inp: _cpu_direct(inp, weight, bias, stride, padding)}
-    if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
-            and transform_pays(x, weight)):
+    if (winograd is not None and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
+            and transform_pays(x, weight, winograd)):
         for route in GEMM_ROUTES:
-            candidates[f"winograd_{route}"] = (lambda inp, route=route:
-                                               winograd_conv3d(inp, weight, bias, padding=padding[1], gemm=route))
+            candidates[f"winograd_{route}"] = (lambda inp, route=route: winograd_conv3d(
+                inp, weight, bias, winograd, padding=padding[1], gemm=route))
         return candidates, "winograd_mkl"
     return candidates, "onednn"
 
