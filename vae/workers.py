@@ -111,8 +111,7 @@ class RankWorkers:
 
     def _run(self, jobs, on_message, cancel, what: str) -> None:
         """Send jobs[r] to rank r (None: only wait), then handle messages until every rank said "done"."""
-        if not self._finalizer.alive:
-            raise WorkerFailed("these workers were stopped after an earlier failure or cancel; start new ones")
+        self._check_running()
         try:
             if jobs is not None:
                 for conn, job in zip(self.conns, jobs):
@@ -218,11 +217,16 @@ class RankWorkers:
         moments = [m.to(video.device) for m in result["moments"]]
         return tuple(moments) if return_logvar else moments[0]
 
+    def _check_running(self) -> None:
+        if not self._finalizer.alive:
+            raise WorkerFailed("these workers were stopped after an earlier failure or cancel; start new ones")
+
     def _path(self, name: str) -> str:
         return os.path.join(self.store, name)
 
     def _shared(self, name: str, shape, dtype: torch.dtype) -> torch.Tensor:
         """A new file-backed tensor the workers map by name (replacing an earlier one of that name)."""
+        self._check_running()
         with open(self._path(name), "wb") as file:
             file.truncate(math.prod(shape) * torch.empty((), dtype=dtype).element_size())
         return _mapped(self._path(name), shape, dtype)
