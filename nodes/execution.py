@@ -14,7 +14,7 @@ from ..optimizations import backend, run_with_fallback
 from ..optimizations.compile import dynamo_limits
 from ..vae import streaming
 from ..vae.devices import same_device
-from . import core_api, faults, planning
+from . import core_api, faults, multi_device, planning
 from .common import (CORE_LAYOUT, Clips, LatentClips, Tiling, clip_video, finish_image, image_view,
                      to_core_latent)
 
@@ -160,11 +160,16 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     progress = Progress(n, report)
     samples = None
     with _engine_scope(handle, "encode"):
+        workers = multi_device.workers(handle)  # None: one device
         for i in range(n):
             progress.index = i
             video = clip(i)
-            z = run_with_fallback(handle.model.encode, video, out_device=out_device, progress=progress,
-                                  cancel=_cancel, **kwargs)
+            if workers is not None and isinstance(video, torch.Tensor):  # frame sources stay on one device
+                z = workers.encode(video, temporal_chunk=report.plan.temporal_chunk, progress=progress,
+                                   cancel=_cancel).to(out_device)
+            else:
+                z = run_with_fallback(handle.model.encode, video, out_device=out_device, progress=progress,
+                                      cancel=_cancel, **kwargs)
             z = to_core_latent(handle.model, z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
@@ -201,8 +206,13 @@ def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[
     kwargs = _engine_kwargs("decode", tiling, report.plan)
     progress = Progress(b, report)
     with _engine_scope(handle, "decode"):
+        workers = multi_device.workers(handle)  # None: one device
         for i in range(b):
             progress.index = i
+            if workers is not None:
+                workers.decode(z[i:i + 1], temporal_chunk=report.plan.temporal_chunk, progress=progress,
+                               cancel=_cancel, **target(i))
+                continue
             run_with_fallback(handle.model.decode, z[i:i + 1], progress=progress, cancel=_cancel, nonfinite=nonfinite,
                               **target(i), **kwargs)
     return _finish(handle, report)
