@@ -27,7 +27,7 @@ NODES = {
     "StreamVAEGPUOptimizations", "StreamVAEToCoreVAE", "StreamVAETestPattern", "StreamVAEDecodeToVideo",
     "StreamVAEEncodeFromVideo", "StreamVAEMultiDevice",
 }
-UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs", "CRF")
+UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs", "CRF", "Seconds")
 FRAMES, HEIGHT, WIDTH = 7, 24, 40  # not 4n+1, and not a multiple of 16 (Wan2.2's factor)
 
 
