@@ -63,6 +63,7 @@ def _rank_main(rank: int, store: str, results) -> None:
                                                                 return_logvar=True)
         found[family, 3, "random"] = distributed.decode(model, _random_latent(model), temporal_chunk=2, num_frames=15,
                                                         height=60, width=45)
+        found[family, 3, "budget"] = distributed.decode(model, z, memory_budget=48 * 2**20, cache_offload="auto")
     model = load_tiny("seedvr2")
     found["bands"] = distributed.decode(model, _inputs("seedvr2")[1], temporal_chunk=2, gather=False)
     try:  # ranks that disagree on the settings: every rank refuses, none waits
@@ -125,6 +126,11 @@ def test_split_decode_of_a_longer_wider_latent_trims_like_streaming(gathered, si
     want = model.decode(_random_latent(model), temporal_chunk=5, num_frames=15, height=60, width=45)
     assert gathered[family, 3, "random"].shape == want.shape
     assert (gathered[family, 3, "random"] - want).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_decode_within_a_memory_budget_per_rank(gathered, single, family):
+    assert (gathered[family, 3, "budget"] - single[family][1]).abs().max() <= ATOL
 
 
 def test_each_rank_keeps_its_band_of_rows_when_not_gathered(gathered, single):

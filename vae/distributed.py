@@ -23,6 +23,7 @@ the group (SPMD, e.g. under torchrun) and assemble the output on rank 0 (`gather
 rank its band. Every rank must pass the same input and settings; a peer that dies makes the others'
 next exchange fail (gloo at once, NCCL after the group's timeout), so nothing waits forever.
 """
+import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import memory
 from .blocks import FrameGroupNorm, StreamContext, zero_border
 from .causal_cache import CausalCache
 
@@ -42,6 +44,7 @@ except ImportError:  # plain library use: the repository root is on sys.path
 from .streaming import Cancelled, _as_video, _pixel_span, latent_frames, pixel_frames  # noqa: E402
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
+log = logging.getLogger("streamvae")
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,12 @@ class BandExecution:
             raise ValueError(f"the ranks of the group were given different {what} (rank {self.rank}: {list(values)}); "
                              "every rank must call with the same input and settings")
 
+    def smallest(self, value: int, device) -> int:
+        """The smallest `value` over the ranks."""
+        tensor = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(tensor, dist.ReduceOp.MIN, group=self.group)
+        return int(tensor.item())
+
     def any_rank(self, flag: bool, device) -> bool:
         """True on every rank when `flag` is True on any (cancellation agreed between the ranks)."""
         value = torch.tensor([int(flag)], device=device)
@@ -241,8 +250,11 @@ class BandExecution:
         return bool(value.item())
 
 
-def _setup(model, n_rows: int, group, rows, temporal_chunk, n_lat: int, cache_offload: str):
-    """(execution, context, latent chunk) of one distributed run."""
+def _setup(model, op: str, shape, n_rows: int, group, rows, temporal_chunk, memory_budget, cache_offload: str):
+    """(execution, context, latent chunk) of one distributed run on input `shape` (B,C,T,H,W; decode: the
+    latent, H = `n_rows`). With `memory_budget` (bytes or "auto": this rank's free memory) the chunk and
+    the cache offload are what the memory model fits for an untiled frame of the largest band; the
+    ranks then run the smallest chunk any of them can afford."""
     if not dist.is_initialized():
         raise RuntimeError("vae.distributed needs an initialised process group: call torch.distributed."
                            "init_process_group (gloo on CPUs, nccl on GPUs) first, e.g. under torchrun")
@@ -250,9 +262,31 @@ def _setup(model, n_rows: int, group, rows, temporal_chunk, n_lat: int, cache_of
     if temporal_chunk is not None and (isinstance(temporal_chunk, bool) or not isinstance(temporal_chunk, int)
                                        or temporal_chunk < 1):
         raise ValueError(f"temporal_chunk must be a positive number of latent frames, got {temporal_chunk!r}")
+    n_lat = shape[2] if op == "decode" else latent_frames(shape[2], model.temporal_factor)
     chunk = n_lat if temporal_chunk is None else min(temporal_chunk, n_lat)
+    if memory_budget is not None:
+        chunk, cache_offload = _fit_band(model, op, shape, execution.bands, chunk, memory_budget)
+        chunk = execution.smallest(chunk, model.device)  # every rank must run the same chunks
     ctx = StreamContext(model.opts, execution, CausalCache(cache_offload, model.device))  # engine: opts move to the plan
     return execution, ctx, chunk
+
+
+def _fit_band(model, op: str, shape, bands: Bands, chunk: int, memory_budget) -> tuple[int, str]:
+    """(temporal chunk, cache offload) the memory model fits in `memory_budget` for an untiled frame of
+    the largest band of an input of `shape`; (chunk, "none") where the model is not calibrated."""
+    tallest = max(b - a for a, b in zip(bands.edges, bands.edges[1:])) * (1 if op == "decode" else model.spatial_factor)
+    try:
+        plan = memory.plan(model, op, tuple(shape[:3]) + (tallest, shape[4]), temporal_chunk=chunk,
+                           memory_budget=memory_budget, cache_offload="auto", io_on_device=(False, False))
+    except KeyError as missing:  # no calibration for this family/op/device: run as given
+        log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
+        return chunk, "none"
+    if plan.tile_size is None and plan.fits:
+        return plan.temporal_chunk, plan.cache_offload
+    log.warning("StreamVAE %s: a band of %d rows does not fit the memory budget of %.2f GiB untiled, even one latent "
+                "frame at a time (tiles inside a band are not implemented); trying it anyway: use more ranks or a "
+                "smaller frame", op, tallest, plan.budget_bytes / 2**30)
+    return 1, plan.cache_offload
 
 
 def _deliver_to(out: torch.Tensor | None, sink: SinkFn | None) -> SinkFn:
@@ -279,7 +313,7 @@ def _chunks(execution: BandExecution, ctx, n_lat: int, chunk: int, device, run, 
 def decode(model, z: torch.Tensor, group=None, *, temporal_chunk: int | None = None, rows: Sequence[int] | None = None,
            num_frames: int | None = None, height: int | None = None, width: int | None = None, gather: bool = True,
            out_device=None, out_dtype: torch.dtype | None = None, sink: SinkFn | None = None,
-           cache_offload: str = "none", progress=None, cancel=None) -> torch.Tensor | None:
+           memory_budget=None, cache_offload: str = "none", progress=None, cancel=None) -> torch.Tensor | None:
     """Decode a raw latent B,C,T',h,w (or B,C,h,w) split by rows over the ranks of `group` (default: the
     world); call on every rank with the same arguments. Equals `streaming.decode` (untiled) within float
     rounding, for any `temporal_chunk` and any bands (`rows`: latent rows per rank, default even).
@@ -288,12 +322,14 @@ def decode(model, z: torch.Tensor, group=None, *, temporal_chunk: int | None = N
     `streaming.decode`), or hands each chunk to `sink(first, frames)`; the other ranks return None.
     `gather=False`: every rank returns (or sinks) its own band of output rows, B,3,T,rows,W (rows
     [8 e_k, 8 e_k+1) of the untrimmed frame, cut at `height`). `cancel()` is polled on every rank per chunk.
+    `memory_budget` (bytes, or "auto" = this rank's free memory) picks the temporal chunk (at most
+    `temporal_chunk`) and where the caches wait (`cache_offload` as in `streaming.decode`) per rank.
     """
     z, image = _as_video(z, "decode input")
     b, c, n_lat, h, w = z.shape
     if c != model.latent_channels:
         raise ValueError(f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c}")
-    execution, ctx, chunk = _setup(model, h, group, rows, temporal_chunk, n_lat, cache_offload)
+    execution, ctx, chunk = _setup(model, "decode", z.shape, h, group, rows, temporal_chunk, memory_budget, cache_offload)
     execution.agree((b, c, n_lat, h, w, chunk, int(gather)), model.device, "latent shapes or settings")
     sf = model.spatial_factor
     t_out = pixel_frames(n_lat, model.temporal_factor) if num_frames is None else num_frames
@@ -330,8 +366,8 @@ def decode(model, z: torch.Tensor, group=None, *, temporal_chunk: int | None = N
 
 
 def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows: Sequence[int] | None = None,
-           gather: bool = True, return_logvar: bool = False, out_device=None, cache_offload: str = "none",
-           progress=None, cancel=None):
+           gather: bool = True, return_logvar: bool = False, out_device=None, memory_budget=None,
+           cache_offload: str = "none", progress=None, cancel=None):
     """Encode pixels B,3,T,H,W (or B,3,H,W, or a frame source as `streaming.encode` takes) in [-1, 1]
     split by rows over the ranks of `group`; call on every rank with the same arguments. Each rank reads
     only its band of pixel rows (padding as `streaming.encode`: T to 4n+1, H and W to the spatial factor).
@@ -345,7 +381,8 @@ def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows:
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c}")
     sf, tf = model.spatial_factor, model.temporal_factor
     n_lat, h_lat, w_lat = latent_frames(t, tf), -(-h // sf), -(-w // sf)
-    execution, ctx, chunk = _setup(model, h_lat, group, rows, temporal_chunk, n_lat, cache_offload)
+    execution, ctx, chunk = _setup(model, "encode", video.shape, h_lat, group, rows, temporal_chunk, memory_budget,
+                                   cache_offload)
     execution.agree((b, c, t, h, w, chunk, int(gather)), model.device, "video shapes or settings")
     lo, hi = execution.bands.rows(execution.rank, 1)
     r0, r1 = lo * sf, min(hi * sf, h)  # a band starts inside the frame: the padding is under sf rows
