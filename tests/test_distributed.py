@@ -169,10 +169,10 @@ def test_worker_processes_decode_and_encode_like_one_process(workers, single):
     assert (logvar - single["seedvr2"][0][1]).abs().max() <= ATOL
 
 
-def _worker_processes() -> list:
-    """Processes started from this one that run `vae.workers` (finished ones included until reaped)."""
+def worker_processes(parent: int | None = None) -> list:
+    """The running `vae.workers` processes under `parent` (default: this process; zombies not counted)."""
     found = []
-    for child in psutil.Process().children(recursive=True):
+    for child in psutil.Process(parent).children(recursive=True):
         try:
             if "vae.workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child)
@@ -183,7 +183,7 @@ def _worker_processes() -> list:
 
 def _assert_all_stopped(pool) -> None:
     assert all(p.poll() is not None for p in pool.procs), "a worker process was left running"
-    assert not _worker_processes()
+    assert not worker_processes()
     assert not os.path.exists(pool.store), "the shared files were left behind"
 
 
@@ -209,7 +209,7 @@ def test_a_rank_failing_at_start_reports_its_message_and_stops_all():
     with pytest.raises(WorkerFailed, match=r"rank 1 \(cuda:9\) failed: ValueError: cuda:9 is not available"):
         RankWorkers(load_tiny("wan21"), ["cpu", "cuda:9"], timeout=60, threads=1)
     assert time.monotonic() - start < 30
-    assert not _worker_processes()
+    assert not worker_processes()
 
 
 def test_cancel_stops_the_workers():

@@ -4,11 +4,11 @@ prompt with that rank's message and leaves no worker behind; the next prompt sta
 import os
 import signal
 
-import psutil
 import pytest
 import torch
 
 from comfy_support.client import PromptRejected
+from test_distributed import worker_processes
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, core_latent,  # noqa: F401
                                models, node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 
@@ -23,15 +23,7 @@ def multi_device_prompt(object_info, devices="cpu, cpu", **loader):
 
 
 def workers_of(server) -> list:
-    """The `vae.workers` processes under the ComfyUI server (zombies not counted)."""
-    found = []
-    for child in psutil.Process(server._process.pid).children(recursive=True):
-        try:
-            if "vae.workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return found
+    return worker_processes(server._process.pid)
 
 
 def test_two_worker_processes_round_trip_like_one_process(comfy_server, comfy_client, object_info, uploaded_clip,
