@@ -32,6 +32,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .streaming import Cancelled, pixel_frames  # engine: re-point when the engine moves
 
@@ -76,13 +77,14 @@ class RankWorkers:
         self.devices = [str(torch.device(d)) for d in devices]
         if len(self.devices) < 2:
             raise ValueError(f"RankWorkers needs at least two devices, got {self.devices}")
-        self.family, self.timeout = model.family, timeout
+        self.timeout = timeout
         self.spatial_factor, self.temporal_factor = model.spatial_factor, model.temporal_factor
         self.store = tempfile.mkdtemp(prefix="streamvae-ranks-", dir=_shared_dir())
         backend = "nccl" if all(d.startswith("cuda") for d in self.devices) else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // len(self.devices))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         self.procs, self.conns = [], []
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, self.store)
         for rank, device in enumerate(self.devices):
             mine, theirs = socket.socketpair()
             args = [sys.executable, "-m", "vae.workers", str(theirs.fileno()), str(rank), str(len(self.devices)), device,
@@ -90,7 +92,6 @@ class RankWorkers:
             self.procs.append(subprocess.Popen(args, cwd=str(ROOT), env=env, pass_fds=[theirs.fileno()]))
             theirs.close()
             self.conns.append(Connection(mine.detach()))
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, self.store)
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         setup = {"family": model.family, "config": dataclasses.asdict(model.config),
                  "opts": dataclasses.asdict(model.opts), "state": state}  # engine: opts become an argument
@@ -296,7 +297,6 @@ def _serve(conn: Connection, model, job: dict, rank: int) -> dict:
 def _after_peer_failure(error: BaseException) -> bool:
     """Whether `error` is how a collective reports that another rank failed (gloo: the peer closed or
     reset the connection; NCCL: a timeout or an aborted communicator), not a failure of this rank."""
-    import torch.distributed as dist
     if isinstance(error, getattr(dist, "DistError", ())):
         return True
     text = str(error)
@@ -308,7 +308,6 @@ def _after_peer_failure(error: BaseException) -> bool:
 def main(argv: list[str]) -> None:
     fd, rank, world, device, backend, store, timeout, threads = argv
     conn, rank = Connection(int(fd)), int(rank)
-    import torch.distributed as dist
     try:
         torch.set_num_threads(int(threads))
         device = torch.device(device)
