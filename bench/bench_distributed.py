@@ -30,9 +30,11 @@ import torch
 from bench import families
 from bench.common import REPO
 from vae import memory
-from vae.blocks import FrameGroupNorm, StreamContext
+from vae.blocks import StreamContext
 from vae.causal_cache import CausalCache
 from vae.distributed import BandExecution, Bands
+from vae.layers import FrameGroupNorm
+from vae.optimizations import Optimizations
 
 # (name, family, frames, height, width, T1 seconds on one H100 in bf16, how T1 is known)
 WORKLOADS = [
@@ -100,7 +102,7 @@ def chunk_traffic(family: str, height: int, width: int, world: int, chunk: int =
     bands, rank = Bands.split(h, world), world // 2
     names = {m: n for n, m in model.named_modules()}
     counter = TrafficCount(bands, rank, world, names)
-    ctx = StreamContext(model.opts, counter, CausalCache("none", "meta"))
+    ctx = StreamContext(Optimizations(), counter, CausalCache("none", "meta"))
     lo, hi = bands.rows(rank, 1)
     z = torch.empty((1, model.latent_channels, chunk, hi - lo, w), device="meta", dtype=torch.bfloat16)
     with torch.inference_mode():

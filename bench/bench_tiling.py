@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from bench.common import build_random_model, machine_summary, print_table, run_worker, scratch_dir  # noqa: E402
 from bench.families import FULL_CONFIGS  # noqa: E402
-from vae import memory  # noqa: E402
+from vae import memory, planning  # noqa: E402
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
            ("time_ratio", "time vs first row", ".2f"), ("act_gib", "act GiB", ".3f"),
@@ -108,7 +108,7 @@ def main():
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
     if args.cache_report:
         return causal_cache_report(args)
-    offload = dict(cache_offload=memory.offload_target("cpu"))
+    offload = dict(cache_offload=planning.offload_target("cpu"))
     modes = {"untiled": {}, "exact": dict(tile_size=args.tile),
              "fast": dict(tile_size=args.tile, tile_overlap=args.overlap, tiling="fast"),
              "exact-offload": dict(tile_size=args.tile, **offload), "untiled-offload": offload}

@@ -139,7 +139,7 @@ def main():
                 notes.extend(n)
     if not machine["native_bf16_conv"]:
         notes.append("this CPU has no native bf16/fp16 conv kernels: half-precision convs are computed in fp32 "
-                     "(optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
+                     "(vae/optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
     if not torch.cuda.is_available():
         notes.append("no CUDA device: the triton_norm switch changes nothing on the CPU and has no row; "
                      "CUDA-only optimizations are listed below as not measured")

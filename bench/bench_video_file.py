@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import vae  # noqa: E402
-from bench.common import (cpu_model, git_commit, machine_summary, peak_rss_bytes, print_table, reset_peak_rss,  # noqa: E402
+from bench.common import (machine_summary, peak_rss_bytes, print_table, reset_peak_rss,  # noqa: E402
                           rss_bytes, run_worker)
 from bench.memory_worker import fixed_mmap_threshold  # noqa: E402
 from tests.reference import load_tiny  # noqa: E402
@@ -51,13 +51,13 @@ def random_latent(model, frames: int, height: int, width: int) -> torch.Tensor:
 
 def decode_runs(model, z, folder: Path) -> dict:
     """The ways to decode `z` that the tables compare: name -> zero-argument function."""
-    t, h, w = vae.streaming.pixel_frames(z.shape[2]), z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor
+    t, h, w = vae.geometry.pixel_frames(z.shape[2]), z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor
 
     def to_image(dtype):
-        return lambda: model.decode(z, temporal_chunk=1, out=torch.empty(1, 3, t, h, w, dtype=dtype))
+        return lambda: vae.decode(model, z, temporal_chunk=1, out=torch.empty(1, 3, t, h, w, dtype=dtype))
 
     return {
-        "decode, frames dropped": lambda: model.decode(z, temporal_chunk=1, sink=lambda first, frames: None),
+        "decode, frames dropped": lambda: vae.decode(model, z, temporal_chunk=1, sink=lambda first, frames: None),
         "file, h264 (.mp4)": lambda: vae.decode_to_file(model, z, folder / "bench.mp4", temporal_chunk=1),
         "file, ffv1 (.mkv, lossless)": lambda: vae.decode_to_file(model, z, folder / "bench.mkv", codec="ffv1",
                                                                   temporal_chunk=1),
@@ -162,7 +162,7 @@ def main() -> None:
     args = parser.parse_args()
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
     args.timing_height, args.timing_width = (int(v) for v in args.timing_size.lower().split("x"))
-    machine = {**machine_summary(), "cpu_model": cpu_model(), "commit": git_commit()}
+    machine = machine_summary()
     header = (f"tiny {args.family} decode to file vs IMAGE, {args.height}x{args.width}, 1 latent frame per chunk; "
               f"{machine['cpu_model']['model']} ({', '.join(machine['cpu_model']['flags'])}), {machine['threads']} threads, "
               f"torch {machine['torch']}, commit {machine['commit']}")

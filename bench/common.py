@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import vae  # noqa: E402
-from optimizations import Optimizations, cpu_has_native  # noqa: E402
+from vae.optimizations import Optimizations, cpu_has_native  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -115,7 +115,7 @@ def ceilings(dtypes=("fp32", "bf16"), seconds: float = 2.0) -> dict[str, float]:
         x = torch.randn(1, 256, 6, 64, 64, dtype=dtype)
         w = torch.randn(256, 256, 3, 3, 3, dtype=dtype)
         flops = 2 * 256 * 256 * 27 * 4 * 64 * 64
-        from optimizations import conv3d
+        from vae.optimizations import conv3d
 
         result[f"conv3d_{name}"] = _rate(lambda: conv3d(x, w, None, (1, 1, 1), (0, 1, 1)), flops, seconds)
     return result
@@ -173,8 +173,11 @@ def cpu_model() -> dict:
 
 
 def machine_summary() -> dict:
+    """What a result was measured on and with: CPU (model and flags), torch, GPU, and the commit."""
     return {
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "commit": git_commit(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "native_bf16_conv": cpu_has_native(torch.bfloat16),
         "threads": torch.get_num_threads(),

@@ -18,6 +18,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+import vae  # noqa: E402
 
 from bench.common import DTYPES, build_random_model, machine_summary  # noqa: E402
 from bench.families import FULL_CONFIGS, make_input  # noqa: E402
@@ -49,7 +50,7 @@ def main():
     z = make_input(model, dict(op="decode", frames=frames, height=height, width=width)).to(args.device)
 
     def decode():
-        model.decode(z, out_device="cpu")
+        vae.decode(model, z, out_device="cpu")
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 

@@ -13,12 +13,15 @@ import ctypes
 import json
 import math
 import sys
+from functools import partial
 
 import torch
 
+import vae
+
 from bench.common import DTYPES, build_random_model, peak_rss_bytes, reset_peak_rss, rss_bytes
 from bench.families import FULL_CONFIGS, make_input
-from optimizations.conv import WINOGRAD_MIN_FRAME_PIXELS
+from vae.optimizations.conv import WINOGRAD_MIN_FRAME_PIXELS
 from vae import memory
 
 
@@ -61,7 +64,8 @@ def measure(model, spec: dict) -> dict:
         x = x.to(model.encode_dtype)
     kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
                   tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
-    op = model.decode if spec["op"] == "decode" else model.encode
+    run = vae.decode if spec["op"] == "decode" else vae.encode
+    op = partial(run, model)
     if spec["op"] == "decode":
         out = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
                            x.shape[3] * model.spatial_factor, x.shape[4] * model.spatial_factor), device=device)

@@ -7,7 +7,7 @@ Needs what the server tests need (.ci/setup: ComfyUI in .cache/ComfyUI, the shar
 Each prompt is an encode (IMAGE -> SaveLatent), a decode (LoadLatent -> PreviewImage) or a round trip,
 on a random family, clip (1-9 frames, 16-96 px, any size) and tiling (untiled / 64 px exact / fast,
 any temporal chunk). One prompt in eight is interrupted after its first progress step and one in eight
-gets out-of-memory errors injected in the middle (nodes/faults.py, via STREAMVAE_FAULTS; usually one,
+gets out-of-memory errors injected in the middle (tests/comfy_support/faults.py, via STREAMVAE_FAULTS; usually one,
 which the engine recovers from, sometimes endless, which must end in a clear error). Checks:
 - every successful output has the right frame count and matches the library's direct output (latents
   to 1e-4, images to one 8-bit level);
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import vae
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -101,7 +102,7 @@ class Soak:
                       "2": node(self.info, "StreamVAELoader", vae_name=vae_file(family)),
                       "3": node(self.info, "StreamVAEDecode", vae=["2", 0], samples=["1", 0], **settings),
                       "4": node(self.info, "PreviewImage", images=["3", 0])}
-            expected = as_uint8(model.decode(z, **lib))
+            expected = as_uint8(vae.decode(model, z, **lib))
             return prompt, "3", lambda entry: self.compare_images(entry, "4", expected)
         frames = self.rng.randint(1, 9)
         height, width = self.rng.randint(16, 96), self.rng.randint(16, 96)
@@ -109,13 +110,13 @@ class Soak:
         prompt = {"1": node(self.info, "LoadImage", image=self.upload_clip(clip)),
                   "2": node(self.info, "StreamVAELoader", vae_name=vae_file(family)),
                   "3": node(self.info, "StreamVAEEncode", vae=["2", 0], image=["1", 0], **settings)}
-        z = model.encode(video_of(clip), **lib)
+        z = vae.encode(model, video_of(clip), **lib)
         if kind == "encode":
             prompt["4"] = node(self.info, "SaveLatent", samples=["3", 0], filename_prefix="soak")
             return prompt, "3", lambda entry: self.compare_latent(entry, "4", z)
         prompt["5"] = node(self.info, "StreamVAEDecode", vae=["2", 0], samples=["3", 0], **settings)
         prompt["6"] = node(self.info, "PreviewImage", images=["5", 0])
-        expected = as_uint8(model.decode(z, num_frames=frames, height=height, width=width, **lib))
+        expected = as_uint8(vae.decode(model, z, num_frames=frames, height=height, width=width, **lib))
         return prompt, self.rng.choice(["3", "5"]), lambda entry: self.compare_images(entry, "6", expected)
 
     def compare_images(self, entry, node_id, expected):
@@ -190,7 +191,7 @@ def main() -> int:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="streamvae-soak-"))
     fault_file = work / "faults.json"
-    os.environ["STREAMVAE_FAULTS"] = str(fault_file)  # read by the server's node layer (nodes/faults.py)
+    os.environ["STREAMVAE_FAULTS"] = str(fault_file)  # the server installs the tests' fault hook (tests/comfy_support/faults.py)
     server = ComfyServer(build_base_directory(work / "comfyui")).start()
     rng = random.Random(args.seed)
     started = time.monotonic()

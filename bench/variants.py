@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import torch
 
-from optimizations import Optimizations
+from vae.optimizations import Optimizations
 
 SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))
 
-# What each switch does, in the table's words (the full story is in optimizations/settings.py).
+# What each switch does, in the table's words (the full story is in vae/optimizations/settings.py).
 SWITCH_NOTES = {
     "fused_norm_act": "norm + SiLU in one pass, fp32 statistics, written into the next conv's buffer",
     "buffered_causal_pad": "causal cache + pads in one preallocated buffer (memory-efficient concat)",
@@ -28,6 +28,7 @@ SWITCH_NOTES = {
     "subpixel_upsample_conv": "Wan: nearest 2x + 3x3 conv as four 2x2 phase convs",
     "winograd_conv": "CPU: 3x3 convs by Winograd F(4x4,3x3)",
     "triton_norm": "CUDA: norm + SiLU as Triton kernels (CPU: no effect)",
+    "whole_frame_small_convs": "exact tiles: low-resolution convs run on the whole frame once tiles are larger",
 }
 
 # Extras run on the optimized path. Each maps to a context manager factory (model -> context).
@@ -50,7 +51,7 @@ NOT_MEASURED = [
     ("chunked upsampling (4-8x channel-expansion peak)", "Part of native_pixel_shuffle (its row): the expanding conv runs "
                                                          "a few frames at a time."),
     ("preallocated outputs, cached blend ramps, separable blending", "Tiling/streaming engine (vae/tiling.py, "
-                                                                     "vae/streaming.py); always on, not timed here."),
+                                                                     "vae/engine.py); always on, not timed here."),
 ]
 
 
@@ -63,6 +64,8 @@ def options(variant: str) -> Optimizations:
         if name not in SWITCHES:
             raise ValueError(f"unknown switch {name!r}; one of {SWITCHES}")
         return Optimizations().with_(**{name: False})
+    if variant == "winograd_uncapped":
+        return Optimizations().with_(winograd_cache_bytes=1 << 62)
     if variant == "optimized" or variant in EXTRAS:
         return Optimizations()
     raise ValueError(f"unknown variant {variant!r}")
@@ -80,15 +83,13 @@ def describe(variant: str) -> str:
 
 @contextlib.contextmanager
 def prepared(model, variant: str):
-    """Set `model` up for `variant` for the duration of the block. Yields `per_run` (a context factory
-    each timed run enters) and `weight_bytes` (resident weight bytes when not the parameters')."""
-    from optimizations import winograd
-    from optimizations.backend import to_channels_last_3d
-    from optimizations.compile import CompileSettings, compile_blocks, uncompile_blocks, blocks
+    """Set `model` up for `variant` for the duration of the block. Yields `opts` (the optimizations
+    to pass to the engine), `per_run` (a context factory each timed run enters) and `weight_bytes`
+    (resident weight bytes when not the parameters')."""
+    from vae.optimizations.backend import to_channels_last_3d
+    from vae.optimizations.compile import CompileSettings, compile_blocks, uncompile_blocks, blocks
 
-    model.opts = options(variant)
-    setup = SimpleNamespace(per_run=contextlib.nullcontext, weight_bytes=None)
-    limit = winograd.FILTER_CACHE.limit_bytes
+    setup = SimpleNamespace(opts=options(variant), per_run=contextlib.nullcontext, weight_bytes=None)
     try:
         if variant == "channels_last_3d":
             to_channels_last_3d(model)
@@ -96,11 +97,8 @@ def prepared(model, variant: str):
             report = compile_blocks(model, CompileSettings())
             if report.fallback_reason:
                 raise RuntimeError(f"compile unavailable: {report.fallback_reason}")
-        elif variant == "winograd_uncapped":
-            winograd.FILTER_CACHE.set_limit(1 << 62)
         yield setup
     finally:
-        winograd.FILTER_CACHE.set_limit(limit)
         if variant == "compile":
             uncompile_blocks([m for _, m in blocks(model)])
 

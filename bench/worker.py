@@ -24,7 +24,7 @@ import vae
 
 
 def build(spec: dict):
-    """(model, fn): the variant's model and the zero-argument op to time."""
+    """(model, fn): the variant's model and the op to time (called with the variant's optimizations)."""
     family_cls, cfg = FULL_CONFIGS[spec["family"]]()
     with torch.device("meta"):
         meta = family_cls(cfg)
@@ -37,11 +37,11 @@ def build(spec: dict):
         model = core_model(spec["family"], cfg, state, dtype)
         x = x.to(dtype)
         op = model.encode if spec["op"] == "encode" else model.decode
-        return model, lambda: op(x)
+        return model, lambda opts: op(x)
     model = vae.load(state, dtype=dtype)
     kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), **spec.get("engine", {}))  # engine: tiling kwargs
-    op = model.encode if spec["op"] == "encode" else model.decode
-    return model, lambda: op(x, **kwargs)
+    op = vae.encode if spec["op"] == "encode" else vae.decode
+    return model, lambda opts: op(model, x, opts=opts, **kwargs)
 
 
 def run(spec: dict) -> dict:
@@ -50,7 +50,7 @@ def run(spec: dict) -> dict:
     with torch.inference_mode(), prepared(model, spec["variant"]) as setup:
         def fn():
             with setup.per_run():
-                return op()
+                return op(setup.opts)
 
         weight_bytes = setup.weight_bytes
         if weight_bytes is None:

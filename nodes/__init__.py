@@ -1,11 +1,12 @@
 """The ComfyUI node layer of StreamVAE (V3 schema). Imported by the pack's `comfy_entrypoint()` only,
-inside a running ComfyUI; the library (`vae`, `optimizations`) never imports it.
+inside a running ComfyUI; the library (`vae`, with its kernels in `vae.optimizations`) never imports it.
 
 One file per node (loader, encode, decode, settings, core_vae, test_pattern, video_output = Decode to
 Video, video_input = Encode from Video); shared pieces live in
 `common` (layouts, clips, LATENT metadata, tiling inputs), `model` (the STREAMVAE handle and ComfyUI
-memory management), `execution` (progress, interrupts, memory plans around the engine), `planning`
-and `routes` (plans and checkpoint facts for the web extension).
+memory management), `execution` (the run's one plan, progress and interrupts around the engine),
+`checkpoints` (a checkpoint's family and shapes from its header) and `routes` (plans and
+checkpoint facts for the web extension).
 """
 import logging
 

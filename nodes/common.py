@@ -14,29 +14,19 @@ from dataclasses import dataclass
 
 import torch
 
+from ..vae.geometry import (SMALLEST_SPATIAL_FACTOR, TILING_MODES, is_4n1, latent_frames, min_tile, pixel_frames,
+                            tiling_error)
+
 FRAMES_KEY = "streamvae_frames"
 SIZE_KEY = "streamvae_size"
 
-MIN_TILE = 64  # pixels; below this a tile holds 4-8 latents and the overlap would be most of it
 MAX_TILE = 8192
 MAX_OVERLAP = 4096
 MAX_CHUNK = 4096  # latent frames
 MAX_BUDGET_GB = 1024.0
 MAX_FRAMES = 16385
-TILING_MODES = ("exact", "fast")
-
-
-def latent_frames(frames: int, temporal_factor: int = 4) -> int:
-    """Latent frames for `frames` pixel frames (padded up to the next 4n+1)."""
-    return (frames - 1 + temporal_factor - 1) // temporal_factor + 1
-
-
-def pixel_frames(latents: int, temporal_factor: int = 4) -> int:
-    return temporal_factor * (latents - 1) + 1
-
-
-def is_4n1(frames: int) -> bool:
-    return frames >= 1 and (frames - 1) % 4 == 0
+# The smallest tile any family accepts (`vae.geometry`); the node checks the family's own when it runs.
+MIN_TILE = min_tile(SMALLEST_SPATIAL_FACTOR)
 
 
 # --- IMAGE <-> video -----------------------------------------------------------------------------
@@ -254,6 +244,11 @@ class Tiling:
         budget = "auto" if not memory_budget_gb else int(memory_budget_gb * 2**30)
         return cls(tile_size or None, tile_overlap, temporal_chunk or None, tiling, budget)
 
+    def settings(self) -> dict:
+        """These inputs as the settings `vae.plan` takes."""
+        return {"tile_size": self.tile_size, "tile_overlap": self.tile_overlap, "temporal_chunk": self.temporal_chunk,
+                "tiling": self.tiling, "memory_budget": self.memory_budget}
+
 
 def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None) -> str | None:
     """Queue-time validation of the tiling inputs; the error message says what to do, or None.
@@ -262,18 +257,12 @@ def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_
     `tiling_inputs` are enforced here. Inputs that arrive through a link are None here and are checked
     again when the node runs.
     """
-    if tile_size is not None:
-        if tile_size < 0 or tile_size > MAX_TILE:
-            return f"tile_size must be between 0 (automatic) and {MAX_TILE} pixels; got {tile_size}."
-        if 0 < tile_size < MIN_TILE:
-            return (f"tile_size {tile_size} px is too small to be useful: use 0 (automatic) or at least "
-                    f"{MIN_TILE} px (256-512 px is typical).")
-    if tile_overlap is not None:
-        if tile_overlap < 0 or tile_overlap > MAX_OVERLAP:
-            return f"tile_overlap must be between 0 and {MAX_OVERLAP} pixels; got {tile_overlap}."
-        if tile_size and tile_overlap >= tile_size:
-            return (f"tile_overlap ({tile_overlap} px) must be smaller than tile_size ({tile_size} px): lower the "
-                    f"overlap (a quarter of the tile is typical) or raise the tile size.")
+    if tile_size is not None and not 0 <= tile_size <= MAX_TILE:
+        return f"tile_size must be between 0 (automatic) and {MAX_TILE} pixels; got {tile_size}."
+    if tile_overlap is not None and not 0 <= tile_overlap <= MAX_OVERLAP:
+        return f"tile_overlap must be between 0 and {MAX_OVERLAP} pixels; got {tile_overlap}."
+    if tile_size and (error := tiling_error(tile_size, tile_overlap or 0)):  # the library's one rule
+        return error
     if temporal_chunk is not None and not 0 <= temporal_chunk <= MAX_CHUNK:
         return (f"temporal_chunk must be 0 (automatic) or 1 to {MAX_CHUNK} latent frames per step; "
                 f"got {temporal_chunk}.")

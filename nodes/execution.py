@@ -1,6 +1,7 @@
-"""Running the library's encode/decode inside ComfyUI: memory plan -> `load_models_gpu` -> the engine,
-one progress step per tile x chunk (also ComfyUI's interrupt point), backend flags and compile limits
-around the call, clips one after another so the peak does not grow with the batch.
+"""Running the library's encode/decode inside ComfyUI: one plan per run (`vae.plan`: shown on the node,
+memory reserved with ComfyUI for it, handed to the engine), one progress step per tile x chunk (also
+ComfyUI's interrupt point), backend flags and compile limits around the call, clips one after
+another so the peak does not grow with the batch.
 """
 import contextlib
 import dataclasses
@@ -10,11 +11,12 @@ from typing import Callable
 
 import torch
 
-from ..optimizations import backend, run_with_fallback
-from ..optimizations.compile import dynamo_limits
-from ..vae import streaming
+from .. import vae
 from ..vae.devices import same_device
-from . import core_api, faults, multi_device, planning
+from ..vae.optimizations import backend, run_with_fallback
+from ..vae.optimizations.compile import dynamo_limits
+from ..vae.planning import budget_from_free
+from . import core_api, multi_device
 from .common import (CORE_LAYOUT, Clips, LatentClips, Tiling, clip_video, finish_image, image_view,
                      to_core_latent)
 
@@ -33,7 +35,7 @@ class RunReport:
     """What one Encode/Decode did, for the node's UI message (and the web extension)."""
 
     op: str
-    plan: planning.PlanInfo
+    plan: vae.Plan
     clips: int
     steps: int = 0
     measured_peak_bytes: int | None = None
@@ -69,69 +71,57 @@ def _cancel() -> bool:
 
 
 @contextlib.contextmanager
-def _engine_scope(handle, op: str):
-    """Backend flags, dynamo limits, test faults (`faults`), and Cancelled -> ComfyUI's execution_interrupted."""
+def _engine_scope(handle):
+    """Backend flags, dynamo limits, and Cancelled -> ComfyUI's execution_interrupted."""
     try:
-        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings), \
-                faults.injected(handle.model, op):
+        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
             yield
-    except streaming.Cancelled:
+    except vae.Cancelled:
         if mm is not None:
             mm.throw_exception_if_processing_interrupted()
         raise
 
 
-def _engine_kwargs(op: str, tiling: Tiling, plan: planning.PlanInfo) -> dict:
-    """Tiling arguments for `streaming.encode/decode`: the memory budget where the engine takes one and
-    the memory model is calibrated for this case (the engine then picks chunk and tile itself),
-    otherwise the plan's explicit values."""
-    kwargs = {"tiling": tiling.tiling, "tile_size": tiling.tile_size, "tile_overlap": tiling.tile_overlap,
-              "temporal_chunk": tiling.temporal_chunk}
-    if planning.engine_accepts(op, "memory_budget") and plan.estimated:
-        kwargs["memory_budget"] = tiling.memory_budget
-    else:  # this library build cannot fit itself to a budget: run what the plan says
-        kwargs.update(tile_size=plan.tile_size, temporal_chunk=plan.temporal_chunk)
-        if plan.tile_size and tiling.tile_overlap >= min(plan.tile_size):
-            kwargs["tile_overlap"] = min(plan.tile_size) // 4  # the plan chose tiles smaller than the overlap
-    return kwargs
+def make_plan(model, op: str, shape, tiling: Tiling, device, opts=None) -> vae.Plan:
+    """`vae.plan` for a node's run of `op` on one clip of `shape` on `device` with the node's `tiling`
+    inputs. IMAGE and LATENT tensors live on core's intermediate device: on the compute device only
+    under --gpu-only, where the memory model then counts them."""
+    io_here = same_device(core_api.intermediate_device(), device)
+    return vae.plan(model, op, tuple(shape), device=device, io_on_device=(io_here, io_here), opts=opts,
+                    **tiling.settings())
 
 
-def _with_core_budget(handle, tiling: Tiling) -> Tiling:
-    """"auto" as core counts free memory for this model (under dynamic VRAM that includes what core
-    can take back from other models' weights; core's own VAEs size their work by the same number)."""
-    if tiling.memory_budget != "auto" or planning.vae_memory is None:
-        return tiling
+def _budget(handle, tiling: Tiling):
+    """The memory budget to plan with: the node's, "auto" resolved as core counts free memory for this
+    model (under dynamic VRAM that includes what core can take back from other models' weights; core's
+    own VAEs size their work by the same number)."""
+    if tiling.memory_budget != "auto":
+        return tiling.memory_budget
     free = core_api.free_memory(handle.patcher, handle.load_device)
-    if free is None:
-        return tiling
-    return dataclasses.replace(tiling, memory_budget=planning.vae_memory.budget_from_free(free))
+    return "auto" if free is None else budget_from_free(free)
 
 
-def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> tuple[RunReport, Tiling]:
-    """Ask ComfyUI for memory, then plan within what is free; returns the report and the settings
-    with "auto" resolved.
+def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
+    """Ask ComfyUI for memory, then make the run's one plan within what is free (the report holds it).
 
-    The request is the peak of the settings without a budget (capped by an explicit budget), less
-    the weights, which ComfyUI counts itself when it loads the model: ComfyUI unloads other models to
-    make room, as much as it can. The plan that is run is then made with the budget, "auto" meaning
-    what is free after that. IMAGE and LATENT tensors live on core's intermediate device: on the
-    compute device only under --gpu-only, where the memory model then counts them.
+    The request is what the settings cost without a budget (capped by an explicit budget), less the
+    weights, which ComfyUI counts itself when it loads the model: ComfyUI unloads other models to make
+    room, as much as it can. The plan is then made with the budget, "auto" meaning what is free after
+    that, shown on the node and run as it is.
     """
-    io_here = same_device(core_api.intermediate_device(), handle.load_device)
-    unbounded = Tiling(tiling.tile_size, tiling.tile_overlap, tiling.temporal_chunk, tiling.tiling, None)
-    required = planning.make_plan(handle.model, op, shape, unbounded, handle.load_device, (io_here, io_here)).work_bytes
+    unbounded = dataclasses.replace(tiling, memory_budget=None)
+    wanted = make_plan(handle.model, op, shape, unbounded, handle.load_device, handle.opts).work_bytes or 0
     if isinstance(tiling.memory_budget, int):
-        required = min(required or 0, tiling.memory_budget)
-    handle.prepare(required or 0)
-    tiling = _with_core_budget(handle, tiling)
-    plan = planning.make_plan(handle.model, op, shape, tiling, handle.load_device, (io_here, io_here))
+        wanted = min(wanted, tiling.memory_budget)
+    handle.prepare(wanted)
+    budgeted = dataclasses.replace(tiling, memory_budget=_budget(handle, tiling))
+    plan = make_plan(handle.model, op, shape, budgeted, handle.load_device, handle.opts)
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")
-        log.warning("StreamVAE %s: %s exceeds the memory budget; lower tile_size or temporal_chunk", op, plan.summary())
     if handle.load_device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(handle.load_device)
-    return report, tiling
+    return report
 
 
 def _finish(handle, report: RunReport) -> RunReport:
@@ -152,14 +142,13 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     core's intermediate device and dtype). `clip(i)` gives clip i as 1,3,T,H,W in [-1, 1]; every clip
     has `shape` (1,3,T,H,W). `notes` (input adaptations) are reported and logged."""
     out_device = core_api.intermediate_device()
-    report, tiling = _start(handle, "encode", shape, tiling, n)
+    report = _start(handle, "encode", shape, tiling, n)
     for note in notes:
         report.notes.append(note)
         log.warning("StreamVAE encode: %s", note)
-    kwargs = _engine_kwargs("encode", tiling, report.plan)
     progress = Progress(n, report)
     samples = None
-    with _engine_scope(handle, "encode"):
+    with _engine_scope(handle):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(n):
             progress.index = i
@@ -168,8 +157,8 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
                 z = workers.encode(video, temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                    cancel=_cancel).to(out_device)
             else:
-                z = run_with_fallback(handle.model.encode, video, out_device=out_device, progress=progress,
-                                      cancel=_cancel, **kwargs)
+                z = run_with_fallback(vae.encode, handle.model, video, plan=report.plan, opts=handle.opts,
+                                      out_device=out_device, progress=progress, cancel=_cancel)
             z = to_core_latent(handle.model, z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
@@ -196,16 +185,15 @@ def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[
                  nonfinite: str = "error") -> RunReport:
     """Latent clips -> pixels in [-1, 1] (not clamped), clip i written where `target(i)` says: engine
     arguments such as `into(view)` (straight into a 1,3,T,H,W tensor or view) or a sink with the
-    clip's frame count and size (`vae.video_file.FileSink`). `nonfinite`: see `streaming.decode`."""
+    clip's frame count and size (`vae.video_file.FileSink`). `nonfinite`: see `engine.decode`."""
     z = latent.samples
     b = z.shape[0]
-    report, tiling = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
+    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
     report.latent_layout = latent.layout
     if latent.layout != CORE_LAYOUT:
         log.info("StreamVAE decode: LATENT read as %s", latent.layout)
-    kwargs = _engine_kwargs("decode", tiling, report.plan)
     progress = Progress(b, report)
-    with _engine_scope(handle, "decode"):
+    with _engine_scope(handle):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(b):
             progress.index = i
@@ -213,8 +201,8 @@ def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[
                 workers.decode(z[i:i + 1], temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                cancel=_cancel, **target(i))
                 continue
-            run_with_fallback(handle.model.decode, z[i:i + 1], progress=progress, cancel=_cancel, nonfinite=nonfinite,
-                              **target(i), **kwargs)
+            run_with_fallback(vae.decode, handle.model, z[i:i + 1], plan=report.plan, opts=handle.opts,
+                              progress=progress, cancel=_cancel, nonfinite=nonfinite, **target(i))
     return _finish(handle, report)
 
 

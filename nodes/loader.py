@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from .. import vae
-from . import planning
+from . import checkpoints
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
@@ -66,7 +66,7 @@ class LoadVAE(io.ComfyNode):
         path = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None else None
         if path:  # only the header (safetensors) or the structure (pickle) is read, and never any code run
             try:
-                planning.inspect_checkpoint(path)
+                checkpoints.inspect_checkpoint(path)
             except ValueError as error:  # CheckpointError, or a config the shapes contradict
                 return str(error)
         return True

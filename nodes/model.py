@@ -10,8 +10,8 @@ import torch.nn as nn
 
 from .. import vae
 from ..vae import devices
-from ..optimizations import BackendFlags, CompileSettings, attention, backend, compile_blocks
-from ..vae.blocks import FrameSelfAttention
+from ..vae.optimizations import BackendFlags, CompileSettings, Optimizations, attention, backend, compile_blocks
+from ..vae.layers import FrameSelfAttention
 
 try:  # ComfyUI services; the pack imports without them (e.g. in tools), it just cannot be managed
     import comfy.model_management as mm
@@ -104,6 +104,7 @@ class StreamVAEHandle:
         self.offload_device = torch.device(offload_device)
         self.compile_settings = compile_settings
         self.gpu = gpu
+        self.opts = Optimizations()  # the kernels every run of this handle uses (GPU Optimizations may change them)
         self.notes: list[str] = []
         self._apply_gpu_options()
         self.compile_report = None
@@ -189,7 +190,7 @@ class StreamVAEHandle:
             return
         device = self.load_device
         cuda = device.type == "cuda"
-        self.model.opts = self.model.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention)
+        self.opts = self.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention)
         if gpu.channels_last_3d and cuda:
             backend.to_channels_last_3d(self.model)
         elif gpu.channels_last_3d:

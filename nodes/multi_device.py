@@ -49,7 +49,8 @@ def workers(handle) -> RankWorkers | None:
     if handle.devices is None:
         return None
     if handle.workers is None or not handle.workers.alive:
-        handle.workers = RankWorkers(handle.model, handle.devices.devices, timeout=handle.devices.timeout_s)
+        handle.workers = RankWorkers(handle.model, handle.devices.devices, opts=handle.opts,
+                                     timeout=handle.devices.timeout_s)
     return handle.workers
 
 

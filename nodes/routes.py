@@ -13,8 +13,10 @@ import logging
 import torch
 
 from .. import vae
-from . import planning
+from ..vae.geometry import input_shape
+from . import checkpoints
 from .common import TILING_MODES, Tiling, check_tiling
+from .execution import make_plan
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, resolve_device, resolve_dtype
 
 log = logging.getLogger("streamvae")
@@ -42,7 +44,7 @@ def _choice(query, name: str, choices, default: str) -> str:
     return value
 
 
-def _checkpoint(query) -> planning.CheckpointInfo:
+def _checkpoint(query) -> checkpoints.CheckpointInfo:
     import folder_paths
 
     name = query.get("vae_name")
@@ -52,7 +54,7 @@ def _checkpoint(query) -> planning.CheckpointInfo:
     if path is None:
         raise BadRequest(f"{name!r} is not in models/vae")
     try:
-        return planning.inspect_checkpoint(path)
+        return checkpoints.inspect_checkpoint(path)
     except vae.CheckpointError as error:
         raise BadRequest(str(error)) from None
 
@@ -83,8 +85,8 @@ def plan_info(query) -> dict:
     model = info.model  # meta device: only shapes, dtypes and config matter to the plan
     model.set_dtypes(encode=resolve_dtype(_choice(query, "encode_dtype", DTYPE_CHOICES, "auto"), device, "encode"),
                      decode=resolve_dtype(_choice(query, "decode_dtype", DTYPE_CHOICES, "auto"), device, "decode"))
-    shape = planning.plan_input_shape(model, op, frames, height, width)
-    plan = planning.make_plan(model, op, shape, tiling, device)
+    shape = input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor, model.temporal_factor)
+    plan = make_plan(model, op, shape, tiling, device)
     return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
 
 

@@ -1,9 +1,9 @@
 """The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
 from comfy_api.latest import io
 
-from ..optimizations import BackendFlags, CompileSettings
-from ..optimizations.attention import KERNELS
-from ..optimizations.compile import MODES
+from ..vae.optimizations import BackendFlags, CompileSettings
+from ..vae.optimizations.attention import KERNELS
+from ..vae.optimizations.compile import MODES
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS
 

@@ -4,11 +4,12 @@ import logging
 
 import pytest
 import torch
+import vae
 import torch.nn as nn
 import torch.nn.functional as F
 
-from optimizations import BackendFlags, CompileSettings, backend, compile_blocks, run_with_fallback
-from optimizations.compile import CompileFallback, blocks, dynamo_limits, is_compiled, unavailable_reason
+from vae.optimizations import BackendFlags, CompileSettings, backend, compile_blocks, run_with_fallback
+from vae.optimizations.compile import CompileFallback, blocks, dynamo_limits, is_compiled, unavailable_reason
 from reference import load_tiny
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -141,10 +142,10 @@ def test_compiled_blocks_give_the_same_result():
 def test_unavailable_backend_falls_back_with_one_warning(caplog):
     model = load_tiny("wan22")
     x = torch.rand(1, 3, 5, 32, 32) * 2 - 1
-    expected = model.encode(x)
+    expected = vae.encode(model, x)
     with caplog.at_level(logging.WARNING, logger="streamvae"):
         report = compile_blocks(model, CompileSettings(backend="no_such_backend"))
-        out = run_with_fallback(model.encode, x)
+        out = run_with_fallback(vae.encode, model, x)
     assert report.status.startswith("eager (fallback: backend 'no_such_backend' is not registered")
     assert not any(is_compiled(m) for _, m in blocks(model))
     assert len(warnings_from(caplog)) == 1
@@ -152,7 +153,7 @@ def test_unavailable_backend_falls_back_with_one_warning(caplog):
 
 
 def test_inductor_without_triton_is_reported_unavailable(monkeypatch):
-    import optimizations.compile as compile_module
+    import vae.optimizations.compile as compile_module
 
     monkeypatch.setattr(compile_module, "_has_triton", lambda: False)
     reason = unavailable_reason(CompileSettings(backend="inductor"), "cuda")
@@ -166,13 +167,13 @@ def test_compile_failure_mid_run_restarts_eagerly_with_one_warning(caplog):
     encode runs again from the start (caches may hold part of the failed step), one warning."""
     model = load_tiny("seedvr2")
     x = torch.rand(1, 3, 5, 32, 32) * 2 - 1
-    expected = model.encode(x)
+    expected = vae.encode(model, x)
     with caplog.at_level(logging.WARNING, logger="streamvae"):
         report = compile_blocks(model, CompileSettings(backend=failing_backend))
         assert report.fallback_reason is None and report.compiled
         with pytest.raises(CompileFallback):
-            model.encode(x)
-        out = run_with_fallback(model.encode, x)  # already eager: runs once
+            vae.encode(model, x)
+        out = run_with_fallback(vae.encode, model, x)  # already eager: runs once
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     assert "no kernels for you" in report.status
     assert not any(is_compiled(m) for _, m in blocks(model))
@@ -182,9 +183,9 @@ def test_compile_failure_mid_run_restarts_eagerly_with_one_warning(caplog):
 def test_run_with_fallback_reruns_once():
     model = load_tiny("wan21")
     x = torch.rand(1, 3, 1, 16, 16) * 2 - 1
-    expected = model.encode(x)
+    expected = vae.encode(model, x)
     compile_blocks(model, CompileSettings(backend=failing_backend))
-    torch.testing.assert_close(run_with_fallback(model.encode, x), expected, rtol=0, atol=0)
+    torch.testing.assert_close(run_with_fallback(vae.encode, model, x), expected, rtol=0, atol=0)
 
 
 def test_dynamo_limits_are_scoped():

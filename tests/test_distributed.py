@@ -18,8 +18,7 @@ import torch.multiprocessing as mp
 
 import vae
 from tests.reference import load_tiny, tensors
-from vae import distributed
-from vae.streaming import Cancelled
+from vae import Cancelled, distributed
 from vae.workers import RankWorkers, WorkerFailed
 
 FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
@@ -100,7 +99,7 @@ def single():
     for family in FAMILIES:
         model = load_tiny(family)
         video, z = _inputs(family)
-        found[family] = model.encode(video, return_logvar=True), model.decode(z), model
+        found[family] = vae.encode(model, video, return_logvar=True), vae.decode(model, z), model
     return found
 
 
@@ -121,9 +120,9 @@ def test_split_encode_equals_single_process_untiled(gathered, single, family, ra
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_split_decode_of_a_longer_wider_latent_trims_like_streaming(gathered, single, family):
+def test_split_decode_of_a_longer_wider_latent_trims_like_the_engine(gathered, single, family):
     model = single[family][2]
-    want = model.decode(_random_latent(model), temporal_chunk=5, num_frames=15, height=60, width=45)
+    want = vae.decode(model, _random_latent(model), temporal_chunk=5, num_frames=15, height=60, width=45)
     assert gathered[family, 3, "random"].shape == want.shape
     assert (gathered[family, 3, "random"] - want).abs().max() <= ATOL
 
@@ -151,8 +150,11 @@ def test_bands_reject_more_ranks_than_rows():
 
 @pytest.fixture(scope="module")
 def workers():
+    """Two CPU workers running the reference kernels (unfused norms, explicit attention), so the
+    comparison with the default-kernel single process also checks that `opts` reach the workers."""
     model = load_tiny("seedvr2")
-    pool = RankWorkers(model, ["cpu", "cpu"], timeout=60, threads=1)
+    reference = vae.Optimizations(fused_norm_act=False, sdpa_attention=False, buffered_causal_pad=False)
+    pool = RankWorkers(model, ["cpu", "cpu"], opts=reference, timeout=60, threads=1)
     yield model, pool
     pool.close()
 

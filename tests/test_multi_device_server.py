@@ -6,6 +6,7 @@ import signal
 
 import pytest
 import torch
+import vae
 
 from comfy_support.client import PromptRejected
 from test_distributed import worker_processes
@@ -38,9 +39,9 @@ def test_two_worker_processes_round_trip_like_one_process(comfy_server, comfy_cl
     })
     entry = comfy_client.run(prompt, timeout=240)
     model = models(FAMILY)
-    z = model.encode(video_of(clip))
+    z = vae.encode(model, video_of(clip))
     torch.testing.assert_close(saved_latent(comfy_server, entry, "4"), core_latent(FAMILY, z), rtol=1e-4, atol=1e-4)
-    expected = as_uint8(model.decode(z, num_frames=FRAMES, height=HEIGHT, width=WIDTH))
+    expected = as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH))
     assert_images_close(saved_images(comfy_client, entry, "6"), expected)
     assert entry["outputs"]["2"]["streamvae_model"][0]["devices"] == ["cpu", "cpu"]
     assert entry["outputs"]["5"]["streamvae_run"][0]["steps"] == 3  # one progress step per latent chunk (7 frames -> 3)

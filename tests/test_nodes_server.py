@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import requests
 import torch
+import vae
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
@@ -205,14 +206,14 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     entry = comfy_client.run(prompt, timeout=180)
 
     model = models(family)
-    z = model.encode(video_of(clip))
+    z = vae.encode(model, video_of(clip))
     latent = saved_latent(comfy_server, entry, "4")
     assert latent.shape == z.shape == (1, model.latent_channels, 3, math.ceil(HEIGHT / model.spatial_factor),
                                       math.ceil(WIDTH / model.spatial_factor))
     torch.testing.assert_close(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
     images = saved_images(comfy_client, entry, "6")
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3)  # every frame back, padding trimmed
-    assert_images_close(images, as_uint8(model.decode(z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
+    assert_images_close(images, as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
     run = entry["outputs"]["5"]["streamvae_run"][0]
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
@@ -238,9 +239,9 @@ def test_batch_size_splits_clips(batch_size, clips, comfy_server, comfy_client, 
     for i, frames in enumerate(clips):
         # Each clip alone (no bleeding through the causal cache); a short last clip repeats its last frame.
         index = np.minimum(np.arange(start, start + batch_size), start + frames - 1)
-        z = model.encode(video_of(clip[index]))
+        z = vae.encode(model, video_of(clip[index]))
         torch.testing.assert_close(latent[i:i + 1], z, rtol=1e-4, atol=1e-4)
-        expected_frames.append(as_uint8(model.decode(z, num_frames=frames, height=HEIGHT, width=WIDTH)))
+        expected_frames.append(as_uint8(vae.decode(model, z, num_frames=frames, height=HEIGHT, width=WIDTH)))
         start += frames
     assert_images_close(saved_images(comfy_client, entry, "6"), np.concatenate(expected_frames))
 
@@ -253,7 +254,7 @@ def test_decode_takes_core_empty_latents(comfy_client, object_info, models):
         "4": node(object_info, "PreviewImage", images=["3", 0]),
     }
     entry = comfy_client.run(prompt, timeout=120)
-    expected = models("wan21").decode(torch.zeros(1, 16, 2, 6, 4))
+    expected = vae.decode(models("wan21"), torch.zeros(1, 16, 2, 6, 4))
     images = saved_images(comfy_client, entry, "4")
     assert images.shape == (10, 48, 32, 3)  # two clips of 5 frames
     assert_images_close(images, np.concatenate([as_uint8(expected)] * 2))
@@ -277,7 +278,7 @@ def test_decode_takes_seedvr2_latents_in_other_layouts(layout, comfy_server, com
         "4": node(info, "PreviewImage", images=["3", 0]),
     }
     entry = comfy_client.run(prompt, timeout=120)
-    assert_images_close(saved_images(comfy_client, entry, "4"), as_uint8(models("seedvr2").decode(z)))
+    assert_images_close(saved_images(comfy_client, entry, "4"), as_uint8(vae.decode(models("seedvr2"), z)))
     read = entry["outputs"]["3"]["streamvae_run"][0]["latent_layout"]
     assert read.startswith("B,C*T,H,W" if layout == "folded" else "B,T,H,W,C"), read
 
@@ -310,7 +311,7 @@ def test_settings_nodes_feed_the_loader(comfy_client, object_info, uploaded_clip
     }
     entry = comfy_client.run(prompt, timeout=300)
     model = models("wan22")
-    expected = model.decode(model.encode(video_of(clip)), num_frames=FRAMES, height=HEIGHT, width=WIDTH)
+    expected = vae.decode(model, vae.encode(model, video_of(clip)), num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     assert_images_close(saved_images(comfy_client, entry, "7"), as_uint8(expected))
     notes = entry["outputs"]["6"]["streamvae_run"][0]["notes"]
     assert any(n.startswith(("compile: compiled", "compile: eager (fallback")) for n in notes), notes
@@ -334,9 +335,9 @@ def test_core_vae_adapter_runs_core_nodes(comfy_server, comfy_client, object_inf
     # Core's semantics: the 7 frames encode as their first 5 (a core video VAE drops frames past the
     # last 4n+1) and 24 x 40 is cropped, centred, to 24 x 40 (both multiples of 8 already); decode
     # gives every latent frame.
-    z = model.encode(video_of(clip[:5]))
+    z = vae.encode(model, video_of(clip[:5]))
     torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), z, rtol=1e-4, atol=1e-4)
-    expected = as_uint8(model.decode(z))
+    expected = as_uint8(vae.decode(model, z))
     assert expected.shape[0] == 5
     assert_images_close(saved_images(comfy_client, entry, "7"), expected)
     assert_images_close(saved_images(comfy_client, entry, "9"), expected)  # exact tiles = untiled
@@ -356,7 +357,7 @@ def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, ob
     entry = comfy_client.run(prompt, timeout=120)
     colour = torch.tensor([0x33, 0x66, 0xCC]) / 255.0 * 2 - 1
     video = colour.view(1, 3, 1, 1, 1).expand(1, 3, 5, 24, 40)
-    expected = core_latent("seedvr2", models("seedvr2").encode(video.contiguous()))
+    expected = core_latent("seedvr2", vae.encode(models("seedvr2"), video.contiguous()))
     torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), expected, rtol=1e-4, atol=1e-4)
     assert "44x28 frames cropped to 40x24 (top left)" in comfy_server.log[log_before:]
 
@@ -367,7 +368,7 @@ def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, ob
 @pytest.mark.parametrize("class_type, values, message", [
     ("StreamVAEEncode", {"batch_size": 8}, "use 5 or 9"),
     ("StreamVAEDecode", {"tile_size": 256, "tile_overlap": 256}, "must be smaller than tile_size"),
-    ("StreamVAEDecode", {"tile_size": 32}, "too small"),
+    ("StreamVAEDecode", {"tile_size": 8, "tile_overlap": 0}, "is below 16 px"),
     ("StreamVAEDecode", {"memory_budget_gb": -1.0}, "memory_budget_gb must be 0"),
 ])
 def test_bad_values_get_a_validation_error(class_type, values, message, comfy_client, object_info):

@@ -2,10 +2,11 @@
 StreamVAE decodes, and each benchmark variant sets the model up as it says and undoes it."""
 import pytest
 import torch
+import vae
 
 from bench.core_vae import COMFYUI, core_model
 from bench.variants import SWITCHES, options, prepared
-from optimizations import Optimizations, winograd
+from vae.optimizations import Optimizations, winograd
 from reference import load_tiny
 
 
@@ -17,7 +18,7 @@ def test_core_wan_vae_with_our_weights_decodes_like_streamvae(family):
     core = core_model(family, ours.config, ours.state_dict(), torch.float32)
     z = torch.randn(1, ours.latent_channels, 3, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        expected, got = ours.decode(z), core.decode(z)
+        expected, got = vae.decode(ours, z), core.decode(z)
     assert got.shape == expected.shape == (1, 3, 9, 4 * ours.spatial_factor, 4 * ours.spatial_factor)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
 
@@ -33,10 +34,9 @@ def test_variant_switches():
 
 def test_prepared_extras_are_applied_and_undone():
     model = load_tiny("seedvr2")
-    limit = winograd.FILTER_CACHE.limit_bytes
-    with prepared(model, "winograd_uncapped"):
-        assert winograd.FILTER_CACHE.limit_bytes > 1 << 60
-    assert winograd.FILTER_CACHE.limit_bytes == limit
+    with prepared(model, "winograd_uncapped") as setup:
+        assert setup.opts.winograd_cache_bytes > 1 << 60
+        assert winograd.filter_cache(setup.opts.winograd_cache_bytes) is not winograd.filter_cache()
     with prepared(model, "channels_last_3d"):
         convs = [p for p in model.parameters() if p.dim() == 5]
         assert convs and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in convs)

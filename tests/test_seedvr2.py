@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vae
-from optimizations import Optimizations
+from vae.optimizations import Optimizations
 from tests.reference import load_tiny, manifest, tensors, tiny_checkpoint
 
 ATOL = RTOL = 1e-4  # the fixture README's tolerance for float32 (observed noise < 1e-5)
@@ -24,7 +24,7 @@ def assert_close(actual, expected):
 
 
 def test_encode_matches_reference(model, ref):
-    mean, logvar = model.encode(ref["video"], return_logvar=True)
+    mean, logvar = vae.encode(model, ref["video"], return_logvar=True)
     assert_close(mean, ref["enc.mean"])
     assert_close(logvar, ref["enc.logvar"])
     assert_close(torch.cat([mean, logvar], 1), ref["enc.moments"].clamp(-30, 20))
@@ -32,15 +32,15 @@ def test_encode_matches_reference(model, ref):
 
 
 def test_decode_matches_reference(model, ref):
-    assert_close(model.decode(ref["dec.input"]), ref["dec.video"])
+    assert_close(vae.decode(model, ref["dec.input"]), ref["dec.video"])
     assert_close(model.from_model_space(ref["enc.latent"]), ref["dec.input"])
 
 
 def test_image_path_matches_reference(model, ref):
-    latent = model.encode(ref["image"])
+    latent = vae.encode(model, ref["image"])
     assert latent.shape == (1, 16, 8, 8)
     assert_close(model.to_model_space(latent), ref["img.latent"])
-    assert_close(model.decode(model.from_model_space(ref["img.latent"])), ref["img.decoded"])
+    assert_close(vae.decode(model, model.from_model_space(ref["img.latent"])), ref["img.decoded"])
 
 
 def test_full_config_reproduces_release_manifest():
@@ -58,23 +58,17 @@ def test_full_config_reproduces_release_manifest():
 
 @pytest.mark.parametrize("name", ["fused_norm_act", "buffered_causal_pad", "sdpa_attention", "native_pixel_shuffle", "inplace_residual"])
 def test_each_optimization_switch_keeps_the_output(model, ref, name):
-    expected_dec = model.decode(ref["dec.input"], temporal_chunk=2)
-    expected_enc = model.encode(ref["video"], temporal_chunk=2)
-    model.opts = Optimizations().with_(**{name: False})
-    try:
-        torch.testing.assert_close(model.decode(ref["dec.input"], temporal_chunk=2), expected_dec, atol=2e-5, rtol=0)
-        torch.testing.assert_close(model.encode(ref["video"], temporal_chunk=2), expected_enc, atol=2e-5, rtol=0)
-    finally:
-        model.opts = Optimizations()
+    expected_dec = vae.decode(model, ref["dec.input"], temporal_chunk=2)
+    expected_enc = vae.encode(model, ref["video"], temporal_chunk=2)
+    off = Optimizations().with_(**{name: False})
+    torch.testing.assert_close(vae.decode(model, ref["dec.input"], temporal_chunk=2, opts=off), expected_dec, atol=2e-5, rtol=0)
+    torch.testing.assert_close(vae.encode(model, ref["video"], temporal_chunk=2, opts=off), expected_enc, atol=2e-5, rtol=0)
 
 
 def test_straightforward_path_matches_reference(model, ref):
-    model.opts = Optimizations.straightforward()
-    try:
-        assert_close(model.decode(ref["dec.input"]), ref["dec.video"])
-        assert_close(model.encode(ref["video"]), ref["enc.mean"])
-    finally:
-        model.opts = Optimizations()
+    plain = Optimizations.straightforward()
+    assert_close(vae.decode(model, ref["dec.input"], opts=plain), ref["dec.video"])
+    assert_close(vae.encode(model, ref["video"], opts=plain), ref["enc.mean"])
 
 
 @pytest.mark.parametrize("storage", [torch.float32, torch.bfloat16, torch.float16])
@@ -86,13 +80,13 @@ def test_checkpoint_storage_dtypes_load(tmp_path, ref, storage):
     model = vae.load(path, dtype=torch.float32)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     tol = 1e-4 if storage != torch.bfloat16 else 0.15  # bf16 storage rounds the fp16 weights
-    torch.testing.assert_close(model.decode(ref["dec.input"]), ref["dec.video"], atol=tol, rtol=tol)
+    torch.testing.assert_close(vae.decode(model, ref["dec.input"]), ref["dec.video"], atol=tol, rtol=tol)
 
 
 def test_bf16_decode_stays_close(ref):
     model = load_tiny("seedvr2", decode_dtype=torch.bfloat16)
     assert model.decode_dtype == torch.bfloat16 and model.encode_dtype == torch.float32
-    out = model.decode(ref["dec.input"].float())
+    out = vae.decode(model, ref["dec.input"].float())
     assert out.dtype == torch.float32
     assert (out - ref["dec.video"]).abs().max() < 0.25
     mse = ((out - ref["dec.video"]) ** 2).mean()

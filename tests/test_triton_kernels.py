@@ -30,7 +30,7 @@ def interpreted(code: str, timeout: float = 600) -> str:
 
 PARITY = """
     import torch
-    from optimizations import norm_act, triton_norm
+    from vae.optimizations import norm_act, triton_norm
 
     torch.manual_seed(0)
     worst = 0.0
@@ -69,10 +69,10 @@ def test_kernels_match_torch_in_the_interpreter():
 LARGE_MEANS = """
     import math, torch
     import torch.nn.functional as F
-    from optimizations import norm_act
+    from vae.optimizations import norm_act
     USE_TRITON = {use_triton}
     if USE_TRITON:
-        from optimizations import triton_norm
+        from vae.optimizations import triton_norm
 
     g = torch.Generator().manual_seed(0)
     worst_stats, worst_out = 0.0, 0.0
@@ -123,7 +123,7 @@ def test_group_norm_is_accurate_for_large_means(kernels):
 # resident (a few KiB). 32-bit address arithmetic reads wrapped addresses (a crash or garbage).
 HUGE_STRIDES = """
     import torch
-    from optimizations import norm_act, triton_norm
+    from vae.optimizations import norm_act, triton_norm
 
     stride = 2 ** 30
     storage = torch.empty(3 * stride + 16, dtype=torch.bfloat16)
@@ -153,7 +153,7 @@ def test_kernels_address_past_2_31_elements_in_the_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernels_address_past_2_31_elements_on_cuda():
     """A real bf16 activation past 2^31 elements (4.3 GB), as SeedVR2 decodes at 1080p make."""
-    from optimizations import norm_act
+    from vae.optimizations import norm_act
 
     free, _ = torch.cuda.mem_get_info()
     if free < 14 * 2**30:
@@ -178,7 +178,8 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
     """fp32: the Triton and torch norms agree to float32 rounding. bf16: both are compared with the
     fp32 decode, and the Triton path may not be further from it than the torch path (bf16 rounding of
     two different kernels differs element by element, so they are not compared with each other)."""
-    from optimizations import BackendFlags, Optimizations, backend, triton_norm
+    import vae
+    from vae.optimizations import BackendFlags, Optimizations, backend, triton_norm
     from tests.reference import load_tiny
 
     assert triton_norm.usable(torch.device("cuda")), "the Triton probe failed on this GPU (see the warning)"
@@ -187,9 +188,9 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
     for dtype in (torch.float32, torch.bfloat16):
         model = load_tiny(family, device="cuda", dtype=dtype)
         for triton_on in (False, True):
-            model.opts = Optimizations().with_(triton_norm=triton_on)
+            opts = Optimizations().with_(triton_norm=triton_on)
             with backend.applied(BackendFlags(tf32=False)):  # TF32 would round the fp32 comparison to 1e-3
-                decoded[dtype, triton_on] = model.decode(z.to(dtype)).float()
+                decoded[dtype, triton_on] = vae.decode(model, z.to(dtype), opts=opts).float()
     torch.testing.assert_close(decoded[torch.float32, True], decoded[torch.float32, False], atol=1e-4, rtol=1e-4)
     reference = decoded[torch.float32, False]
     error = {t: (decoded[torch.bfloat16, t] - reference).norm() / reference.norm() for t in (False, True)}

@@ -13,7 +13,7 @@ import torch
 
 import vae
 from reference import REPO, load_tiny
-from vae import streaming
+import vae
 from vae.video_codecs import VideoFormatError, resolve
 from vae.video_file import FileSink, to_pixels
 from vae.video_reader import VideoReader, probe
@@ -51,7 +51,7 @@ def test_lossless_file_holds_exactly_the_decoded_frames(model, tmp_path, bit_dep
     path = vae.decode_to_file(model, z, tmp_path / "clip.mkv", codec="ffv1", pixel_format="rgb", bit_depth=bit_depth,
                               fps=12, num_frames=frames, height=height, width=width, temporal_chunk=temporal_chunk)
     assert path == tmp_path / "clip.mkv" and not (tmp_path / "clip.partial.mkv").exists()
-    expected = to_pixels(model.decode(z, num_frames=frames, height=height, width=width, temporal_chunk=temporal_chunk),
+    expected = to_pixels(vae.decode(model, z, num_frames=frames, height=height, width=width, temporal_chunk=temporal_chunk),
                          int(bit_depth))
     info = probe(path)
     assert (info.frames, info.width, info.height, info.fps) == (frames, width, height, 12)
@@ -63,7 +63,7 @@ def test_lossless_file_holds_exactly_the_decoded_frames(model, tmp_path, bit_dep
 def test_clips_are_written_one_after_another(model, tmp_path):
     z = latent(model, frames=2, batch=2)
     path = vae.decode_to_file(model, z, tmp_path / "two.mkv", codec="ffv1", temporal_chunk=1)
-    expected = np.concatenate([to_pixels(model.decode(z[i:i + 1]), 8) for i in range(2)])
+    expected = np.concatenate([to_pixels(vae.decode(model, z[i:i + 1]), 8) for i in range(2)])
     np.testing.assert_array_equal(file_frames(path), expected)
 
 
@@ -105,19 +105,19 @@ def test_wrong_settings_fail_before_anything_is_written(tmp_path):
 def test_cancel_keeps_a_readable_partial_file(model, tmp_path):
     calls = []
     z = latent(model, frames=4)
-    with pytest.raises(streaming.Cancelled):
+    with pytest.raises(vae.Cancelled):
         vae.decode_to_file(model, z, tmp_path / "clip.mkv", codec="ffv1", temporal_chunk=1,
                            cancel=lambda: calls.append(1) or len(calls) > 2)
     assert not (tmp_path / "clip.mkv").exists()  # nothing looks complete
     kept = file_frames(tmp_path / "clip.partial.mkv")
-    full = to_pixels(model.decode(z), 8)
+    full = to_pixels(vae.decode(model, z), 8)
     assert 0 < len(kept) < len(full)
     np.testing.assert_array_equal(kept, full[:len(kept)])
 
 
 def test_rerun_from_frame_zero_writes_every_frame_once(model, tmp_path):
     """The engine reruns a decode from frame 0 after an fp16 overflow; the sink skips what was written."""
-    y = model.decode(latent(model, frames=3))
+    y = vae.decode(model, latent(model, frames=3))
     with VideoWriter(tmp_path / "r.mkv", resolve("ffv1"), y.shape[4], y.shape[3], y.shape[2]) as writer:
         sink = FileSink(writer)
         sink(0, y[:, :, :5])
@@ -182,13 +182,13 @@ def test_encode_from_file_equals_encode_of_the_same_frames(model, tmp_path):
     frames = torch.from_numpy(file_frames(path)) / 255.0  # as an IMAGE would hold them
     video = frames.permute(3, 0, 1, 2).unsqueeze(0).contiguous() * 2 - 1
     got, clip = vae.encode_from_file(model, path, temporal_chunk=2)
-    torch.testing.assert_close(got, model.encode(video, temporal_chunk=2), rtol=0, atol=0)
+    torch.testing.assert_close(got, vae.encode(model, video, temporal_chunk=2), rtol=0, atol=0)
     assert (clip.frames, clip.height, clip.width, clip.fps) == (13, 32, 48, 30)
     # A frame range, every 2nd frame, resized: the chosen frames, 4n+1-padded like Encode pads.
     got, clip = vae.encode_from_file(model, path, start_frame=3, frame_count=4, every_nth=2, width=24,
                                      resize_filter="area")
     assert (clip.frames, clip.height, clip.width, clip.fps, list(clip.selection)) == (4, 16, 24, 15, [3, 5, 7, 9])
     picked = torch.nn.functional.avg_pool2d(video[0, :, [3, 5, 7, 9]], 2).unsqueeze(0)  # area = 2x2 mean here
-    torch.testing.assert_close(got, model.encode(picked), rtol=0, atol=0.02)
+    torch.testing.assert_close(got, vae.encode(model, picked), rtol=0, atol=0.02)
     with pytest.raises(ValueError, match="past the end"):
         vae.encode_from_file(model, path, start_frame=13)

@@ -7,11 +7,12 @@ import av
 import numpy as np
 import pytest
 import torch
+import vae
 
 from comfy_support.client import PromptRejected
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models,  # noqa: F401
                                node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
-from vae import streaming
+from vae import geometry
 from vae.video_codecs import resolve
 from vae.video_file import to_pixels
 from vae.video_reader import probe
@@ -53,8 +54,8 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
     entry = comfy_client.run(prompt, timeout=180)
 
     model = models(FAMILY)
-    z = model.encode(video_of(clip))
-    expected = model.decode(z, num_frames=FRAMES, height=HEIGHT, width=WIDTH, temporal_chunk=1)
+    z = vae.encode(model, video_of(clip))
+    expected = vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH, temporal_chunk=1)
     path, info = written_file(comfy_server, entry, "4")
     assert path.name == "lossless_00001_.mkv" and info["frames"] == FRAMES
     meta = probe(path)
@@ -94,7 +95,7 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
     }
     entry = comfy_client.run(prompt, timeout=180)
     from_file, from_image = saved_latent(comfy_server, entry, "4"), saved_latent(comfy_server, entry, "7")
-    assert from_file.shape == (1, 16, streaming.latent_frames(FRAMES), math.ceil(HEIGHT / 8), math.ceil(WIDTH / 8))
+    assert from_file.shape == (1, 16, geometry.latent_frames(FRAMES), math.ceil(HEIGHT / 8), math.ceil(WIDTH / 8))
     torch.testing.assert_close(from_file, from_image, rtol=1e-5, atol=1e-5)
     assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames {WIDTH}x{HEIGHT}")
 

@@ -1,12 +1,14 @@
 """Wan2.1 / Wan2.2: checkpoint-exact against the upstream fixtures, full layouts, key naming,
 storage dtypes, and streaming (any temporal chunking == one whole-clip pass)."""
 import dataclasses
+import os
+import sys
 
 import pytest
 import torch
 
 import vae
-from optimizations import Optimizations
+from vae.optimizations import Optimizations
 from tests.reference import load_tiny, manifest, tensors
 from vae.loading import CheckpointError, detect_family, save_checkpoint
 
@@ -48,16 +50,16 @@ def clip():
     return torch.rand(1, 3, 19, 21, 27, generator=torch.Generator().manual_seed(7)) * 2 - 1
 
 
-def run_all(model, ref) -> dict:
-    """Every fixture output, computed by `model` the way a user would."""
-    mu = model.encode(ref["video_in"])
+def run_all(model, ref, opts=None) -> dict:
+    """Every fixture output, computed by `model` the way a user would (with `opts`, default all on)."""
+    mu = vae.encode(model, ref["video_in"], opts=opts)
     return {
         "enc_mu_raw": mu,
         "enc_mu_norm": model.to_model_space(mu),
-        "dec_out": model.decode(ref["dec_in_z_raw"]),
-        "dec_out_via_norm": model.decode(model.from_model_space(ref["dec_in_z_norm"])),
-        "image_enc_mu_raw": model.encode(ref["image_in"]),
-        "image_dec_out": model.decode(ref["image_dec_in_z_raw"]),
+        "dec_out": vae.decode(model, ref["dec_in_z_raw"], opts=opts),
+        "dec_out_via_norm": vae.decode(model, model.from_model_space(ref["dec_in_z_norm"]), opts=opts),
+        "image_enc_mu_raw": vae.encode(model, ref["image_in"], opts=opts),
+        "image_dec_out": vae.decode(model, ref["image_dec_in_z_raw"], opts=opts),
     }
 
 
@@ -83,17 +85,15 @@ def test_model_space_constants(model, ref):
 
 def test_4d_image_api(model, ref, outputs):
     image = ref["image_in"][:, :, 0]  # B,3,H,W
-    latent = model.encode(image)
+    latent = vae.encode(model, image)
     assert latent.shape == ref["image_enc_mu_raw"][:, :, 0].shape
     assert_same_result(latent, outputs["image_enc_mu_raw"][:, :, 0])
-    assert_same_result(model.decode(ref["image_dec_in_z_raw"][:, :, 0]), outputs["image_dec_out"][:, :, 0])
+    assert_same_result(vae.decode(model, ref["image_dec_in_z_raw"][:, :, 0]), outputs["image_dec_out"][:, :, 0])
 
 
 def test_straightforward_path_equals_optimized(family, outputs, ref):
     """Every switch off (upstream's data movement), one latent frame per step like upstream."""
-    plain = load_tiny(family)
-    plain.opts = Optimizations.straightforward()
-    for name, value in run_all(plain, ref).items():
+    for name, value in run_all(load_tiny(family), ref, Optimizations.straightforward()).items():
         assert_same_result(value, outputs[name])
 
 
@@ -138,7 +138,7 @@ def test_diffusers_named_checkpoint_loads_the_same_model(family, model, ref, out
     assert type(loaded) is FAMILIES[family] and loaded.config == model.config
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v), k
-    assert_same_result(loaded.decode(ref["image_dec_in_z_raw"]), outputs["image_dec_out"], atol=0)
+    assert_same_result(vae.decode(loaded, ref["image_dec_in_z_raw"]), outputs["image_dec_out"], atol=0)
 
 
 def test_families_do_not_claim_each_other():
@@ -166,8 +166,8 @@ def test_half_and_fp8_storage_loads_with_float32_compute(family, ref, tmp_path, 
     for k, v in stored.items():
         assert torch.equal(loaded.state_dict()[k], v.float()), k  # exact upcast of what is stored
     upcast = vae.load({k: v.float() for k, v in stored.items()})
-    image = loaded.decode(ref["image_dec_in_z_raw"])
-    assert_same_result(image, upcast.decode(ref["image_dec_in_z_raw"]), atol=0)
+    image = vae.decode(loaded, ref["image_dec_in_z_raw"])
+    assert_same_result(image, vae.decode(upcast, ref["image_dec_in_z_raw"]), atol=0)
     # Sanity only: rounding the weights to 16 / 8 bits moves the output by ~1e-3 / ~1e-2 / ~0.5.
     bound = {torch.float16: 0.02, torch.bfloat16: 0.1, torch.float8_e4m3fn: 2.0}[dtype]
     assert (image - ref["image_dec_out"]).abs().max() < bound
@@ -176,7 +176,7 @@ def test_half_and_fp8_storage_loads_with_float32_compute(family, ref, tmp_path, 
 def test_bf16_compute_decodes_close_to_float32(family, ref):
     half = load_tiny(family, dtype=torch.bfloat16)
     assert half.decode_dtype == torch.bfloat16
-    out = half.decode(ref["dec_in_z_raw"])
+    out = vae.decode(half, ref["dec_in_z_raw"])
     assert (out.float() - ref["dec_out"]).abs().max() < 0.15  # observed 0.04 / 0.06
 
 
@@ -185,8 +185,8 @@ def test_bf16_compute_decodes_close_to_float32(family, ref):
 @pytest.fixture(scope="module")
 def whole_clip(model, clip):
     """Encode and decode of `clip` in one temporal chunk each."""
-    z = model.encode(clip, temporal_chunk=1000)
-    return z, model.decode(z, temporal_chunk=1000)
+    z = vae.encode(model, clip, temporal_chunk=1000)
+    return z, vae.decode(model, z, temporal_chunk=1000)
 
 
 def test_whole_clip_shapes(model, clip, whole_clip):
@@ -194,21 +194,61 @@ def test_whole_clip_shapes(model, clip, whole_clip):
     f = model.spatial_factor
     assert z.shape == (1, model.latent_channels, 6, -(-21 // f), -(-27 // f))
     assert video.shape == (1, 3, 21, z.shape[3] * f, z.shape[4] * f)
-    trimmed = model.decode(z, num_frames=19, height=21, width=27)
+    trimmed = vae.decode(model, z, num_frames=19, height=21, width=27)
     assert_same_result(trimmed, video[:, :, :19, :21, :27])
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5])
 def test_any_temporal_chunk_equals_whole_clip(model, clip, whole_clip, chunk):
     z, video = whole_clip
-    assert_same_result(model.encode(clip, temporal_chunk=chunk), z)
-    assert_same_result(model.decode(z, temporal_chunk=chunk), video)
+    assert_same_result(vae.encode(model, clip, temporal_chunk=chunk), z)
+    assert_same_result(vae.decode(model, z, temporal_chunk=chunk), video)
+
+
+# Switches that cannot act on a tiny model streamed untiled on the CPU: Triton needs CUDA, whole-frame
+# small convs need exact tiles, Wan2.2's decoder has no pixel shuffle. The test checks they do not.
+INERT_HERE = {"wan21": {"triton_norm", "whole_frame_small_convs"},
+              "wan22": {"triton_norm", "whole_frame_small_convs", "native_pixel_shuffle"}}
+
+
+def calls_made(fn) -> set[str]:
+    """The library functions and the builtins (torch ops among them) that `fn()` calls."""
+    seen = set()
+
+    def record(frame, event, arg):
+        if event == "call" and f"{os.sep}vae{os.sep}" in frame.f_code.co_filename:
+            seen.add(frame.f_code.co_qualname)
+        elif event == "c_call":
+            seen.add(getattr(arg, "__qualname__", repr(arg)))
+
+    sys.setprofile(record)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
 
 
 @pytest.mark.parametrize("switch", SWITCHES)
 def test_each_optimization_switch_keeps_the_streamed_result(family, clip, whole_clip, switch):
+    """Off, every switch gives the streamed result; and it changes what runs, so the comparison is not
+    of a path with itself (except where it cannot act, INERT_HERE, which is checked too)."""
     z, video = whole_clip
-    other = load_tiny(family)
-    other.opts = Optimizations().with_(**{switch: False})
-    assert_same_result(other.encode(clip, temporal_chunk=2), z)
-    assert_same_result(other.decode(z, temporal_chunk=3), video)
+    other, on, off = load_tiny(family), Optimizations(), Optimizations().with_(**{switch: False})
+
+    def run(opts):
+        return vae.encode(other, clip, temporal_chunk=2, opts=opts), vae.decode(other, z, temporal_chunk=3, opts=opts)
+
+    encoded, decoded = run(off)
+    assert_same_result(encoded, z)
+    assert_same_result(decoded, video)
+
+    def run_small(opts):  # the same code paths on a small clip in two chunks: the traces are slow
+        vae.encode(other, clip[:, :, :5, :32, :32], temporal_chunk=1, opts=opts)
+        vae.decode(other, z[:, :, :2, :2, :2], temporal_chunk=1, opts=opts)
+
+    run_small(on)  # warm-up: the traces below then see code paths, not first-call work
+    run_small(off)
+    inert = switch in INERT_HERE[family]
+    assert (calls_made(lambda: run_small(on)) == calls_made(lambda: run_small(off))) == inert, (
+        f"{switch} {'now acts' if inert else 'changes nothing'} on the tiny {family} model")

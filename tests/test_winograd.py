@@ -6,10 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import optimizations.conv as conv
-import optimizations.winograd as winograd
-from optimizations import Optimizations
-from optimizations.winograd import filter_transform, winograd_conv3d, winograd_matrices
+import vae.optimizations.conv as conv
+import vae.optimizations.winograd as winograd
+from vae.optimizations import Optimizations
+from vae.optimizations.winograd import filter_transform, winograd_conv3d, winograd_matrices
+
+import vae
+
+CACHE = winograd.FilterCache(1 << 30)  # this file's filter transforms, apart from the process's caches
 
 
 def make(b, cin, cout, kt, t, h, w, bias=True, seed=0):
@@ -41,7 +45,7 @@ SHAPES = [(2, c, co, kt, t, h, w) for (c, co), kt, (h, w) in itertools.product(
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_equals_conv3d_float32(shape):
     x, weight, bias = make(*shape, bias=shape[2] != 24)
-    out = winograd_conv3d(x, weight, bias)
+    out = winograd_conv3d(x, weight, bias, CACHE)
     expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
     assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous()
     torch.testing.assert_close(out, expected, atol=3e-5, rtol=0)
@@ -56,7 +60,7 @@ def test_equals_conv3d_float32(shape):
 def test_valid_mode_equals_unpadded_conv3d(m, hw):
     """padding=0: the output of a tile with its one-pixel halo, (H-2) x (W-2), tile-unaligned sizes."""
     x, weight, bias = make(2, 16, 8, 3, 4, *hw)
-    out = winograd_conv3d(x, weight, bias, m, padding=0)
+    out = winograd_conv3d(x, weight, bias, CACHE, m, padding=0)
     expected = F.conv3d(x, weight, bias, 1, 0)
     assert out.shape == expected.shape and out.is_contiguous()
     torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
@@ -65,7 +69,7 @@ def test_valid_mode_equals_unpadded_conv3d(m, hw):
 @pytest.mark.parametrize("m", [2, 6])
 def test_other_tile_sizes(m):
     x, weight, bias = make(2, 16, 8, 3, 4, 11, 14)
-    torch.testing.assert_close(winograd_conv3d(x, weight, bias, m), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+    torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE, m), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                atol=5e-5, rtol=0)
 
 
@@ -73,7 +77,7 @@ def test_other_tile_sizes(m):
 def test_half_precision_input_is_computed_in_float32(dtype):
     x, weight, bias = make(2, 32, 16, 3, 4, 9, 10)
     x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
-    out = winograd_conv3d(x, weight, bias)
+    out = winograd_conv3d(x, weight, bias, CACHE)
     assert out.dtype == dtype
     expected = F.conv3d(x.float(), weight.float(), bias.float(), 1, (0, 1, 1))
     torch.testing.assert_close(out.float(), expected, atol=1e-4, rtol=8e-3)  # one rounding to `dtype`
@@ -87,31 +91,31 @@ def test_slabs_channel_parts_and_worker_threads(monkeypatch):
     monkeypatch.setattr(winograd, "MIN_PART_CHANNELS", 4)
     for shape in [(2, 24, 16, 3, 5, 19, 10), (1, 16, 32, 3, 3, 4, 4)]:
         x, weight, bias = make(*shape)
-        torch.testing.assert_close(winograd_conv3d(x, weight, bias), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+        torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                    atol=2e-5, rtol=0)
     assert torch.get_num_threads() == threads
 
 
 def test_filter_transform_is_cached_per_weight_and_follows_changes():
     _, weight, _ = make(1, 8, 4, 3, 3, 4, 4)
-    u = filter_transform(weight)
-    assert u.shape == (3, 36, 4, 8) and filter_transform(weight) is u
+    u = filter_transform(weight, CACHE)
+    assert u.shape == (3, 36, 4, 8) and filter_transform(weight, CACHE) is u
     # Views made per call (FrameConv2d's weight.unsqueeze(2), tap slices) hit the cache of their base.
-    assert filter_transform(weight[:, :, 1:]) is filter_transform(weight[:, :, 1:])
-    torch.testing.assert_close(filter_transform(weight[:, :, 1:]), u[1:])
+    assert filter_transform(weight[:, :, 1:], CACHE) is filter_transform(weight[:, :, 1:], CACHE)
+    torch.testing.assert_close(filter_transform(weight[:, :, 1:], CACHE), u[1:])
     with torch.no_grad():
         weight.mul_(2)  # in place: the version counter moves, the transform is recomputed
-    torch.testing.assert_close(filter_transform(weight), 2 * u)
+    torch.testing.assert_close(filter_transform(weight, CACHE), 2 * u)
     key = id(weight)
     del weight, u
     gc.collect()
-    assert key not in winograd.FILTER_CACHE.anchors()  # freed with its weight
+    assert key not in CACHE.anchors()  # freed with its weight
 
 
 def test_inference_mode_weights():
     with torch.inference_mode():
         x, weight, bias = make(1, 8, 4, 3, 3, 5, 5)
-        torch.testing.assert_close(winograd_conv3d(x, weight, bias), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+        torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                    atol=2e-5, rtol=0)
 
 
@@ -120,9 +124,9 @@ def spy(monkeypatch):
     """Records the convs the dispatch sends to the Winograd kernel."""
     calls = []
 
-    def recording(x, weight, bias, padding=1):
+    def recording(x, weight, bias, cache, padding=1):
         calls.append(tuple(weight.shape))
-        return winograd_conv3d(x, weight, bias, padding=padding)
+        return winograd_conv3d(x, weight, bias, cache, padding=padding)
 
     monkeypatch.setattr(conv, "winograd_conv3d", recording)
     return calls
@@ -131,21 +135,21 @@ def spy(monkeypatch):
 def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
     x, weight, bias = make(1, 128, 128, 3, 4, 8, 8)
     expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
-    out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=CACHE)
     torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
     assert spy == [(128, 128, 3, 3, 3)]
     # Switch off: the oneDNN path, bit for bit.
-    off = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=False)
+    off = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=None)
     assert torch.equal(off, conv._cpu_conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1)))
     # Not eligible: stride 2, 1x1x1 kernel, other padding, few channels, small frames, autograd.
-    conv.conv3d(x, weight, bias, (1, 2, 2), (0, 1, 1), winograd=True)
-    conv.conv3d(x, weight[:, :, :, 1:2, 1:2], bias, (1, 1, 1), (0, 0, 0), winograd=True)
-    conv.conv3d(x, weight, bias, (1, 1, 1), (1, 1, 1), winograd=True)
-    conv.conv3d(x[:, :32], weight[:, :32], bias, (1, 1, 1), (0, 1, 1), winograd=True)
-    conv.conv3d(x[:, :64], weight[:64, :64], bias[:64], (1, 1, 1), (0, 1, 1), winograd=True)
-    conv.conv3d(x[:, :96], weight[:96, :96, 1:2], bias[:96], (1, 1, 1), (0, 1, 1), winograd=True)  # kt=1: 128
-    conv.conv3d(x[..., :7, :8], weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)  # 56 pixels
-    conv.conv3d(x, weight.requires_grad_(), bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    conv.conv3d(x, weight, bias, (1, 2, 2), (0, 1, 1), winograd=CACHE)
+    conv.conv3d(x, weight[:, :, :, 1:2, 1:2], bias, (1, 1, 1), (0, 0, 0), winograd=CACHE)
+    conv.conv3d(x, weight, bias, (1, 1, 1), (1, 1, 1), winograd=CACHE)
+    conv.conv3d(x[:, :32], weight[:, :32], bias, (1, 1, 1), (0, 1, 1), winograd=CACHE)
+    conv.conv3d(x[:, :64], weight[:64, :64], bias[:64], (1, 1, 1), (0, 1, 1), winograd=CACHE)
+    conv.conv3d(x[:, :96], weight[:96, :96, 1:2], bias[:96], (1, 1, 1), (0, 1, 1), winograd=CACHE)  # kt=1: 128
+    conv.conv3d(x[..., :7, :8], weight, bias, (1, 1, 1), (0, 1, 1), winograd=CACHE)  # 56 pixels
+    conv.conv3d(x, weight.requires_grad_(), bias, (1, 1, 1), (0, 1, 1), winograd=CACHE)
     assert len(spy) == 1
 
 
@@ -170,7 +174,7 @@ def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNELS", 1)
     monkeypatch.setattr(conv, "WINOGRAD_MIN_CHANNEL_TAPS", 1)
     fixtures = tensors("seedvr2", "tiny_outputs.safetensors")
-    out = load_tiny("seedvr2").decode(fixtures["dec.input"])
+    out = vae.decode(load_tiny("seedvr2"), fixtures["dec.input"])
     torch.testing.assert_close(out, fixtures["dec.video"], atol=1e-4, rtol=1e-4)
     assert len(spy) > 30 and all(shape[3:] == (3, 3) for shape in spy)
 
@@ -184,19 +188,19 @@ class CountingCache:
     def get(self, weight):
         def compute():
             self.computed += 1
-            return filter_transform(weight).clone()
+            return filter_transform(weight, CACHE).clone()
 
         return self.cache.get(weight, ("u",), compute)
 
 
 def test_filter_cache_is_capped_and_scan_resistant():
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(5)]
-    one = filter_transform(weights[0]).nbytes  # 3 x 36 x 4 x 8 float32
+    one = filter_transform(weights[0], CACHE).nbytes  # 3 x 36 x 4 x 8 float32
     counting = CountingCache(2 * one)
     cache = counting.cache
     first = [counting.get(w) for w in weights[:3]]  # one cycle of three convs, room for two
     assert counting.computed == 3 and len(cache) == 2 and cache.bytes == 2 * one
-    assert all(torch.equal(u, filter_transform(w)) for u, w in zip(first, weights))
+    assert all(torch.equal(u, filter_transform(w, CACHE)) for u, w in zip(first, weights))
     # Later cycles: plain LRU would evict each entry just before its use (3 computes per cycle); the
     # cache keeps what fits and recomputes only the rest.
     for _ in range(3):
@@ -211,19 +215,17 @@ def test_filter_cache_is_capped_and_scan_resistant():
     before = counting.computed
     kept = [counting.get(w) for w in weights[3:]]
     assert counting.computed == before and all(counting.get(w) is u for w, u in zip(weights[3:], kept))
-    cache.set_limit(one)  # lowering the cap evicts at once
-    assert len(cache) == 1 and cache.bytes == one
-    cache.set_limit(one - 1)  # a transform larger than the whole cap is returned but not kept
-    assert len(cache) == 0 and torch.equal(counting.get(weights[0]), filter_transform(weights[0]))
-    assert len(cache) == 0 and cache.bytes == 0
+    small = CountingCache(one - 1)  # a transform larger than the whole cap is returned but not kept
+    assert torch.equal(small.get(weights[0]), filter_transform(weights[0], CACHE))
+    assert len(small.cache) == 0 and small.cache.bytes == 0
 
 
 def test_filter_cache_keeps_the_highest_priority_transforms():
     """When a cycle does not fit, the transforms of the largest frames (most saved per byte) stay."""
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(3)]
-    one = filter_transform(weights[0]).nbytes
+    one = filter_transform(weights[0], CACHE).nbytes
     cache = winograd.FilterCache(2 * one)
-    get = lambda w, priority: cache.get(w, ("u",), lambda: filter_transform(w).clone(), priority)
+    get = lambda w, priority: cache.get(w, ("u",), lambda: filter_transform(w, CACHE).clone(), priority)
     for _ in range(3):  # a cycle of three convs, frames of 16, 64 and 256 pixels; room for two
         for w, priority in zip(weights, (16, 64, 256)):
             get(w, priority)
@@ -233,23 +235,23 @@ def test_filter_cache_keeps_the_highest_priority_transforms():
     assert cache.holds_or_admits(weights[0], ("u",), one, priority=1024)  # would displace the 64-pixel one
 
 
-def test_uncached_transform_used_only_where_it_pays(spy, monkeypatch):
+def test_uncached_transform_used_only_where_it_pays(spy):
     """With no room in the cache, a small call (Wan2.2's latent-resolution convs) runs on oneDNN; one
     with enough output pixels to amortise the transform, or a cached one, runs by Winograd."""
-    monkeypatch.setattr(winograd, "FILTER_CACHE", winograd.FilterCache(0))
+    full = winograd.FilterCache(0)
     small, weight, bias = make(1, 128, 128, 3, 4, 16, 16)  # 2 output frames x 256 pixels
-    out = conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    out = conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=full)
     assert not spy and torch.equal(out, conv._cpu_conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1)))
     large = torch.randn(1, 128, 6, 32, 32)  # 4 output frames x 1024 pixels
-    conv.conv3d(large, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
+    conv.conv3d(large, weight, bias, (1, 1, 1), (0, 1, 1), winograd=full)
     assert spy == [(128, 128, 3, 3, 3)]
-    winograd.FILTER_CACHE.set_limit(1 << 30)  # room: computed once, kept, used from then on
-    conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=True)
-    assert len(spy) == 2 and len(winograd.FILTER_CACHE) == 1
+    roomy = winograd.FilterCache(1 << 30)  # room: computed once, kept, used from then on
+    conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=roomy)
+    assert len(spy) == 2 and len(roomy) == 1
 
 
 def test_default_cap_follows_memory_and_the_environment(monkeypatch):
-    assert winograd.FILTER_CACHE.limit_bytes == winograd.default_cache_bytes()
+    assert winograd.filter_cache().limit_bytes == winograd.default_cache_bytes()
     monkeypatch.setenv("STREAMVAE_WINOGRAD_CACHE_GB", "0.5")
     assert winograd.default_cache_bytes() == 1 << 29
     for ram, expected in ((4 << 30, 1 << 30), (24 << 30, 3 << 30), (256 << 30, 4 << 30), (None, 1 << 30)):
@@ -259,11 +261,7 @@ def test_default_cap_follows_memory_and_the_environment(monkeypatch):
 def test_capped_cache_still_gives_exact_convs():
     """Thrashing (cap smaller than one layer's transform) recomputes; results do not change."""
     x, weight, bias = make(1, 96, 96, 3, 4, 9, 9)
-    expected = winograd_conv3d(x, weight, bias)
-    limit = winograd.FILTER_CACHE.limit_bytes
-    try:
-        winograd.FILTER_CACHE.set_limit(0)
-        assert torch.equal(winograd_conv3d(x, weight, bias), expected)
-        assert winograd.FILTER_CACHE.bytes == 0
-    finally:
-        winograd.FILTER_CACHE.set_limit(limit)
+    expected = winograd_conv3d(x, weight, bias, CACHE)
+    none_kept = winograd.FilterCache(0)
+    assert torch.equal(winograd_conv3d(x, weight, bias, none_kept), expected)
+    assert none_kept.bytes == 0

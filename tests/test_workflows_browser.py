@@ -13,6 +13,7 @@ import re
 import shutil
 
 import pytest
+from PIL import Image, ImageStat
 
 from comfy_support.environment import REPO
 
@@ -134,11 +135,26 @@ def test_screenshot_of_the_nodes_for_the_readme(page, tmp_path):
     }""", timeout=180_000)
     page.page.wait_for_timeout(500)
     page.evaluate("() => app.graph.setDirtyCanvas(true, true)")
+    # Where each node is on the page: (class, left, top incl. title, right, bottom) in CSS pixels.
+    boxes = page.evaluate("""() => {
+        const rect = app.canvas.canvas.getBoundingClientRect(), ds = app.canvas.ds, title = LiteGraph.NODE_TITLE_HEIGHT;
+        const at = (x, y) => [rect.left + (x + ds.offset[0]) * ds.scale, rect.top + (y + ds.offset[1]) * ds.scale];
+        return app.graph.nodes.map((n) => [n.comfyClass, ...at(n.pos[0], n.pos[1] - title),
+                                           ...at(n.pos[0] + n.size[0], n.pos[1] + n.size[1])]);
+    }""")
     try:
         shot = page.screenshot(tmp_path / "nodes.png")
     finally:
         page.page.set_viewport_size({"width": 1280, "height": 800})
-    assert shot.stat().st_size > 10_000
+    image = Image.open(shot).convert("HSV")
+    assert image.size == (1600, 900)
+    for cls, left, top, right, bottom in boxes:  # the whole graph is in the picture
+        assert 0 <= left < right <= 1600 and 0 <= top < bottom <= 900, (cls, left, top, right, bottom)
+    # The preview shows the decoded frame (the tiny model's colour noise), not an empty node: the
+    # nodes are grey, so its mean saturation is far above theirs (measured 39 against 1-1.3).
+    saturation = {cls: ImageStat.Stat(image.crop((int(l), int(t), int(r), int(b)))).mean[1] for cls, l, t, r, b in boxes}
+    grey = max(value for cls, value in saturation.items() if (cls or "").startswith("StreamVAE"))
+    assert saturation["PreviewImage"] > 10 * grey, saturation
     if os.environ.get("STREAMVAE_UPDATE_SCREENSHOT") == "1" or not SCREENSHOT.exists():
         SCREENSHOT.parent.mkdir(exist_ok=True)
         shutil.copyfile(shot, SCREENSHOT)

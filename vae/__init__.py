@@ -2,8 +2,8 @@
 
     import vae
     m = vae.load("ema_vae_fp16.safetensors", device="cuda", dtype=torch.bfloat16)
-    z = m.encode(video)        # B,3,T,H,W in [-1, 1] -> raw latent
-    y = m.decode(z)            # -> B,3,T,H,W, not clamped
+    z = vae.encode(m, video)   # B,3,T,H,W in [-1, 1] -> raw latent
+    y = vae.decode(m, z)       # -> B,3,T,H,W, not clamped
 
 Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan21`: Wan2.1 and Wan2.2
 A14B) and Wan2.2 (`wan22`: TI2V-5B), the Wan files in upstream/ComfyUI or diffusers key names.
@@ -14,17 +14,29 @@ Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: cor
 returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
 are raw (the Wan latent format normalises inside the model). The node pack converts at its edges.
 
+How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is a plan,
+computed once: `vae.plan(m, "decode", z.shape, memory_budget="auto")` shows it, and
+`vae.decode(m, z, plan=p)` runs it (or pass the settings to `decode` and it plans itself). Kernel
+choices are explicit too: `vae.decode(m, z, opts=vae.Optimizations.straightforward())`.
+
 `vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 """
+from .engine import decode, encode
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
+from .optimizations import Optimizations
+from .planning import Plan, plan
+from .progress import Cancelled
 from .seedvr2 import SeedVR2Config, SeedVR2VAE
 from .wan21 import Wan21Config, Wan21VAE
 from .wan22 import Wan22Config, Wan22VAE
 
 __all__ = [
+    "Cancelled",
     "CheckpointError",
+    "Optimizations",
+    "Plan",
     "SeedVR2Config",
     "SeedVR2VAE",
     "VideoVAE",
@@ -32,10 +44,13 @@ __all__ = [
     "Wan21VAE",
     "Wan22Config",
     "Wan22VAE",
+    "decode",
     "decode_to_file",
     "detect_family",
+    "encode",
     "encode_from_file",
     "load",
+    "plan",
     "read_checkpoint",
     "save_checkpoint",
 ]

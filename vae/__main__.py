@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from . import load
-from .streaming import latent_frames
+from . import engine, load
+from .geometry import latent_frames
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS, VideoFormatError
 from .video_reader import RESIZE_FILTERS, VideoReader
 
@@ -102,7 +102,7 @@ def roundtrip(args: argparse.Namespace) -> None:
         video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,3,T,H,W in [-1, 1]
         print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
     t, h, w = video.shape[2:]
-    z = model.encode(video, progress=Progress("encode"), **engine_kwargs(args))
+    z = engine.encode(model, video, progress=Progress("encode"), **engine_kwargs(args))
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
     expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,3 in 0..255
     squared = [0.0]

@@ -4,7 +4,6 @@ Layout everywhere: video tensors are B,C,T,H,W. Every block takes the `StreamCon
 encode/decode it is part of: it carries the optimization switches and the causal caches that let a
 clip be processed in temporal chunks with exactly the whole-clip result.
 """
-import math
 from typing import Callable
 
 import torch
@@ -13,10 +12,8 @@ import torch.nn.functional as F
 
 from .causal_cache import CausalCache
 
-try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
-    from ..optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act, sdpa
-except ImportError:  # plain library use: the repository root is on sys.path
-    from optimizations import Optimizations, conv3d, group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act, sdpa
+from .optimizations import Optimizations, conv3d
+from .optimizations.winograd import filter_cache
 
 
 class StreamContext:
@@ -34,6 +31,8 @@ class StreamContext:
         self.first_chunk = True
         self.cache = cache if cache is not None else CausalCache()
         self.tiling = tiling
+        # The Winograd filter-transform cache the convs use (None: Winograd off).
+        self.winograd = filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None
 
 
 def _triple(v) -> tuple[int, int, int]:
@@ -204,7 +203,7 @@ class CausalConv3d(Conv3d):
             ctx.cache.put(self, torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2), owned=True)
         else:
             ctx.cache.put(self, tail)
-        wino = ctx.opts.winograd_conv
+        wino = ctx.winograd
         outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
                        self.padding, winograd=wino) for j in range(min(n_head, n_out))]
         if t >= kt:
@@ -227,7 +226,7 @@ class CausalConv3d(Conv3d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
         padding = self.padding if padded else (0, 0, 0)
-        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.opts.winograd_conv)
+        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.winograd)
 
 
 def _copy_fill(x: torch.Tensor) -> Fill:
@@ -296,7 +295,7 @@ class FrameConv2d(nn.Conv2d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
         padding = (0,) + (self.padding if padded else (0, 0))
-        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.opts.winograd_conv)
+        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.winograd)
 
     def upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
@@ -370,114 +369,3 @@ def upsample_nearest_2x(x: torch.Tensor, out: torch.Tensor | None = None) -> tor
         out = x.new_empty(x.shape[:-2] + (2 * h, 2 * w))
     out.unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(x[..., :, None, :, None])
     return out
-
-
-class FrameGroupNorm(nn.GroupNorm):
-    """GroupNorm with per-frame statistics over (C/G, H, W) on B,C,T,H,W input (SeedVR2).
-
-    The statistics span the whole frame, so a tiled caller computes them once (`stats`) and applies
-    them to each tile (`act(tile, stats=...)`): tiles then see exactly the untiled normalisation.
-    """
-
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        return self._normalize(x, ctx, act=False)
-
-    def stats(self, x: torch.Tensor, ctx: StreamContext):
-        """Whole-frame (mean, rstd) of x, float32 B,G,T."""
-        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm)
-
-    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
-        """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
-        if stats is not None:
-            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm)
-        return self._normalize(x, ctx, act=True, out=out)
-
-    def _normalize(self, x, ctx, act, out=None):
-        if ctx.opts.fused_norm_act:
-            return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out,
-                                  triton=ctx.opts.triton_norm)
-        b, c, t, h, w = x.shape
-        frames = x.transpose(1, 2).reshape(b * t, c, h, w)
-        y = F.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
-        y = y.reshape(b, t, c, h, w).transpose(1, 2)
-        if act:
-            y = F.silu(y)
-        if out is None:
-            return y.contiguous()
-        return out.copy_(y)
-
-
-class RMSNorm(nn.Module):
-    """Wan RMS norm over channels: x / max(||x||_2, 1e-12) * sqrt(C) * gamma (no bias).
-
-    `gamma` has shape (C, 1, 1, 1) in 3-D blocks and (C, 1, 1) in the attention norm, as in the
-    released checkpoints.
-    """
-
-    def __init__(self, channels: int, spatial_dims: int = 3):
-        super().__init__()
-        self.gamma = nn.Parameter(torch.ones((channels,) + (1,) * spatial_dims))
-
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        return self._normalize(x, ctx, act=False)
-
-    def stats(self, x: torch.Tensor, ctx: StreamContext):
-        """None: the norm is per position, so tiles need no whole-frame statistics."""
-        return None
-
-    def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
-        return self._normalize(x, ctx, act=True, out=out)
-
-    def _normalize(self, x, ctx, act, out=None):
-        if ctx.opts.fused_norm_act:
-            return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm)
-        y = F.normalize(x, dim=1) * math.sqrt(x.shape[1]) * self.gamma.view((1, -1) + (1,) * (x.dim() - 2))
-        if act:
-            y = F.silu(y)
-        return y if out is None else out.copy_(y)
-
-
-def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-    """branch + skip; in place into the freshly computed branch when allowed."""
-    return branch.add_(skip) if ctx.opts.inplace_residual else branch + skip
-
-
-class FrameSelfAttention(nn.Module):
-    """Single-head self-attention among the H*W positions of each frame, plus the residual.
-
-    Subclasses own the parameters (their names follow each checkpoint) and define `normalize`,
-    `project_qkv` (tokens B*T,N,C -> q, k, v) and `project_out`. The one head is `channels` wide.
-    """
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.channels = channels
-
-    def normalize(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        raise NotImplementedError
-
-    def project_qkv(self, tokens: torch.Tensor):
-        raise NotImplementedError
-
-    def project_out(self, tokens: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        return ctx.tiling.attention(self, x, ctx) if ctx.tiling is not None else self.attend(x, ctx)
-
-    def attend(self, x: torch.Tensor, ctx: StreamContext, rows: slice = slice(None)) -> torch.Tensor:
-        """x (B,C,T,H,W, whole frames) + attention output, for the query positions in `rows` only
-        (B,C,T,len(rows),W): a row band attends to every key of the frame (distributed bands)."""
-        b, c, t, h, w = x.shape
-        tokens = self.normalize(x, ctx).permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)
-        q, k, v = self.project_qkv(tokens)
-        x = x[..., rows, :]
-        if x.shape[3] != h:
-            q = q.reshape(b * t, h, w, c)[:, rows].reshape(b * t, -1, c)
-        if ctx.opts.sdpa_attention:
-            o = sdpa(q, k, v, ctx.opts.attention)
-        else:
-            weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * (c ** -0.5), dim=-1)
-            o = torch.bmm(weights, v)
-        o = self.project_out(o).reshape(b, t, x.shape[3], w, c).permute(0, 4, 1, 2, 3)
-        return x + o

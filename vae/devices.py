@@ -18,10 +18,7 @@ from pathlib import Path
 
 import torch
 
-try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
-    from ..optimizations import cpu_has_native
-except ImportError:  # plain library use: the repository root is on sys.path
-    from optimizations import cpu_has_native
+from .optimizations import cpu_has_native
 
 # torch.OutOfMemoryError exists from torch 2.5; before that the CUDA class is the same object.
 OOM = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError

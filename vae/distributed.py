@@ -31,17 +31,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import memory
-from .blocks import FrameGroupNorm, StreamContext, zero_border
+from . import planning
+from .blocks import StreamContext, zero_border
 from .causal_cache import CausalCache
-
-try:  # inside the ComfyUI pack, `optimizations` is a sibling subpackage
-    from ..optimizations import group_norm_moments, merge_group_moments
-except ImportError:  # plain library use: the repository root is on sys.path
-    from optimizations import group_norm_moments, merge_group_moments
-
-# --- the engine this strategy plugs into (re-point here when the engine moves) -------------------
-from .streaming import Cancelled, _as_video, _pixel_span, latent_frames, pixel_frames  # noqa: E402
+from .engine import _as_video
+from .geometry import latent_frames, pixel_frames, pixel_span
+from .layers import FrameGroupNorm
+from .optimizations import Optimizations, group_norm_moments, merge_group_moments
+from .progress import Cancelled
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
 log = logging.getLogger("streamvae")
@@ -250,7 +247,8 @@ class BandExecution:
         return bool(value.item())
 
 
-def _setup(model, op: str, shape, n_rows: int, group, rows, temporal_chunk, memory_budget, cache_offload: str):
+def _setup(model, op: str, shape, n_rows: int, group, rows, temporal_chunk, memory_budget, cache_offload: str,
+           opts: Optimizations):
     """(execution, context, latent chunk) of one distributed run on input `shape` (B,C,T,H,W; decode: the
     latent, H = `n_rows`). With `memory_budget` (bytes or "auto": this rank's free memory) the chunk and
     the cache offload are what the memory model fits for an untiled frame of the largest band; the
@@ -265,21 +263,19 @@ def _setup(model, op: str, shape, n_rows: int, group, rows, temporal_chunk, memo
     n_lat = shape[2] if op == "decode" else latent_frames(shape[2], model.temporal_factor)
     chunk = n_lat if temporal_chunk is None else min(temporal_chunk, n_lat)
     if memory_budget is not None:
-        chunk, cache_offload = _fit_band(model, op, shape, execution.bands, chunk, memory_budget)
+        chunk, cache_offload = _fit_band(model, op, shape, execution.bands, chunk, memory_budget, opts)
         chunk = execution.smallest(chunk, model.device)  # every rank must run the same chunks
-    ctx = StreamContext(model.opts, execution, CausalCache(cache_offload, model.device))  # engine: opts move to the plan
+    ctx = StreamContext(opts, execution, CausalCache(cache_offload, model.device))
     return execution, ctx, chunk
 
 
-def _fit_band(model, op: str, shape, bands: Bands, chunk: int, memory_budget) -> tuple[int, str]:
+def _fit_band(model, op: str, shape, bands: Bands, chunk: int, memory_budget, opts: Optimizations) -> tuple[int, str]:
     """(temporal chunk, cache offload) the memory model fits in `memory_budget` for an untiled frame of
     the largest band of an input of `shape`; (chunk, "none") where the model is not calibrated."""
     tallest = max(b - a for a, b in zip(bands.edges, bands.edges[1:])) * (1 if op == "decode" else model.spatial_factor)
-    try:
-        plan = memory.plan(model, op, tuple(shape[:3]) + (tallest, shape[4]), temporal_chunk=chunk,
-                           memory_budget=memory_budget, cache_offload="auto", io_on_device=(False, False))
-    except KeyError as missing:  # no calibration for this family/op/device: run as given
-        log.warning("StreamVAE %s: memory budget ignored (%s)", op, missing.args[0] if missing.args else missing)
+    plan = planning.plan(model, op, tuple(shape[:3]) + (tallest, shape[4]), temporal_chunk=chunk,
+                         memory_budget=memory_budget, cache_offload="auto", io_on_device=(False, False), opts=opts)
+    if plan.peak_bytes is None:  # no calibration for this family/op/device (planning warned): run as given
         return chunk, "none"
     if plan.tile_size is None and plan.fits:
         return plan.temporal_chunk, plan.cache_offload
@@ -313,23 +309,25 @@ def _chunks(execution: BandExecution, ctx, n_lat: int, chunk: int, device, run, 
 def decode(model, z: torch.Tensor, group=None, *, temporal_chunk: int | None = None, rows: Sequence[int] | None = None,
            num_frames: int | None = None, height: int | None = None, width: int | None = None, gather: bool = True,
            out_device=None, out_dtype: torch.dtype | None = None, sink: SinkFn | None = None,
-           memory_budget=None, cache_offload: str = "none", progress=None, cancel=None) -> torch.Tensor | None:
+           memory_budget=None, cache_offload: str = "none", progress=None, cancel=None,
+           opts: Optimizations | None = None) -> torch.Tensor | None:
     """Decode a raw latent B,C,T',h,w (or B,C,h,w) split by rows over the ranks of `group` (default: the
-    world); call on every rank with the same arguments. Equals `streaming.decode` (untiled) within float
+    world); call on every rank with the same arguments. Equals `engine.decode` (untiled) within float
     rounding, for any `temporal_chunk` and any bands (`rows`: latent rows per rank, default even).
 
     `gather=True`: rank 0 returns pixels B,3,T,H,W (trimmed by num_frames/height/width as in
-    `streaming.decode`), or hands each chunk to `sink(first, frames)`; the other ranks return None.
+    `engine.decode`), or hands each chunk to `sink(first, frames)`; the other ranks return None.
     `gather=False`: every rank returns (or sinks) its own band of output rows, B,3,T,rows,W (rows
     [8 e_k, 8 e_k+1) of the untrimmed frame, cut at `height`). `cancel()` is polled on every rank per chunk.
     `memory_budget` (bytes, or "auto" = this rank's free memory) picks the temporal chunk (at most
-    `temporal_chunk`) and where the caches wait (`cache_offload` as in `streaming.decode`) per rank.
+    `temporal_chunk`) and where the caches wait (`cache_offload` as in `engine.decode`) per rank. `opts`: the kernels (default `Optimizations()`).
     """
     z, image = _as_video(z, "decode input")
     b, c, n_lat, h, w = z.shape
     if c != model.latent_channels:
         raise ValueError(f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c}")
-    execution, ctx, chunk = _setup(model, "decode", z.shape, h, group, rows, temporal_chunk, memory_budget, cache_offload)
+    execution, ctx, chunk = _setup(model, "decode", z.shape, h, group, rows, temporal_chunk, memory_budget, cache_offload,
+                                   opts or Optimizations())
     execution.agree((b, c, n_lat, h, w, chunk, int(gather)), model.device, "latent shapes or settings")
     sf = model.spatial_factor
     t_out = pixel_frames(n_lat, model.temporal_factor) if num_frames is None else num_frames
@@ -367,13 +365,13 @@ def decode(model, z: torch.Tensor, group=None, *, temporal_chunk: int | None = N
 
 def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows: Sequence[int] | None = None,
            gather: bool = True, return_logvar: bool = False, out_device=None, memory_budget=None,
-           cache_offload: str = "none", progress=None, cancel=None):
-    """Encode pixels B,3,T,H,W (or B,3,H,W, or a frame source as `streaming.encode` takes) in [-1, 1]
+           cache_offload: str = "none", progress=None, cancel=None, opts: Optimizations | None = None):
+    """Encode pixels B,3,T,H,W (or B,3,H,W, or a frame source as `engine.encode` takes) in [-1, 1]
     split by rows over the ranks of `group`; call on every rank with the same arguments. Each rank reads
-    only its band of pixel rows (padding as `streaming.encode`: T to 4n+1, H and W to the spatial factor).
+    only its band of pixel rows (padding as `engine.encode`: T to 4n+1, H and W to the spatial factor).
 
     `gather=True`: rank 0 returns the raw posterior mean B,C,T',h,w (with `return_logvar`: (mean,
-    logvar)), the others None; `gather=False`: every rank returns its band of latent rows.
+    logvar)), the others None; `gather=False`: every rank returns its band of latent rows. `opts` as in `decode`.
     """
     video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
     b, c, t, h, w = video.shape
@@ -382,7 +380,7 @@ def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows:
     sf, tf = model.spatial_factor, model.temporal_factor
     n_lat, h_lat, w_lat = latent_frames(t, tf), -(-h // sf), -(-w // sf)
     execution, ctx, chunk = _setup(model, "encode", video.shape, h_lat, group, rows, temporal_chunk, memory_budget,
-                                   cache_offload)
+                                   cache_offload, opts or Optimizations())
     execution.agree((b, c, t, h, w, chunk, int(gather)), model.device, "video shapes or settings")
     lo, hi = execution.bands.rows(execution.rank, 1)
     r0, r1 = lo * sf, min(hi * sf, h)  # a band starts inside the frame: the padding is under sf rows
@@ -394,7 +392,7 @@ def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows:
         parts = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2 if return_logvar else 1)]
 
     def run(first, n):
-        start, stop = _pixel_span(first, n, tf)
+        start, stop = pixel_span(first, n, tf)
         frames = torch.arange(start, stop).clamp_(max=t - 1)
         frames = frames.to(video.device)
         if isinstance(video, torch.Tensor):
@@ -402,7 +400,7 @@ def encode(model, video, group=None, *, temporal_chunk: int | None = None, rows:
         else:  # a frame source reads whole frames
             x = video.index_select(2, frames)[..., r0:r1, :]
         x = x.to(model.device, model.encode_dtype)
-        if (r1 - r0, w) != ((hi - lo) * sf, w_lat * sf):  # edge replication, as streaming.encode pads
+        if (r1 - r0, w) != ((hi - lo) * sf, w_lat * sf):  # edge replication, as engine.encode pads
             x = F.pad(x, (0, w_lat * sf - w, 0, (hi - lo) * sf - (r1 - r0), 0, 0), mode="replicate")
         moments = model.encode_chunk(x, ctx)[:2 if return_logvar else 1]
         for i, m in enumerate(moments):

@@ -1,24 +1,14 @@
 """`VideoVAE`: the public model object every family implements.
 
 A family subclass says what the network is (`encode_chunk` / `decode_chunk` on one temporal chunk,
-the latent space constants, which checkpoint keys identify it). How a whole clip is run through it
-(padding, temporal chunks, output buffers, devices, dtypes) is the engine's job (`streaming.py`);
-the methods here only forward to it so users get one obvious API:
+the latent space constants, which checkpoint keys identify it). It knows nothing of chunks, tiles or
+memory: how a whole clip is run through it (padding, temporal chunks, tiles, caches, output buffers)
+is the engine's job (`engine.py`, `vae.encode(model, video)` / `vae.decode(model, z)`).
 
-    z = m.encode(video)   # B,3,T,H,W in [-1, 1] -> raw posterior mean B,C,T',H/f,W/f
-    y = m.decode(z)       # raw latent -> B,3,T'',H'',W'' (not clamped)
-
-Raw means unscaled: a SeedVR2 LATENT from ComfyUI core's VAE Encode is `to_model_space(z)` instead.
+Latents are raw, i.e. unscaled: a SeedVR2 LATENT from ComfyUI core's VAE Encode is `to_model_space(z)` instead.
 """
 import torch
 import torch.nn as nn
-
-from . import streaming
-
-try:
-    from ..optimizations import Optimizations
-except ImportError:
-    from optimizations import Optimizations
 
 
 class VideoVAE(nn.Module):
@@ -27,10 +17,6 @@ class VideoVAE(nn.Module):
     temporal_factor: int = 4
     latent_channels: int = 16
     in_channels: int = 3
-
-    def __init__(self):
-        super().__init__()
-        self.opts = Optimizations()
 
     # --- what a family defines -------------------------------------------------------------
     probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints
@@ -87,22 +73,3 @@ class VideoVAE(nn.Module):
                 for module in modules:
                     module.to(dtype)
         return self
-
-    # --- the public API (the engine does the work) ------------------------------------------------
-    def encode(self, video: torch.Tensor, temporal_chunk: int | None = None, **kwargs):
-        """Pixels B,3,T,H,W (or an image B,3,H,W) in [-1, 1] -> raw posterior mean.
-
-        Any T >= 1 is accepted: T is padded to the next 4n+1 by repeating the last frame, and H, W to
-        multiples of `spatial_factor` by edge replication; `decode(z, num_frames=T, height=H, width=W)`
-        undoes both. `temporal_chunk` is the number of latent frames computed per step (any value gives
-        the same result; smaller uses less memory). See `streaming.encode` for the other options.
-        """
-        return streaming.encode(self, video, temporal_chunk=temporal_chunk, **kwargs)
-
-    def decode(self, z: torch.Tensor, temporal_chunk: int | None = None, **kwargs) -> torch.Tensor:
-        """Raw latent B,C,T',h,w (or B,C,h,w) -> pixels B,3,T,H,W (or B,3,H,W), not clamped.
-
-        `num_frames`, `height`, `width` trim the result back to the size that was encoded;
-        `temporal_chunk` latent frames are decoded per step. See `streaming.decode`.
-        """
-        return streaming.decode(self, z, temporal_chunk=temporal_chunk, **kwargs)

@@ -1,23 +1,24 @@
 """Recovering from faults in the middle of an encode/decode instead of losing the work done so far.
 
-- Out of memory inside a chunk: the chunk is retried with exact tiles of half the size, down to
-  `min_tile`, then with half the temporal chunk, down to one latent frame. Chunks already written to
-  the output are kept; the causal caches the retry needs are rebuilt by running the finished frames
-  again without writing them (see `streaming._stream`). Exact tiling gives the untiled result, so a
-  retry never changes the output.
+- Out of memory inside a chunk: the chunk is retried with a smaller plan (`smaller_plan`: caches
+  offloaded, then exact tiles of half the size, then half the temporal chunk). Chunks already
+  written to the output are kept; the causal caches the retry needs are rebuilt by running the
+  finished frames again without writing them (see `engine._stream`). Exact tiling gives the
+  untiled result, so a retry never changes the output.
 - fp16 overflow (non-finite output from finite input, the "black frames" complaint): the op is rerun
   in bf16 where the device computes it natively, else in float32, and the model stays there; said
   once per model.
 """
+import dataclasses
 import gc
 import logging
 import warnings
 
 import torch
 
-from . import tiling as tiles
-from .causal_cache import CausalCache
+from . import geometry
 from .devices import OOM, native_bf16
+from .planning import Plan, grid
 
 log = logging.getLogger("streamvae")
 
@@ -38,59 +39,33 @@ def free_cached_memory(device: torch.device) -> None:
         torch.mps.empty_cache()
 
 
-def min_tile(model) -> int:
-    """The smallest exact tile an out-of-memory retry goes down to, in pixels: 2 latent cells."""
-    return 2 * model.spatial_factor
-
-
-class Shrinker:
-    """Smaller settings for a chunk that ran out of memory: offload the causal caches (where the
-    user left that open: `CausalCache.fallback`), then halve the exact tile, then the chunk.
-
-    `reference_hw` is the video size the stream's tiles are laid out on; `steps` the stream's
-    `Steps`, whose per-chunk count follows the new tiling (`count=False`: the stream is one tile of
-    fast mode, counted by its caller, so sub-tiles only check for cancellation).
-    """
-
-    def __init__(self, model, ctx, steps, reference_hw, chunk: int, count: bool = True):
-        self.model, self.ctx, self.steps = model, ctx, steps
-        self.reference, self.chunk, self.count = reference_hw, chunk, count
-        self.tried: list[str] = [self._describe()]
-
-    def _tile(self) -> tuple[int, int] | None:
-        return self.ctx.tiling.tile if self.ctx.tiling is not None else None
-
-    def _describe(self) -> str:
-        tile = self._tile()
-        where = "untiled" if tile is None else f"tiles {tile[0]}x{tile[1]} px"
-        caches = "" if self.ctx.cache.offload == "none" else f", caches offloaded to {self.ctx.cache.offload}"
-        return f"{where}, {self.chunk} latent frame(s) per chunk{caches}"
-
-    def shrink(self, reason: str, remaining: int) -> int:
-        """The chunk length to retry with (the tiling is already switched); raises OutOfMemory at the floor.
-        `reason`: the out-of-memory message; `remaining`: latent frames still to do, to recount progress."""
-        floor = min_tile(self.model)
-        current = self._tile() or self.reference
-        if self.ctx.cache.fallback is not None:
-            old = self.ctx.cache
-            self.ctx.cache = CausalCache(old.fallback, old.device)
-            old.close()
-        elif max(current) > floor:
-            tile = tuple(max(floor, -(-side // 2)) for side in current)
-            tile = tuple(min(t, r) for t, r in zip(tile, self.reference))
-            self.ctx.tiling = tiles.ExactTiling(self.reference, tile, self.steps if self.count else self.steps.check)
-        elif self.chunk > 1:
-            self.chunk //= 2
-        else:
-            raise OutOfMemory(
-                f"out of memory on {self.model.device} even at the smallest setting; tried: {' -> '.join(self.tried)}. "
-                f"Free memory (close other programs or unload models), decode fewer frames or a smaller size, "
-                f"or run on another device. Last error: {reason.splitlines()[0]}")
-        self.tried.append(self._describe())
-        log.warning("StreamVAE: out of memory; retrying the chunk with %s", self.tried[-1])
-        if self.count:
-            self.steps.replan(-(-remaining // self.chunk), self.steps.units_per_chunk(self.ctx.tiling))
-        return self.chunk
+def smaller_plan(model, plan: Plan, reason: str) -> Plan:
+    """The plan to retry a chunk that ran out of memory with: the causal caches offloaded (where the
+    user left that open: `Plan.offload_fallback`), else exact tiles of half the size down to the
+    smallest valid tile (`geometry.min_tile`), else half the temporal chunk. Raises OutOfMemory at the
+    floor, listing what was tried. `reason`: the out-of-memory message."""
+    n_lat, height, width = geometry.frame_size(plan.op, plan.input_shape, model.spatial_factor, model.temporal_factor)
+    floor = geometry.min_tile(model.spatial_factor)
+    current = tuple(min(side, full) for side, full in zip(plan.tile_size or (height, width), (height, width)))
+    chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
+    if fallback is not None:
+        offload, fallback = fallback, None
+    elif max(current) > floor:
+        tile = tuple(max(floor, -(-side // 2)) for side in current)
+    elif chunk > 1:
+        chunk //= 2
+    else:
+        tried = " -> ".join((*plan.tried, plan.settings()))
+        raise OutOfMemory(
+            f"out of memory on {model.device} even at the smallest setting; tried: {tried}. Free memory (close "
+            f"other programs or unload models), decode fewer frames or a smaller size, or run on another device. "
+            f"Last error: {reason.splitlines()[0]}")
+    smaller = dataclasses.replace(
+        plan, temporal_chunk=chunk, tile_size=tile, tiling="exact", cache_offload=offload, offload_fallback=fallback,
+        grid=grid(model, plan.op, plan.input_shape, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
+        fits=None, tried=(*plan.tried, plan.settings()))
+    log.warning("StreamVAE: out of memory; retrying the chunk with %s", smaller.settings())
+    return smaller
 
 
 _half_fallbacks_reported: set[int] = set()

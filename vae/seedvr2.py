@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .blocks import CausalConv3d, Conv3d, FrameGroupNorm, FrameSelfAttention, StreamContext, residual_add, upsampling_fill
+from .blocks import CausalConv3d, Conv3d, StreamContext, upsampling_fill
+
+from .layers import FrameGroupNorm, FrameSelfAttention, residual_add
 from .model import VideoVAE
 
 

@@ -1,7 +1,5 @@
-"""Spatial tiling of encode and decode: execution strategy, independent of the family.
-
-Tile parameters are in the units users know: `tile_size` and `tile_overlap` in pixels (an int or an
-(h, w) pair) of the video side (decode output, encode input).
+"""Spatial tiling of encode and decode: execution strategy, independent of the family. The grids
+themselves (which tiles, how they map onto each layer) are `geometry.py`'s.
 
 - "fast" mode: the community SeedVR2 node's semantics. The latent grid is cut into overlapping
   tiles (tile = size // f, overlap = min(overlap // f, tile - 1), starts every tile - overlap, a tile
@@ -18,33 +16,7 @@ from functools import lru_cache
 import torch
 
 from .blocks import zero_border
-
-Pair = tuple[int, int]
-
-
-def as_pair(value) -> Pair:
-    """An int or an (h, w) pair of pixels -> (h, w)."""
-    if isinstance(value, int):
-        return value, value
-    h, w = value
-    return int(h), int(w)
-
-
-def tile_spans(length: int, tile: int, overlap: int) -> list[tuple[int, int]]:
-    """Overlapping [start, stop) spans covering `length` cells, fast-mode grid.
-
-    Starts are 0, s, 2s, ... with s = tile - overlap; a span past the first whose extent would be no
-    larger than the overlap is skipped, because the previous span already covers it.
-    """
-    stride = tile - overlap
-    spans = []
-    for start in range(0, length, stride):
-        stop = min(start + tile, length)
-        if spans and stop - start <= overlap:
-            continue
-        spans.append((start, stop))
-    return spans
-
+from .geometry import exact_cuts, layer_spans
 
 @lru_cache(maxsize=64)
 def _ramp(n: int) -> torch.Tensor:
@@ -96,16 +68,6 @@ class SeparableBlend:
         return self.out
 
 
-def latent_grid(latent_h: int, latent_w: int, tile_size, tile_overlap, factor: int):
-    """Fast-mode latent row/column spans for pixel tile parameters, or None when one tile covers all."""
-    (th, tw), (oh, ow) = as_pair(tile_size), as_pair(tile_overlap)
-    tile_h, tile_w = max(1, th // factor), max(1, tw // factor)
-    if latent_h <= tile_h and latent_w <= tile_w:
-        return None
-    ov_h, ov_w = min(oh // factor, tile_h - 1), min(ow // factor, tile_w - 1)
-    return tile_spans(latent_h, tile_h, ov_h), tile_spans(latent_w, tile_w, ov_w), (ov_h, ov_w)
-
-
 def decode_fast(model, z, out, grid, decode_tile, step):
     """Decode independent latent tiles of z (B,C,T,h,w) and blend them into `out` (B,3,T,H,W).
 
@@ -147,32 +109,14 @@ def encode_fast(video, mean, logvar, grid, factor, encode_tile, step):
         blend.finish()
 
 
-# Low-resolution convs run on the whole frame when that buffer is no larger than the largest tile
-# buffer the stream has already used (so the peak does not grow). A conv streams its weights once per
-# call (Winograd: 4x the 3x3 weights, per output frame), so at low resolution, where the weights
-# outweigh the activations, small tiles multiply the time (SeedVR2 at 1/8 resolution in 8x8-cell
-# tiles: 9x the untiled conv time). Tests switch this off to tile every conv of their tiny frames.
-WHOLE_FRAME_WHEN_SMALLER = True
-
-
-def _cuts(cuts: list[int], reference: int, size: int, multiple: int = 1) -> list[int]:
-    """Interior cut positions of the reference grid mapped onto a layer of `size` cells, rounded to a
-    multiple of `multiple` (deduplicated, strictly inside the layer)."""
-    mapped = {round(c * size / reference / multiple) * multiple for c in cuts}
-    return sorted(c for c in mapped if 0 < c < size)
-
-
-def _spans(cuts: list[int], size: int) -> list[tuple[int, int]]:
-    edges = [0, *cuts, size]
-    return list(zip(edges, edges[1:]))
-
-
 class ExactTiling:
     """Exact spatial tiling: every convolution computes its output tile by tile.
 
     The tile grid is given at the reference resolution (the video: decode output or encode input)
-    and mapped onto each layer's resolution; a low-resolution conv whose whole frame is no larger
-    than the largest tile buffer used so far runs untiled (WHOLE_FRAME_WHEN_SMALLER). A tile reads
+    and mapped onto each layer's resolution. A low-resolution conv whose whole frame is no larger
+    than the largest tile buffer used so far runs untiled (`Optimizations.whole_frame_small_convs`: a
+    conv streams its weights once per call, so at low resolution, where the weights outweigh the
+    activations, small tiles multiply the time, and the peak does not grow). A tile reads
     its input region plus the conv's receptive-field halo (one pixel for 3x3 kernels) and the conv
     computes exactly the tile's outputs from it, so every output pixel sees what the untiled conv
     would; zero padding applies only at the frame border. Norms that need whole-frame statistics
@@ -188,8 +132,7 @@ class ExactTiling:
         (rh, rw), (th, tw) = reference_hw, tile_hw
         self.reference = (rh, rw)
         self.tile = (th, tw)
-        self.row_cuts = list(range(th, rh, th))
-        self.col_cuts = list(range(tw, rw, tw))
+        self.row_cuts, self.col_cuts = exact_cuts(rh, th), exact_cuts(rw, tw)
         self.step = step or (lambda: None)
         self.largest_buffer = 0  # elements of the largest conv input buffer a tile has used so far
 
@@ -199,9 +142,8 @@ class ExactTiling:
 
     def spans(self, height: int, width: int, multiple: int = 1):
         """The tile grid mapped onto a layer of height x width: row spans, column spans."""
-        rows = _spans(_cuts(self.row_cuts, self.reference[0], height, multiple), height)
-        cols = _spans(_cuts(self.col_cuts, self.reference[1], width, multiple), width)
-        return rows, cols
+        return (layer_spans(self.row_cuts, self.reference[0], height, multiple),
+                layer_spans(self.col_cuts, self.reference[1], width, multiple))
 
     def conv(self, conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
         """A (causal) conv over new frames of `shape` (B,C,T,H,W), tile by tile.
@@ -224,7 +166,7 @@ class ExactTiling:
         out = like.new_empty((b, conv.out_channels, n_out, ho, wo))
         new_cache = like.new_empty((b, c, n - keep, h, w)) if conv.temporal else None
         rows, cols = self.spans(ho, wo)
-        if WHOLE_FRAME_WHEN_SMALLER and b * c * n * h * w <= self.largest_buffer:
+        if ctx.opts.whole_frame_small_convs and b * c * n * h * w <= self.largest_buffer:
             rows, cols = [(0, ho)], [(0, wo)]
         for oy0, oy1 in rows:
             iy0, iy1 = oy0 * sh - top, (oy1 - 1) * sh + kh - top  # input rows the tile reads

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import streaming
+from . import engine
+from .geometry import pixel_frames
 from .video_codecs import resolve
 from .video_reader import VideoReader
 from .video_writer import VideoWriter
@@ -31,7 +32,7 @@ def to_pixels(frames: torch.Tensor, bits: int) -> np.ndarray:
 
 
 class FileSink:
-    """`streaming.decode`'s `sink` for a `VideoWriter`: converts each chunk and queues it.
+    """`engine.decode`'s `sink` for a `VideoWriter`: converts each chunk and queues it.
 
     Called as sink(first, frames, offset=clip start in the file). Frames the writer already has
     (a decode rerun after an fp16 overflow starts again at frame 0) are skipped, so every frame is
@@ -67,20 +68,20 @@ def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264",
     into the video file `path` and return it.
 
     `codec`, `pixel_format`, `bit_depth`, `crf` and `fps` as in `video_codecs.resolve`; `num_frames`,
-    `height`, `width` trim every clip as in `streaming.decode`; `audio` = (waveform C,S, sample_rate)
+    `height`, `width` trim every clip as in `engine.decode`; `audio` = (waveform C,S, sample_rate)
     is muxed alongside; `observe(first, pixels)` sees every chunk as written. Other keyword arguments (tiling, temporal_chunk, memory_budget, ...) go to
-    `streaming.decode`, whose chunks are encoded while the next ones decode. On failure or cancel
+    `engine.decode`, whose chunks are encoded while the next ones decode. On failure or cancel
     the frames written so far stay in `<name>.partial.<ext>` and the error is raised.
     """
     encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
     video = z if z.dim() == 5 else z.unsqueeze(2)
     clips, n_lat = video.shape[0], video.shape[2]
-    frames = num_frames or streaming.pixel_frames(n_lat, model.temporal_factor)
+    frames = num_frames or pixel_frames(n_lat, model.temporal_factor)
     size = (height or video.shape[3] * model.spatial_factor, width or video.shape[4] * model.spatial_factor)
     with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata) as writer:
         sink = FileSink(writer, observe)
         for i in range(clips):
-            streaming.decode(model, video[i:i + 1], num_frames=frames, height=size[0], width=size[1],
+            engine.decode(model, video[i:i + 1], num_frames=frames, height=size[0], width=size[1],
                              sink=sink.at(i * frames), progress=progress, cancel=cancel, **decode_kwargs)
         return writer.finish()
 
@@ -92,7 +93,7 @@ def encode_from_file(model, source, *, start_frame: int = 0, frame_count: int = 
 
     Returns the latent and the (closed) reader, whose `frames`, `height`, `width` and `fps` say what
     was encoded; `decode(z, num_frames=reader.frames, height=reader.height, width=reader.width)`
-    gives those frames back. Other keyword arguments go to `streaming.encode`.
+    gives those frames back. Other keyword arguments go to `engine.encode`.
     """
     with VideoReader(source, start_frame, frame_count, every_nth, width, height, resize_filter) as reader:
-        return streaming.encode(model, reader, **encode_kwargs), reader
+        return engine.encode(model, reader, **encode_kwargs), reader

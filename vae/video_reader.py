@@ -1,5 +1,5 @@
 """Reading video files without holding them: `probe` (metadata only) and `VideoReader`, a frame
-source that `streaming.encode` reads chunk by chunk, so a long input never becomes one tensor.
+source that `engine.encode` reads chunk by chunk, so a long input never becomes one tensor.
 
 Colour: YUV frames are converted to RGB with the matrix and range the file is tagged with (FFmpeg's
 default, BT.601 limited range, for untagged files); RGB files (FFV1 `rgb`) are read as stored.
@@ -86,7 +86,7 @@ def probe(source) -> VideoInfo:
 
 
 class VideoReader:
-    """Frames of a video file as the video 1,3,T,H,W in [-1, 1] that `streaming.encode` takes, read
+    """Frames of a video file as the video 1,3,T,H,W in [-1, 1] that `engine.encode` takes, read
     on demand by `read(start, stop)` (in order; an earlier start decodes from the beginning again).
 
     The selection is frame `start_frame`, then every `every_nth` frame, `frame_count` frames (0 = to
@@ -173,7 +173,7 @@ class VideoReader:
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
         """Frames `index` (ascending; repeats allowed) as `read` gives them: the tensor method
-        `streaming.encode` takes its chunks with."""
+        `engine.encode` takes its chunks with."""
         if dim != 2:
             raise ValueError(f"a VideoReader selects frames (dim 2 of 1,3,T,H,W), not dim {dim}")
         first = int(index[0])

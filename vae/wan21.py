@@ -23,7 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import CausalConv3d, FrameConv2d, FrameSelfAttention, RMSNorm, StreamContext, residual_add, upsample_nearest_2x, upsampling_fill
+from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
+
+from .layers import FrameSelfAttention, RMSNorm, residual_add
 from .model import VideoVAE
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .blocks import StreamContext, residual_add
+from .blocks import StreamContext
+
+from .layers import residual_add
 from .wan21 import WanHead, WanMidBlock, WanResample, WanResidualBlock, WanSequence, WanVAEBase, encoder_stages, wan_conv
 
 # Per-channel latent statistics of the released model (Wan's `Wan2_2_VAE` wrapper, ComfyUI

@@ -34,10 +34,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .streaming import Cancelled, pixel_frames  # engine: re-point when the engine moves
+from .geometry import pixel_frames
+from .optimizations import Optimizations
+from .progress import Cancelled
 
 POLL_S = 0.1
-ROOT = Path(__file__).resolve().parent.parent  # the directory holding `vae` and `optimizations`
+ROOT = Path(__file__).resolve().parent.parent  # the directory holding `vae`
 
 
 class WorkerFailed(RuntimeError):
@@ -69,11 +71,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 class RankWorkers:
     """Worker processes on `devices` (e.g. ["cuda:0", "cuda:1"], or ["cpu", "cpu"]) holding a copy of
-    `model` (its weights, dtypes, config and optimization switches). NCCL when every device is CUDA,
-    else gloo. `timeout` (seconds) bounds every collective and the start. `threads`: torch threads per
+    `model` (its weights, dtypes and config), running with the kernels `opts` (default `Optimizations()`).
+    NCCL when every device is CUDA, else gloo. `timeout` (seconds) bounds every collective and the start. `threads`: torch threads per
     CPU worker (default: the CPU cores shared out)."""
 
-    def __init__(self, model, devices, *, timeout: float = 120.0, threads: int | None = None):
+    def __init__(self, model, devices, *, opts: Optimizations | None = None, timeout: float = 120.0,
+                 threads: int | None = None):
         self.devices = [str(torch.device(d)) for d in devices]
         if len(self.devices) < 2:
             raise ValueError(f"RankWorkers needs at least two devices, got {self.devices}")
@@ -94,7 +97,7 @@ class RankWorkers:
             self.conns.append(Connection(mine.detach()))
         state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
         setup = {"family": model.family, "config": dataclasses.asdict(model.config),
-                 "opts": dataclasses.asdict(model.opts), "state": state}  # engine: opts become an argument
+                 "opts": dataclasses.asdict(opts or Optimizations()), "state": state}
         try:
             for conn in self.conns:
                 _send(conn, setup)
@@ -255,20 +258,15 @@ def _stop(procs, conns, store: str) -> None:
 def _build(setup: dict, device: torch.device):
     """The caller's model rebuilt from its config and weights (dtypes kept) on `device`."""
     from .loading import FAMILIES
-    try:
-        from ..optimizations import Optimizations
-    except ImportError:
-        from optimizations import Optimizations
     family = next(cls for cls in FAMILIES if cls.family == setup["family"])
     config = family.config_from_state_dict(setup["state"], setup["config"])
     with torch.device("meta"):
         model = family(config)
     model.load_state_dict(setup["state"], strict=True, assign=True)
-    model.opts = Optimizations(**setup["opts"])  # engine: opts become an argument
     return model.to(device).eval()
 
 
-def _serve(conn: Connection, model, job: dict, rank: int) -> dict:
+def _serve(conn: Connection, model, opts: Optimizations, job: dict, rank: int) -> dict:
     """Run one job on this rank; the "done" message (rank 0 of an encode: with the result)."""
     from . import distributed
 
@@ -284,11 +282,12 @@ def _serve(conn: Connection, model, job: dict, rank: int) -> dict:
             _send(conn, {"kind": "chunk", "first": first, "count": part.shape[2]})
 
         distributed.decode(model, job["z"], temporal_chunk=job["temporal_chunk"], num_frames=job["num_frames"],
-                           height=job["height"], width=job["width"], sink=sink if rank == 0 else None, progress=progress)
+                           height=job["height"], width=job["width"], sink=sink if rank == 0 else None, progress=progress,
+                           opts=opts)
         return {"kind": "done"}
     video = _mapped(job["video"], job["shape"], getattr(torch, job["dtype"]))
     moments = distributed.encode(model, video, temporal_chunk=job["temporal_chunk"], return_logvar=job["return_logvar"],
-                                 progress=progress)
+                                 progress=progress, opts=opts)
     if rank:
         return {"kind": "done"}
     return {"kind": "done", "result": list(moments) if job["return_logvar"] else [moments]}
@@ -316,7 +315,8 @@ def main(argv: list[str]) -> None:
             if (device.index or 0) >= count:
                 raise ValueError(f"{device} is not available in this process: torch sees {count} CUDA device(s)")
             torch.cuda.set_device(device)
-        model = _build(_recv(conn), device)  # read first: the caller sends every rank its copy before we meet
+        setup = _recv(conn)  # read first: the caller sends every rank its copy before we meet
+        model, opts = _build(setup, device), Optimizations(**setup["opts"])
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=int(world),
                                 timeout=timedelta(seconds=float(timeout)))
         _send(conn, {"kind": "done"})
@@ -325,7 +325,7 @@ def main(argv: list[str]) -> None:
                 job = _recv(conn)
             except EOFError:  # the caller closed the connection or died
                 return
-            _send(conn, _serve(conn, model, job, rank))
+            _send(conn, _serve(conn, model, opts, job, rank))
     except BaseException as error:  # reported to the caller, which stops every rank
         traceback.print_exc()
         try:

@@ -160,13 +160,6 @@ class FilterCache:
                 self.bytes += value.nbytes
         return value
 
-    def set_limit(self, limit_bytes: int) -> None:
-        """Change the cap; entries beyond a lower one are evicted at once, least recently used first."""
-        with self._lock:
-            self.limit_bytes = limit_bytes
-            while self.bytes > self.limit_bytes:
-                self._evict(next(iter(self._entries)))
-
     def clear(self) -> None:
         with self._lock:
             for aid in list(self._anchors):
@@ -213,7 +206,12 @@ class FilterCache:
         del self._anchors[aid]
 
 
-FILTER_CACHE = FilterCache(default_cache_bytes())
+@lru_cache(maxsize=None)
+def filter_cache(limit_bytes: int | None = None) -> FilterCache:
+    """The process's filter-transform cache with this cap (None: `default_cache_bytes()`): one per
+    cap, shared by every model and run that asks for it, so transforms outlive a run but no setting
+    of one run changes another's cache."""
+    return FilterCache(default_cache_bytes() if limit_bytes is None else limit_bytes)
 
 
 @lru_cache(maxsize=None)
@@ -271,7 +269,7 @@ def transform_nbytes(weight_shape, m: int = DEFAULT_TILE) -> int:
     return 4 * (m + 2) ** 2 * math.prod(weight_shape[:3])
 
 
-def transform_pays(x: torch.Tensor, weight: torch.Tensor, m: int = DEFAULT_TILE) -> bool:
+def transform_pays(x: torch.Tensor, weight: torch.Tensor, cache: FilterCache, m: int = DEFAULT_TILE) -> bool:
     """Whether Winograd beats oneDNN on this call once its filter transform is counted.
 
     A cached transform always pays (above the dispatch's frame-size floor). Otherwise computing one
@@ -283,13 +281,12 @@ def transform_pays(x: torch.Tensor, weight: torch.Tensor, m: int = DEFAULT_TILE)
     h, w = x.shape[-2:]
     if h * w * (x.shape[2] - weight.shape[2] + 1) >= UNCACHED_MIN_OUTPUT_PIXELS:
         return True
-    return FILTER_CACHE.holds_or_admits(weight, _transform_key(weight, m), transform_nbytes(weight.shape, m),
-                                        priority=h * w)
+    return cache.holds_or_admits(weight, _transform_key(weight, m), transform_nbytes(weight.shape, m), priority=h * w)
 
 
-def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE, priority: float = 0) -> torch.Tensor:
+def filter_transform(weight: torch.Tensor, cache: FilterCache, m: int = DEFAULT_TILE, priority: float = 0) -> torch.Tensor:
     """U (kt, P, Cout, Cin) float32 of weight (Cout, Cin, kt, 3, 3): U[k, p] is position p of
-    G w[:, :, k] G^T. Cached per weight tensor (or view of one) in FILTER_CACHE (capped; `priority`,
+    G w[:, :, k] G^T. Cached per weight tensor (or view of one) in `cache` (capped; `priority`,
     the conv's frame pixels, decides which transforms stay when not all fit) and recomputed when it
     changes in place (version counter). 4x the weight's float32 size (P = 36 positions per 9 taps).
 
@@ -303,12 +300,13 @@ def filter_transform(weight: torch.Tensor, m: int = DEFAULT_TILE, priority: floa
             taps = weight.detach().to("cpu", torch.float32).permute(2, 3, 4, 0, 1).reshape(kt, 9, cout * cin)
             return torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
 
-    return FILTER_CACHE.get(weight, key, compute, priority)
+    return cache.get(weight, key, compute, priority)
 
 
-def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cache: FilterCache,
                     m: int = DEFAULT_TILE, padding: int = 1) -> torch.Tensor:
-    """F.conv3d(x, weight, bias, stride=1, padding=(0, padding, padding)) by Winograd F(m x m, 3 x 3).
+    """F.conv3d(x, weight, bias, stride=1, padding=(0, padding, padding)) by Winograd F(m x m, 3 x 3),
+    the filter transforms kept in `cache` (`filter_cache()`).
 
     x (B,Cin,T,H,W) on the CPU, any float dtype (computed in float32, returned in x.dtype);
     weight (Cout,Cin,kt,3,3) with T >= kt; padding 1 ("same": any H, W >= 1) or 0 ("valid", as exact
@@ -318,7 +316,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     cout, _, kt = weight.shape[:3]
     h_out, w_out = h + 2 * padding - 2, w + 2 * padding - 2
     n_h, n_w = -(-h_out // m), -(-w_out // m)
-    u = filter_transform(weight, m, priority=h * w)
+    u = filter_transform(weight, cache, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
     out = x.new_empty((b, cout, t_in - kt + 1, h_out, w_out))
     threads = torch.get_num_threads() if _OPENMP else 1

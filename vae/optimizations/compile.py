@@ -1,6 +1,6 @@
 """torch.compile for the VAE's blocks, with a clean fallback to eager execution.
 
-Compiling `model.encode` as a whole would trace the streaming engine (Python loops over chunks and
+Compiling `vae.encode` as a whole would trace the streaming engine (Python loops over chunks and
 tiles, cache bookkeeping) and recompile for every clip length. Instead every block of the encoder
 and decoder (a resnet/down/up/mid block, the input and output convs) is compiled in place, on its
 own: the engine feeds blocks fixed tile and chunk shapes, so each block compiles once per shape and
@@ -15,7 +15,7 @@ causal caches may already hold part of the failed step.
     report = compile_blocks(model, CompileSettings(mode="max-autotune-no-cudagraphs"))
     report.status   # "compiled 16 blocks", "eager (fallback: ...)"
     with dynamo_limits(settings):
-        y = run_with_fallback(model.decode, z)
+        y = run_with_fallback(vae.decode, model, z)
 """
 import contextlib
 import logging

@@ -6,7 +6,7 @@ other nodes set them too, so StreamVAE never leaves its choices behind: `applied
 (The attention kernel is not global: it is `Optimizations.attention`, see attention.py.)
 
     with applied(BackendFlags(tf32=True)):
-        y = model.decode(z)
+        y = vae.decode(model, z)
 
 Every torch API read here is checked for before use: the pack supports torch 2.4 and newer, and
 the TF32 API changed in 2.9 (`torch.backends.cudnn.conv.fp32_precision`).

@@ -39,9 +39,16 @@ class Optimizations:
     # On CUDA, the norm + SiLU steps as Triton kernels (triton_norm.py): statistics in one pass
     # over the group, the scaled SiLU written in a second, into any strided output.
     triton_norm: bool = True
+    # Exact tiling: a low-resolution conv whose whole frame is no larger than the largest tile buffer
+    # already used runs untiled (same result, no higher peak; small tiles there multiply the time,
+    # as the conv streams its weights once per tile).
+    whole_frame_small_convs: bool = True
     # Which SDPA kernel the mid-block attention asks for (attention.KERNELS): "auto" lets PyTorch
     # pick; a forced kernel that cannot take the model's head width is replaced (attention.choose).
     attention: str = "auto"
+    # Cap of the Winograd filter-transform cache in bytes (winograd.filter_cache); None: an eighth of
+    # the RAM within 1-4 GiB, or STREAMVAE_WINOGRAD_CACHE_GB.
+    winograd_cache_bytes: int | None = None
 
     def __post_init__(self):
         if self.attention not in KERNELS:

@@ -9,7 +9,8 @@ convolution kernels (no AVX-512 BF16 / AMX; oneDNN then falls back to a referenc
 slower than float32 here), half-precision convs are computed in float32 and rounded back: the
 result is the same up to rounding and the speed is float32's. Stride-1 3x3 spatial convs with
 enough channels take the Winograd kernel (`winograd.py`, 4x fewer multiply-adds) when the caller
-passes `winograd=True`: the switch lives in `Optimizations`, which this module never sees.
+passes the filter-transform cache to use (`winograd=`): the switch lives in `Optimizations`, which
+this module never sees.
 """
 from functools import lru_cache
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend
-from .winograd import transform_pays, winograd_conv3d
+from .winograd import FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
 # saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep
@@ -74,10 +75,11 @@ def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) ->
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-           *, winograd: bool = False) -> torch.Tensor:
+           *, winograd: FilterCache | None = None) -> torch.Tensor:
     """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
 
-    `winograd` (the caller's `Optimizations.winograd_conv`): allow the Winograd kernel where
+    `winograd` (the filter cache of the caller's `Optimizations`, None when its `winograd_conv` is
+    off): allow the Winograd kernel where
     `winograd_eligible` and its filter transform pays (`transform_pays`); equal to oneDNN up to
     float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
     compiled blocks use inductor's convs.
@@ -86,9 +88,9 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
         return backend.cudnn_conv3d(x, weight, bias, stride, padding)
     if x.device.type != "cpu":
         return F.conv3d(x, weight, bias, stride, padding)
-    if (winograd and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
-            and transform_pays(x, weight)):
-        return winograd_conv3d(x, weight, bias, padding=padding[1])
+    if (winograd is not None and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
+            and transform_pays(x, weight, winograd)):
+        return winograd_conv3d(x, weight, bias, winograd, padding=padding[1])
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)
         return out.to(x.dtype)

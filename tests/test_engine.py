@@ -33,57 +33,57 @@ def random_latent(model, frames, h=3, w=2, seed=1):
 
 def test_every_encode_chunk_equals_whole_clip(model):
     video = random_video(model, 21)  # 6 latent frames
-    whole = model.encode(video, temporal_chunk=6)
+    whole = vae.encode(model, video, temporal_chunk=6)
     assert whole.shape[2] == 6
     for chunk in range(1, 6):
-        torch.testing.assert_close(model.encode(video, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+        torch.testing.assert_close(vae.encode(model, video, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
 
 
 def test_every_decode_chunk_equals_whole_clip(model):
     z = random_latent(model, 6)
-    whole = model.decode(z, temporal_chunk=6)
+    whole = vae.decode(model, z, temporal_chunk=6)
     assert whole.shape[2] == 21
     for chunk in range(1, 6):
-        torch.testing.assert_close(model.decode(z, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+        torch.testing.assert_close(vae.decode(model, z, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("frames", [1, 2, 5, 6, 8])
 def test_frame_count_padding_loses_nothing(model, frames):
     """T is padded to the next 4n+1 by repeating the last frame; decode(num_frames=T) trims back."""
     video = random_video(model, frames)
-    z = model.encode(video)
+    z = vae.encode(model, video)
     padded = (frames - 1 + 3) // 4 * 4 + 1
     assert z.shape[2] == (padded - 1) // 4 + 1
     repeated = torch.cat([video, video[:, :, -1:].expand(-1, -1, padded - frames, -1, -1)], dim=2)
-    torch.testing.assert_close(z, model.encode(repeated), atol=1e-6, rtol=0)
-    out = model.decode(z, num_frames=frames)
+    torch.testing.assert_close(z, vae.encode(model, repeated), atol=1e-6, rtol=0)
+    out = vae.decode(model, z, num_frames=frames)
     assert out.shape == video.shape
-    torch.testing.assert_close(out, model.decode(z)[:, :, :frames], atol=0, rtol=0)
+    torch.testing.assert_close(out, vae.decode(model, z)[:, :, :frames], atol=0, rtol=0)
 
 
 def test_spatial_padding_and_crop(model):
     sf = model.spatial_factor
     video = random_video(model, 5, height=2 * sf + 3, width=sf + 5, batch=2)
-    z = model.encode(video)
+    z = vae.encode(model, video)
     assert z.shape[-2:] == (3, 2)
     padded = torch.nn.functional.pad(video, (0, sf - 5, 0, sf - 3, 0, 0), mode="replicate")
-    torch.testing.assert_close(z, model.encode(padded), atol=1e-6, rtol=0)
-    out = model.decode(z, num_frames=5, height=2 * sf + 3, width=sf + 5)
+    torch.testing.assert_close(z, vae.encode(model, padded), atol=1e-6, rtol=0)
+    out = vae.decode(model, z, num_frames=5, height=2 * sf + 3, width=sf + 5)
     assert out.shape == video.shape
 
 
 def test_batch_items_are_independent(model):
     video = random_video(model, 5, batch=2)
-    z = model.encode(video)
-    torch.testing.assert_close(z[1:], model.encode(video[1:]), atol=1e-5, rtol=0)
-    torch.testing.assert_close(model.decode(z)[1:], model.decode(z[1:]), atol=1e-5, rtol=0)
+    z = vae.encode(model, video)
+    torch.testing.assert_close(z[1:], vae.encode(model, video[1:]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(vae.decode(model, z)[1:], vae.decode(model, z[1:]), atol=1e-5, rtol=0)
 
 
 def test_decode_into_a_preallocated_output(model):
     z = random_latent(model, 3)
-    expected = model.decode(z)
+    expected = vae.decode(model, z)
     out = torch.full(expected.shape, float("nan"))
-    result = model.decode(z, temporal_chunk=1, out=out)
+    result = vae.decode(model, z, temporal_chunk=1, out=out)
     assert result.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
@@ -91,23 +91,24 @@ def test_decode_into_a_preallocated_output(model):
 def test_latent_channel_mismatch_is_explained(model):
     z = torch.zeros(1, model.latent_channels + 1, 2, 3, 3)
     with pytest.raises(ValueError, match="latent"):
-        model.decode(z)
+        vae.decode(model, z)
 
 
 def test_bad_temporal_chunk_is_rejected(model):
     with pytest.raises(ValueError, match="temporal_chunk"):
-        model.decode(random_latent(model, 2), temporal_chunk=0)
+        vae.decode(model, random_latent(model, 2), temporal_chunk=0)
 
 
 PEAK_SCRIPT = textwrap.dedent("""
     import resource, sys, torch
     sys.path.insert(0, {repo!r})
+    import vae
     from tests.reference import load_tiny
     m = load_tiny({family!r})
     z = torch.randn(1, m.latent_channels, {latent}, {size}, {size})
     out = torch.empty(1, 3, 4 * ({latent} - 1) + 1, {size} * m.spatial_factor, {size} * m.spatial_factor)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    m.decode(z, temporal_chunk=1, out=out)
+    vae.decode(m, z, temporal_chunk=1, out=out)
     print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 - out.numel() * 4)
 """)
 

@@ -1,0 +1,37 @@
+"""What a checkpoint is without loading it: `inspect_checkpoint` reads only a safetensors header
+(names, shapes, config metadata) and builds the model on the meta device, so the loader's validation
+and the web extension's plan preview know the family and shapes of a multi-GB checkpoint without
+reading its weights.
+"""
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..vae import loading
+
+
+@dataclass
+class CheckpointInfo:
+    family: str
+    latent_channels: int
+    spatial_factor: int
+    stored_dtype: str
+    model: torch.nn.Module  # on the meta device: shapes and config only
+
+
+def inspect_checkpoint(path: str) -> CheckpointInfo:
+    """Family and a meta-device model of a checkpoint without reading its weights: the safetensors
+    header, or a pickle's structure (cached by path, size and modification time). Raises
+    `vae.CheckpointError` with what to do for a file StreamVAE cannot use."""
+    stat = os.stat(path)
+    return _inspect(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _inspect(path: str, size: int, mtime: int) -> CheckpointInfo:
+    state, metadata = loading.read_shapes(path)
+    model, _ = loading.build_empty(state, metadata)
+    stored = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}))
+    return CheckpointInfo(model.family, model.latent_channels, model.spatial_factor, stored, model)

@@ -1,0 +1,221 @@
+"""The plan of one encode/decode, computed once: temporal chunk, tile grid, where the causal caches
+wait between chunks, and the predicted peak memory on the compute device.
+
+`plan()` is the one place these are decided. The nodes call it once per run, show it, reserve memory
+with it and hand it to the engine (`engine.encode/decode(plan=...)`); the web preview calls it for
+its readout; the engine calls it itself when it is given settings instead of a plan. A `Plan` is
+immutable: out-of-memory recovery makes a smaller one (`recovery.smaller_plan`).
+
+With a memory budget the largest settings that fit are chosen, the given ones acting as upper
+limits: untiled with the largest temporal chunk, then untiled with the causal caches offloaded,
+then exact tiles, largest first, each without and then with offloaded caches (offloading costs less
+time than tiling). Peaks come from the calibrated memory model (`memory.estimate`); a case it has
+no calibration for gets the given settings and no peak.
+"""
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from . import geometry, memory
+from .causal_cache import check_offload
+from .devices import host_free
+from .optimizations import Optimizations
+
+OPS = ("encode", "decode")
+AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
+AUTO_MARGIN_MIN = 512 * 2**20  # ... and at least 512 MiB
+TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96, 64, 48, 32)
+NEAR_LOWEST = 1.10  # when no setting fits a budget: the fastest one within 10 % of the lowest peak
+log = logging.getLogger("streamvae")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one encode/decode runs and what it is predicted to cost on the compute device.
+
+    `input_shape`: the engine input (pixels B,3,T,H,W for encode, a latent B,C,T',h,w for decode).
+    Tiles are in pixels of the video side. `cache_offload` is where the causal caches wait between
+    chunks ("none": the compute device, "host", "disk"); `offload_fallback` where an out-of-memory
+    retry may move them (None: the user chose). `peak_bytes` and `fits` are None where the memory
+    model has no calibration; `tried` lists the settings that ran out of memory before this plan.
+    """
+
+    op: str
+    input_shape: tuple[int, ...]
+    temporal_chunk: int
+    tile_size: geometry.Pair | None
+    tile_overlap: geometry.Pair
+    tiling: str
+    cache_offload: str
+    offload_fallback: str | None
+    grid: tuple[int, int, int]   # tile rows, tile columns, temporal chunks
+    peak_bytes: int | None
+    budget_bytes: int | None
+    fits: bool | None
+    weight_bytes: int = 0        # the weights' part of peak_bytes (ComfyUI counts them itself)
+    tried: tuple[str, ...] = ()
+
+    @property
+    def work_bytes(self) -> int | None:
+        """The peak without the weights: what to ask a host for beside the model it loads itself."""
+        return None if self.peak_bytes is None else max(0, self.peak_bytes - self.weight_bytes)
+
+    def settings(self) -> str:
+        tile = "untiled" if self.tile_size is None else f"{self.tiling} tiles {self.tile_size[0]}x{self.tile_size[1]} px"
+        caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
+        return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{caches}"
+
+    def describe(self) -> str:
+        rows, cols, chunks = self.grid
+        peak = "peak unknown" if self.peak_bytes is None else f"peak {self.peak_bytes / 2**30:.2f} GiB"
+        return f"{rows}x{cols}x{chunks} ({self.settings()}), {peak}"
+
+    def summary(self) -> str:
+        """The short form the nodes and the web extension show."""
+        rows, cols, chunks = self.grid
+        text = f"tiles {rows}x{cols}x{chunks}"
+        if self.peak_bytes is not None:
+            text += f", peak {self.peak_bytes / 2**30:.2f} GiB" + (" (over budget)" if self.fits is False else "")
+        if self.cache_offload != "none":
+            text += f", caches offloaded to {self.cache_offload}"
+        return text
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        for key in ("input_shape", "grid", "tile_size", "tile_overlap", "tried"):
+            d[key] = list(d[key]) if d[key] is not None else None
+        d["estimated"] = self.peak_bytes is not None
+        return d
+
+
+# --- the memory a plan may use ------------------------------------------------------------------
+
+def free_memory(device) -> int:
+    """Bytes the device can still give us: CUDA free + what PyTorch's cache holds; CPU MemAvailable."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return host_free()
+
+
+def budget_from_free(free: int) -> int:
+    """The "auto" budget when `free` bytes are free: minus a margin for what the model does not count."""
+    return max(0, free - max(int(free * AUTO_MARGIN), AUTO_MARGIN_MIN))
+
+
+def resolve_budget(memory_budget, device) -> int | None:
+    """None (no limit), bytes, or "auto" (free memory minus a margin) -> bytes or None."""
+    if memory_budget is None:
+        return None
+    if memory_budget == "auto":
+        return budget_from_free(free_memory(device))
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise ValueError(f"memory_budget must be None, 'auto' or a positive number of bytes, got {memory_budget!r}")
+    return memory_budget
+
+
+def offload_target(device) -> str:
+    """Where "auto" offloads causal caches from `device`: pinned host memory from a GPU, else disk."""
+    return "disk" if torch.device(device).type == "cpu" else "host"
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+def check_chunk(temporal_chunk) -> None:
+    if temporal_chunk is not None and (isinstance(temporal_chunk, bool) or not isinstance(temporal_chunk, int)
+                                       or temporal_chunk < 1):
+        raise ValueError(f"temporal_chunk must be a positive number of latent frames, got {temporal_chunk!r}")
+
+
+def grid(model, op: str, input_shape, temporal_chunk: int, tile_size, tile_overlap, tiling: str) -> tuple[int, int, int]:
+    n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
+    rows, cols = geometry.tile_grid(height, width, tile_size, tile_overlap, tiling, model.spatial_factor)
+    return rows, cols, -(-n_lat // temporal_chunk)
+
+
+def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, tile_overlap=0, tiling="exact",
+         memory_budget=None, device=None, cache_offload="auto", io_on_device=(True, True),
+         opts: Optimizations | None = None) -> Plan:
+    """The plan for `op` ("encode"/"decode") of an input of `input_shape` on `device` (default: the
+    model's). Without a budget the given settings are kept (temporal_chunk None -> 1, cache_offload
+    "auto" -> on the device, offloaded by an out-of-memory retry); with one (bytes or "auto"), the
+    largest that fit, the given ones acting as upper limits. `io_on_device`: whether the whole input
+    and the whole output live on the compute device (`memory.estimate`). Raises ValueError for
+    invalid settings, with what to do."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    check_offload(cache_offload)
+    check_chunk(temporal_chunk)
+    given_tile, overlap = geometry.check_tiling(tile_size, tile_overlap, tiling, model.spatial_factor)
+    overlap = overlap or (0, 0)
+    device = torch.device(device) if device is not None else model.device
+    opts = opts or Optimizations()
+    budget = resolve_budget(memory_budget, device)
+    n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
+    target = offload_target(device)
+
+    def make(chunk, tile, offload, peak=None):
+        fallback = target if cache_offload == "auto" and offload != target else None
+        fits = None if peak is None else budget is None or peak <= budget
+        return Plan(op, tuple(input_shape), chunk, tile, overlap, tiling, offload, fallback,
+                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits,
+                    memory.weight_bytes(model))
+
+    def estimated(chunk, tile, offload):
+        peak = memory.estimate(model, op, input_shape, chunk, tile, tiling, device, offload, io_on_device, opts)
+        return make(chunk, tile, offload, peak)
+
+    offloads = ["none"] if cache_offload == "auto" else [cache_offload]
+    if cache_offload == "auto" and memory.cache_calibrated(model, op, device.type):
+        offloads.append(target)
+    try:
+        if budget is None:
+            return estimated(min(temporal_chunk or 1, n_lat), given_tile, offloads[0])
+        return _fit(model, estimated, offloads, n_lat, (height, width), temporal_chunk, given_tile, overlap, tiling)
+    except KeyError as missing:  # no calibration for this family/op/mode/device
+        why = missing.args[0] if missing.args else missing
+        if budget is not None:
+            _warn_once(f"StreamVAE {op}: memory budget ignored ({why}); an out-of-memory error still shrinks the run")
+        return make(min(temporal_chunk or 1, n_lat), given_tile, offloads[0])
+
+
+def _fit(model, estimated, offloads, n_lat, frame_hw, temporal_chunk, given_tile, overlap, tiling) -> Plan:
+    """The first plan that fits the budget, in the order of the module docstring; if none does, the
+    fastest of the smallest ones within NEAR_LOWEST of the lowest peak (marked fits=False)."""
+    height, width = frame_hw
+    max_chunk = min(temporal_chunk or n_lat, n_lat)
+    chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
+
+    def first_fit(tile):
+        candidates = (estimated(chunk, tile, offload) for offload in offloads for chunk in chunks)
+        return next((candidate for candidate in candidates if candidate.fits), None)
+
+    if given_tile is None or (given_tile[0] >= height and given_tile[1] >= width):
+        if (candidate := first_fit(None)) is not None:
+            return candidate
+    limit = given_tile or (height, width)
+    smallest = geometry.min_tile(model.spatial_factor)
+    if tiling == "fast":  # a fast tile must exceed twice the overlap to make progress
+        smallest = max(smallest, 2 * max(overlap) + model.spatial_factor)
+    tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
+    tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
+    for tile in tiles:
+        if (candidate := first_fit(tile)) is not None:
+            return candidate
+    # Smaller exact tiles stop paying once the whole-frame part of the peak dominates (exact tiles
+    # bound each conv's temporaries, not the frames between layers), while their cost keeps growing.
+    smallest_plans = [estimated(1, tile, offloads[-1]) for tile in tiles]
+    lowest = min(candidate.peak_bytes for candidate in smallest_plans)
+    return next(candidate for candidate in smallest_plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
