@@ -25,6 +25,7 @@ from comfy_api.latest import io
 
 import comfy.sd
 
+from .. import vae
 from . import core_api, execution
 from .common import (Tiling, check_image, check_tiling, latent_frames, latent_layout, pixel_frames, read_latent,
                      tiling_inputs)
@@ -89,8 +90,8 @@ class StreamVAEStage(torch.nn.Module):
         """Predicted peak of one clip less the weights (core adds the model's size itself), for core's
         memory requests (at least 1: core divides by it)."""
         shape = self.latent_shape(shape) if op == "decode" else tuple(shape)
-        plan = execution.make_plan(self.handle.model, op, (1,) + shape[1:], self.tiling, self.handle.load_device,
-                                   self.handle.opts)
+        plan = vae.plan(self.handle.model, op, (1,) + tuple(shape[1:]), opts=self.handle.opts,
+                        **execution.plan_settings(self.tiling, self.handle.load_device))
         return max(1, plan.work_bytes or 0)
 
 

@@ -4,7 +4,6 @@ ComfyUI's interrupt point), backend flags and compile limits around the call, cl
 another so the peak does not grow with the batch.
 """
 import contextlib
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -82,13 +81,12 @@ def _engine_scope(handle):
         raise
 
 
-def make_plan(model, op: str, shape, tiling: Tiling, device, opts=None) -> vae.Plan:
-    """`vae.plan` for a node's run of `op` on one clip of `shape` on `device` with the node's `tiling`
-    inputs. IMAGE and LATENT tensors live on core's intermediate device: on the compute device only
-    under --gpu-only, where the memory model then counts them."""
+def plan_settings(tiling: Tiling, device) -> dict:
+    """`vae.plan`'s keyword arguments for a node's run on `device` with the node's `tiling` inputs.
+    IMAGE and LATENT tensors live on core's intermediate device: on the compute device only under
+    --gpu-only, where the memory model then counts them."""
     io_here = same_device(core_api.intermediate_device(), device)
-    return vae.plan(model, op, tuple(shape), device=device, io_on_device=(io_here, io_here), opts=opts,
-                    **tiling.settings())
+    return dict(tiling.settings(), device=device, io_on_device=(io_here, io_here))
 
 
 def _budget(handle, tiling: Tiling):
@@ -109,13 +107,13 @@ def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
     room, as much as it can. The plan is then made with the budget, "auto" meaning what is free after
     that, shown on the node and run as it is.
     """
-    unbounded = dataclasses.replace(tiling, memory_budget=None)
-    wanted = make_plan(handle.model, op, shape, unbounded, handle.load_device, handle.opts).work_bytes or 0
+    settings = plan_settings(tiling, handle.load_device)
+    unbounded = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(settings, memory_budget=None))
+    wanted = unbounded.work_bytes or 0
     if isinstance(tiling.memory_budget, int):
         wanted = min(wanted, tiling.memory_budget)
     handle.prepare(wanted)
-    budgeted = dataclasses.replace(tiling, memory_budget=_budget(handle, tiling))
-    plan = make_plan(handle.model, op, shape, budgeted, handle.load_device, handle.opts)
+    plan = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(settings, memory_budget=_budget(handle, tiling)))
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")

@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 
 from .blocks import CausalConv3d, Conv3d, StreamContext, upsampling_fill
-
 from .layers import FrameGroupNorm, FrameSelfAttention, residual_add
 from .model import VideoVAE
 

@@ -24,7 +24,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
-
 from .layers import FrameSelfAttention, RMSNorm, residual_add
 from .model import VideoVAE
 

@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 
 from .blocks import StreamContext
-
 from .layers import residual_add
 from .wan21 import WanHead, WanMidBlock, WanResample, WanResidualBlock, WanSequence, WanVAEBase, encoder_stages, wan_conv
 
