@@ -16,6 +16,7 @@ from . import routes
 from .decode import Decode
 from .encode import Encode
 from .loader import LoadVAE
+from .multi_device import MultiDevice
 from .settings import GPUOptimizations, TorchCompileSettings
 from .test_pattern import TestPattern
 
@@ -23,7 +24,7 @@ log = logging.getLogger("streamvae")
 
 
 def node_list() -> list[type[io.ComfyNode]]:
-    nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, TestPattern]
+    nodes = [LoadVAE, Encode, Decode, TorchCompileSettings, GPUOptimizations, MultiDevice, TestPattern]
     try:  # the video file nodes need PyAV (ComfyUI depends on it) and core's VIDEO type
         if not hasattr(io, "Video"):
             raise ImportError("this ComfyUI has no VIDEO type")

@@ -15,7 +15,7 @@ from ..vae.devices import same_device
 from ..vae.optimizations import backend, kernel_choice, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
-from . import core_api
+from . import core_api, multi_device
 from .common import (CORE_LAYOUT, Clips, LatentClips, Tiling, clip_video, finish_image, image_view,
                      to_core_latent)
 
@@ -149,11 +149,16 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     progress = Progress(n, report)
     samples = None
     with _engine_scope(handle):
+        workers = multi_device.workers(handle)  # None: one device
         for i in range(n):
             progress.index = i
             video = clip(i)
-            z = run_with_fallback(vae.encode, handle.model, video, plan=report.plan, opts=handle.opts,
-                                  out_device=out_device, progress=progress, cancel=_cancel)
+            if workers is not None and isinstance(video, torch.Tensor):  # frame sources stay on one device
+                z = workers.encode(video, temporal_chunk=report.plan.temporal_chunk, progress=progress,
+                                   cancel=_cancel).to(out_device)
+            else:
+                z = run_with_fallback(vae.encode, handle.model, video, plan=report.plan, opts=handle.opts,
+                                      out_device=out_device, progress=progress, cancel=_cancel)
             z = to_core_latent(handle.model, z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
@@ -189,8 +194,13 @@ def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[
         log.info("StreamVAE decode: LATENT read as %s", latent.layout)
     progress = Progress(b, report)
     with _engine_scope(handle):
+        workers = multi_device.workers(handle)  # None: one device
         for i in range(b):
             progress.index = i
+            if workers is not None:
+                workers.decode(z[i:i + 1], temporal_chunk=report.plan.temporal_chunk, progress=progress,
+                               cancel=_cancel, **target(i))
+                continue
             run_with_fallback(vae.decode, handle.model, z[i:i + 1], plan=report.plan, opts=handle.opts,
                               progress=progress, cancel=_cancel, nonfinite=nonfinite, **target(i))
     return _finish(handle, report)

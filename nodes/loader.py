@@ -4,7 +4,7 @@ from comfy_api.latest import io
 from .. import vae
 from . import checkpoints
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
-from .types import COMPILE, GPU_OPTIONS, STREAMVAE
+from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
 try:
     import folder_paths
@@ -51,6 +51,9 @@ class LoadVAE(io.ComfyNode):
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
                     "Optional backend switches from a StreamVAE GPU Optimizations node; without it PyTorch's "
                     "global settings are left as they are.")),
+                io.Custom(DEVICES).Input("devices", optional=True, tooltip=(
+                    "Optional: several GPUs from a StreamVAE Multi-GPU node; every Encode/Decode of this VAE is "
+                    "then split over them (one worker process per GPU). Unconnected: one device, as set above.")),
             ],
             outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
                                                  tooltip="The loaded video VAE, for StreamVAE Encode/Decode.")],
@@ -72,8 +75,8 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
-                compile=None, gpu_options=None) -> io.NodeOutput:
+                compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
         path = folder_paths.get_full_path_or_raise("vae", vae_name)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
-                                      compile_settings=compile, gpu=gpu_options)
+                                      compile_settings=compile, gpu=gpu_options, devices=devices)
         return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})

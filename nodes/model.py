@@ -95,8 +95,10 @@ class StreamVAEHandle:
     """A loaded StreamVAE model and how to run it (the STREAMVAE value of the node graph)."""
 
     def __init__(self, model, name: str, load_device: torch.device, offload_device: torch.device,
-                 compile_settings: CompileSettings | None = None, gpu: GpuOptions | None = None):
+                 compile_settings: CompileSettings | None = None, gpu: GpuOptions | None = None, devices=None):
         self.model = model
+        self.devices = devices  # a multi_device.DeviceSet: run on worker processes, one per device
+        self.workers = None  # their vae.workers.RankWorkers, started by the first run
         self.name = name
         self.load_device = torch.device(load_device)
         self.offload_device = torch.device(offload_device)
@@ -115,7 +117,7 @@ class StreamVAEHandle:
 
     @classmethod
     def load(cls, path: str, name: str, encode_dtype="auto", decode_dtype="auto", device="auto",
-             offload_device="auto", compile_settings=None, gpu=None) -> "StreamVAEHandle":
+             offload_device="auto", compile_settings=None, gpu=None, devices=None) -> "StreamVAEHandle":
         load_device = resolve_device(device)
         offload = resolve_offload(offload_device, load_device)
         enc, dec = resolve_dtype(encode_dtype, load_device, "encode"), resolve_dtype(decode_dtype, load_device, "decode")
@@ -123,7 +125,7 @@ class StreamVAEHandle:
         # tensors, which have no version counter for the library's weight-derived caches.
         with torch.inference_mode(False):
             model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec)
-        handle = cls(model, name, load_device, offload, compile_settings, gpu)
+        handle = cls(model, name, load_device, offload, compile_settings, gpu, devices)
         if device == "gpu" and load_device.type == "cpu":
             handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())
@@ -158,7 +160,8 @@ class StreamVAEHandle:
     def describe(self) -> str:
         parts = [f"{self.name}: {self.family}", f"{self.latent_channels} latent channels",
                  f"encode {dtype_name(self.model.encode_dtype)} / decode {dtype_name(self.model.decode_dtype)}",
-                 f"on {self.load_device} (offload {self.offload_device})", f"compile: {self.compile_status}"]
+                 f"on {', '.join(self.devices.devices) if self.devices else self.load_device} "
+                 f"(offload {self.offload_device})", f"compile: {self.compile_status}"]
         return ", ".join(parts + self.notes)
 
     def info(self) -> dict:
@@ -166,7 +169,8 @@ class StreamVAEHandle:
         return {"name": self.name, "family": self.family, "latent_channels": self.latent_channels,
                 "spatial_factor": self.spatial_factor, "encode_dtype": dtype_name(self.model.encode_dtype),
                 "decode_dtype": dtype_name(self.model.decode_dtype), "device": str(self.load_device),
-                "offload_device": str(self.offload_device), "compile": self.compile_status, "notes": self.notes}
+                "offload_device": str(self.offload_device), "compile": self.compile_status, "notes": self.notes,
+                "devices": list(self.devices.devices) if self.devices else None}
 
     # -- settings nodes ----------------------------------------------------------------------------
     def warn(self, note: str) -> None:

@@ -2,3 +2,4 @@
 STREAMVAE = "STREAMVAE"  # nodes.model.StreamVAEHandle
 COMPILE = "STREAMVAE_COMPILE"  # vae.optimizations.CompileSettings
 GPU_OPTIONS = "STREAMVAE_GPU_OPTIONS"  # nodes.model.GpuOptions
+DEVICES = "STREAMVAE_DEVICES"  # nodes.multi_device.DeviceSet

@@ -26,9 +26,9 @@ FAMILIES = ("seedvr2", "wan21", "wan22")
 NODES = {
     "StreamVAELoader", "StreamVAEEncode", "StreamVAEDecode", "StreamVAETorchCompileSettings",
     "StreamVAEGPUOptimizations", "StreamVAEToCoreVAE", "StreamVAETestPattern", "StreamVAEDecodeToVideo",
-    "StreamVAEEncodeFromVideo",
+    "StreamVAEEncodeFromVideo", "StreamVAEMultiDevice",
 }
-UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs", "CRF")
+UNIT_WORDS = ("pixel", "px", "frame", "GiB", "latent", "per block", "graphs", "CRF", "Seconds")
 FRAMES, HEIGHT, WIDTH = 7, 24, 40  # not 4n+1, and not a multiple of 16 (Wan2.2's factor)
 
 
@@ -159,7 +159,7 @@ def test_object_info_lists_every_node_with_tooltips(comfy_server, object_info):
                 assert any(word in tooltip for word in UNIT_WORDS), f"{name}.{input_name}: no unit in {tooltip!r}"
     loader = object_info["StreamVAELoader"]["input"]
     assert {vae_file(f) for f in FAMILIES} <= set(loader["required"]["vae_name"][1]["options"])
-    assert set(loader["optional"]) == {"compile", "gpu_options"}
+    assert set(loader["optional"]) == {"compile", "gpu_options", "devices"}
     assert object_info["StreamVAEEncode"]["input_order"]["required"][:3] == ["vae", "image", "batch_size"]
 
 

@@ -117,8 +117,8 @@ class CausalConv3d(Conv3d):
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         opts = ctx.opts
         if ctx.tiling is not None:
-            # Whole-frame statistics first (per-frame GroupNorm), then tile by tile.
-            stats = norm.stats(x, ctx) if norm is not None else None
+            # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
+            stats = ctx.tiling.norm_stats(norm, x, ctx) if norm is not None else None
             fill = _norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
             return ctx.tiling.conv(self, ctx, x.shape, x, fill)
         if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):

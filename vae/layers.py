@@ -107,13 +107,21 @@ class FrameSelfAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return ctx.tiling.attention(self, x, ctx) if ctx.tiling is not None else self.attend(x, ctx)
+
+    def attend(self, x: torch.Tensor, ctx: StreamContext, rows: slice = slice(None)) -> torch.Tensor:
+        """x (B,C,T,H,W, whole frames) + attention output, for the query positions in `rows` only
+        (B,C,T,len(rows),W): a row band attends to every key of the frame (distributed bands)."""
         b, c, t, h, w = x.shape
         tokens = self.normalize(x, ctx).permute(0, 2, 3, 4, 1).reshape(b * t, h * w, c)
         q, k, v = self.project_qkv(tokens)
+        x = x[..., rows, :]
+        if x.shape[3] != h:
+            q = q.reshape(b * t, h, w, c)[:, rows].reshape(b * t, -1, c)
         if ctx.opts.sdpa_attention:
             o = sdpa(q, k, v, ctx.opts.attention)
         else:
             weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * (c ** -0.5), dim=-1)
             o = torch.bmm(weights, v)
-        o = self.project_out(o).reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
+        o = self.project_out(o).reshape(b, t, x.shape[3], w, c).permute(0, 4, 1, 2, 3)
         return x + o

@@ -190,6 +190,14 @@ class ExactTiling:
             ctx.cache.put(conv, new_cache, owned=True)
         return out
 
+    def norm_stats(self, norm, x: torch.Tensor, ctx):
+        """Whole-frame statistics of a norm (None for per-position norms): layer outputs are whole frames."""
+        return norm.stats(x, ctx)
+
+    def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
+        """The mid-block attention, untiled: every position attends to the whole frame."""
+        return attention.attend(x, ctx)
+
     def local(self, fn, x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:
         """fn(x) for a stateless, spatially local fn (radius `halo` input pixels, output `scale` x the
         input resolution, zero padding at the frame border), tile by tile with a halo."""

@@ -1,0 +1,92 @@
+"""Several local devices for one StreamVAE Encode/Decode: the StreamVAE Multi-GPU settings node, and
+the worker processes (`vae.workers.RankWorkers`, one per device) a STREAMVAE handle runs them on.
+
+The workers start at the first Encode/Decode that needs them and stay (with their copy of the weights)
+for the next runs; a failure, an out-of-memory error or Cancel stops all of them (the error names the
+rank that failed) and the next run starts new ones.
+"""
+from dataclasses import dataclass
+
+import torch
+from comfy_api.latest import io
+
+from ..vae.workers import RankWorkers
+from .types import DEVICES
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """The devices one Encode/Decode is split over (at least two), and the collective timeout."""
+
+    devices: tuple[str, ...]
+    timeout_s: int = 120
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """"cuda:0, cuda:1" / "0,1" (CUDA indices) / "cpu,cpu" -> device names; ValueError says what is wrong."""
+    names = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
+    devices = []
+    for name in names:
+        try:
+            device = torch.device(f"cuda:{name}" if name.isdigit() else name)
+        except RuntimeError:
+            raise ValueError(f"{name!r} is not a device; write e.g. cuda:0, cuda:1 (or 0, 1)") from None
+        if device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if device.index is None or device.index >= count:
+                raise ValueError(f"{name!r}: this machine has {count} CUDA device(s) (cuda:0 .. cuda:{count - 1})")
+        elif device.type != "cpu":
+            raise ValueError(f"{name!r}: only CUDA GPUs (NCCL) and CPUs (gloo, for testing) can be combined")
+        devices.append(str(device))
+    if len(devices) < 2:
+        raise ValueError(f"give at least two devices, e.g. cuda:0, cuda:1 (got {text!r}); for one device leave "
+                         "Load VAE's devices input unconnected")
+    return tuple(devices)
+
+
+def workers(handle) -> RankWorkers | None:
+    """The handle's worker processes (started now if none are running), or None when it runs on one device."""
+    if handle.devices is None:
+        return None
+    if handle.workers is None or not handle.workers.alive:
+        handle.workers = RankWorkers(handle.model, handle.devices.devices, opts=handle.opts,
+                                     timeout=handle.devices.timeout_s)
+    return handle.workers
+
+
+class MultiDevice(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="StreamVAEMultiDevice",
+            display_name="StreamVAE Multi-GPU",
+            category="StreamVAE",
+            description="Splits every StreamVAE Encode/Decode of the connected Load VAE over several local GPUs: one "
+                        "worker process per GPU holds a band of rows of every layer and exchanges the border rows "
+                        "with its neighbours, so the result equals a one-GPU decode. Helps at high resolution "
+                        "with fast links (NVLink); see the README for when it does not.",
+            inputs=[
+                io.String.Input("devices", default="cuda:0, cuda:1", tooltip=(
+                    "Devices to split over, comma-separated: cuda:0, cuda:1 (or 0, 1). At least two; every GPU "
+                    "holds a copy of the weights. cpu, cpu runs two CPU worker processes (for testing).")),
+                io.Int.Input("timeout_s", default=120, min=10, max=3600, step=10, tooltip=(
+                    "Seconds a worker waits for the others at one exchange before the run fails with an "
+                    "error (a hung or lost GPU). A worker that crashes stops the run at once.")),
+            ],
+            outputs=[io.Custom(DEVICES).Output(display_name="DEVICES",
+                                               tooltip="Connect to StreamVAE Load VAE's devices input.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, devices=None):
+        if devices is None:
+            return True
+        try:
+            parse_devices(devices)
+        except ValueError as error:
+            return str(error)
+        return True
+
+    @classmethod
+    def execute(cls, devices="cuda:0, cuda:1", timeout_s=120) -> io.NodeOutput:
+        return io.NodeOutput(DeviceSet(parse_devices(devices), timeout_s))

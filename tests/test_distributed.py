@@ -1,0 +1,223 @@
+"""Several processes, one exact decode/encode (`vae.distributed`, `vae.workers`), on the CPU with gloo.
+
+One spawn of three real processes runs every distributed case (a 2-rank subgroup and the 3-rank world,
+uneven bands, all three families, encode and decode in temporal chunks); the test process compares
+each result with its own single-process untiled encode/decode of the same input. The worker-process
+path (`RankWorkers`) is checked for the same equality, and for what happens when a rank is killed
+mid-decode, fails at start, or the caller cancels: a clear error within seconds and no process left.
+"""
+import os
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import vae
+from tests.reference import load_tiny, tensors
+from vae import Cancelled, distributed
+from vae.workers import RankWorkers, WorkerFailed
+
+FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+FIXTURES = {  # (file, video input, file, raw decoder input); frames 64x64, latents 8x8 (Wan2.2: 4x4)
+    "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
+    "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+    "wan22": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+}
+ATOL = 1e-5
+# (ranks, latent rows per rank or None for the even split, temporal chunk); 3 latent frames per fixture
+SPLITS = {2: ({"seedvr2": [5, 3], "wan21": [2, 6], "wan22": [3, 1]}, 2), 3: (None, 1)}
+RANDOM_LATENT = (5, 8, 6)  # latent frames, rows, columns: 17 frames, a frame wider than tall
+
+
+def _inputs(family: str):
+    video_file, video_key, latent_file, latent_key = FIXTURES[family]
+    return tensors(family, video_file)[video_key], tensors(family, latent_file)[latent_key]
+
+
+def _random_latent(model) -> torch.Tensor:
+    t, h, w = RANDOM_LATENT
+    return torch.randn(1, model.latent_channels, t, h, w, generator=torch.Generator().manual_seed(20))
+
+
+def _rank_main(rank: int, store: str, results) -> None:
+    """Every case on this rank of a 3-process gloo world; rank 0 puts what it gathered into `results`."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3)
+    pair = dist.new_group([0, 1])
+    found = {}
+    for family in FAMILIES:
+        model = load_tiny(family)
+        video, z = _inputs(family)
+        for ranks, (rows, chunk) in SPLITS.items():
+            if rank >= ranks:
+                continue
+            group = pair if ranks == 2 else None
+            split = rows[family] if rows else None
+            found[family, ranks, "decode"] = distributed.decode(model, z, group, temporal_chunk=chunk, rows=split)
+            found[family, ranks, "encode"] = distributed.encode(model, video, group, temporal_chunk=3 - chunk, rows=split,
+                                                                return_logvar=True)
+        found[family, 3, "random"] = distributed.decode(model, _random_latent(model), temporal_chunk=2, num_frames=15,
+                                                        height=60, width=45)
+        found[family, 3, "budget"] = distributed.decode(model, z, memory_budget=48 * 2**20, cache_offload="auto")
+    model = load_tiny("seedvr2")
+    found["bands"] = distributed.decode(model, _inputs("seedvr2")[1], temporal_chunk=2, gather=False)
+    try:  # ranks that disagree on the settings: every rank refuses, none waits
+        distributed.decode(model, _inputs("seedvr2")[1], temporal_chunk=1 + rank)
+    except ValueError as error:
+        found["disagree"] = str(error)
+    bands = [None] * 3
+    dist.all_gather_object(bands, found.pop("bands"))
+    if rank == 0:
+        results.put({**found, "bands": bands})
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def gathered(tmp_path_factory):
+    """What rank 0 of the spawned world gathered, per case."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    store = str(tmp_path_factory.mktemp("distributed") / "store")
+    processes = mp.start_processes(_rank_main, args=(store, results), nprocs=3, join=False, start_method="spawn")
+    try:
+        found = results.get(timeout=300)
+        processes.join(60)
+    finally:
+        for process in processes.processes:
+            process.kill()
+    return found
+
+
+@pytest.fixture(scope="module")
+def single():
+    """Untiled single-process encode (mean, logvar) and decode of each family's fixture."""
+    found = {}
+    for family in FAMILIES:
+        model = load_tiny(family)
+        video, z = _inputs(family)
+        found[family] = vae.encode(model, video, return_logvar=True), vae.decode(model, z), model
+    return found
+
+
+@pytest.mark.parametrize("ranks", sorted(SPLITS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_decode_equals_single_process_untiled(gathered, single, family, ranks):
+    got = gathered[family, ranks, "decode"]
+    assert got.shape == single[family][1].shape
+    assert (got - single[family][1]).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("ranks", sorted(SPLITS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_encode_equals_single_process_untiled(gathered, single, family, ranks):
+    for got, want in zip(gathered[family, ranks, "encode"], single[family][0]):
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_decode_of_a_longer_wider_latent_trims_like_the_engine(gathered, single, family):
+    model = single[family][2]
+    want = vae.decode(model, _random_latent(model), temporal_chunk=5, num_frames=15, height=60, width=45)
+    assert gathered[family, 3, "random"].shape == want.shape
+    assert (gathered[family, 3, "random"] - want).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_decode_within_a_memory_budget_per_rank(gathered, single, family):
+    assert (gathered[family, 3, "budget"] - single[family][1]).abs().max() <= ATOL
+
+
+def test_each_rank_keeps_its_band_of_rows_when_not_gathered(gathered, single):
+    bands = gathered["bands"]
+    assert [b.shape[3] for b in bands] == [16, 24, 24]  # 8 latent rows split 2 + 3 + 3, x8 pixels
+    assert (torch.cat(bands, dim=3) - single["seedvr2"][1]).abs().max() <= ATOL
+
+
+def test_ranks_given_different_settings_all_refuse(gathered):
+    assert "different" in gathered["disagree"] and "every rank must call with the same" in gathered["disagree"]
+
+
+def test_bands_reject_more_ranks_than_rows():
+    with pytest.raises(ValueError, match="every rank needs at least one row"):
+        distributed.Bands.split(2, 3)
+    assert distributed.Bands.split(8, 3).edges == (0, 2, 5, 8)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Two CPU workers running the reference kernels (unfused norms, explicit attention), so the
+    comparison with the default-kernel single process also checks that `opts` reach the workers."""
+    model = load_tiny("seedvr2")
+    reference = vae.Optimizations(fused_norm_act=False, sdpa_attention=False, buffered_causal_pad=False)
+    pool = RankWorkers(model, ["cpu", "cpu"], opts=reference, timeout=60, threads=1)
+    yield model, pool
+    pool.close()
+
+
+def test_worker_processes_decode_and_encode_like_one_process(workers, single):
+    model, pool = workers
+    video, z = _inputs("seedvr2")
+    steps = []
+    got = pool.decode(z, temporal_chunk=1, progress=lambda done, total: steps.append((done, total)))
+    assert steps == [(1, 3), (2, 3), (3, 3)]
+    assert (got - single["seedvr2"][1]).abs().max() <= ATOL
+    mean, logvar = pool.encode(video, temporal_chunk=2, return_logvar=True)
+    assert (mean - single["seedvr2"][0][0]).abs().max() <= ATOL
+    assert (logvar - single["seedvr2"][0][1]).abs().max() <= ATOL
+
+
+def worker_processes(parent: int | None = None) -> list:
+    """The running `vae.workers` processes under `parent` (default: this process; zombies not counted)."""
+    found = []
+    for child in psutil.Process(parent).children(recursive=True):
+        try:
+            if "vae.workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _assert_all_stopped(pool) -> None:
+    assert all(p.poll() is not None for p in pool.procs), "a worker process was left running"
+    assert not worker_processes()
+    assert not os.path.exists(pool.store), "the shared files were left behind"
+
+
+def test_a_rank_killed_mid_decode_stops_all_within_seconds(workers):
+    model, pool = workers
+    victim = pool.procs[1].pid
+
+    def kill_rank_1(done, total):
+        if done == 1:
+            os.kill(victim, signal.SIGKILL)
+
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"rank 1 \(cpu\) failed: the process exited \(SIGKILL"):
+        pool.decode(_inputs("seedvr2")[1], temporal_chunk=1, progress=kill_rank_1)
+    assert time.monotonic() - start < 10
+    _assert_all_stopped(pool)
+    with pytest.raises(WorkerFailed, match="start new ones"):
+        pool.decode(_inputs("seedvr2")[1])
+
+
+def test_a_rank_failing_at_start_reports_its_message_and_stops_all():
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match=r"rank 1 \(cuda:9\) failed: ValueError: cuda:9 is not available"):
+        RankWorkers(load_tiny("wan21"), ["cpu", "cuda:9"], timeout=60, threads=1)
+    assert time.monotonic() - start < 30
+    assert not worker_processes()
+
+
+def test_cancel_stops_the_workers():
+    pool = RankWorkers(load_tiny("wan22"), ["cpu", "cpu"], timeout=60, threads=1)
+    steps = []
+    with pytest.raises(Cancelled):
+        pool.decode(_inputs("wan22")[1], temporal_chunk=1, progress=lambda done, total: steps.append(done),
+                    cancel=lambda: bool(steps))
+    _assert_all_stopped(pool)
