@@ -22,7 +22,7 @@ import torch
 
 from . import engine, load
 from .geometry import latent_frames
-from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS, VideoFormatError
+from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
 from .video_reader import RESIZE_FILTERS, VideoReader
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

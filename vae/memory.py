@@ -20,7 +20,6 @@ own (its old and new frames), which `cache_profile` (elements per video pixel, a
 largest, measured by a short run) gives.
 """
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 

@@ -156,13 +156,13 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     budget = resolve_budget(memory_budget, device)
     n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
     target = offload_target(device)
+    weights = memory.weight_bytes(model)
 
     def make(chunk, tile, offload, peak=None):
         fallback = target if cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
         return Plan(op, tuple(input_shape), chunk, tile, overlap, tiling, offload, fallback,
-                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits,
-                    memory.weight_bytes(model))
+                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits, weights)
 
     def estimated(chunk, tile, offload):
         peak = memory.estimate(model, op, input_shape, chunk, tile, tiling, device, offload, io_on_device, opts)
