@@ -3,7 +3,7 @@ from comfy_api.latest import io
 
 from .. import vae
 from . import checkpoints
-from .model import DEVICE_CHOICES, DTYPE_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
+from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
 try:
@@ -45,6 +45,11 @@ class LoadVAE(io.ComfyNode):
                 io.Combo.Input("offload_device", options=list(OFFLOAD_CHOICES), default="auto", tooltip=(
                     "Where the weights wait between runs, so ComfyUI can free the GPU for other models. auto = "
                     "ComfyUI's choice (cpu, or the GPU with --gpu-only); none = stay on the compute device.")),
+                io.Combo.Input("kernels", options=list(KERNEL_CHOICES), default="measure", optional=True, tooltip=(
+                    "How each layer's exact kernel is picked (all give the same result up to float rounding). "
+                    "measure = the fastest on this machine, timed once per new layer shape (about 0.5-3 s each on a "
+                    "CPU, then remembered on disk per machine, torch and pack version); defaults = fixed rules, "
+                    "the same on every machine (for reproducible timings).")),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
                     "Optional torch.compile settings from a StreamVAE Torch Compile Settings node; without it "
                     "the VAE runs eagerly.")),
@@ -75,8 +80,8 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
-                compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
+                kernels="measure", compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
         path = folder_paths.get_full_path_or_raise("vae", vae_name)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
-                                      compile_settings=compile, gpu=gpu_options, devices=devices)
+                                      kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
         return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})

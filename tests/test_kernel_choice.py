@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vae
 import vae.optimizations.conv as conv
 import vae.optimizations.kernel_choice as kernel_choice
 from vae.optimizations import Optimizations
 from vae.optimizations.kernel_choice import KernelChoices
 from vae.optimizations.winograd import filter_cache
+from tests.reference import load_tiny
 
 MACHINE = {"cpu": "test CPU", "flags": ["avx2"], "torch": "2.13.0", "pack": "0.1.0+abc"}
 
@@ -129,6 +131,19 @@ def test_the_setting_is_checked_and_describes_itself(cache_folder):
     assert kernel_choice.describe("measure", "cpu").startswith("kernels: measured (1 shapes: winograd_onednn 1; 1 new, ")
 
 
+def test_the_plan_says_how_kernels_are_chosen(cache_folder):
+    """The plan carries the setting and, when measuring, how many layer shapes this machine has on record."""
+    model = load_tiny("wan21")
+    shape = (1, model.latent_channels, 2, 8, 8)
+    before = vae.plan(model, "decode", shape)
+    assert before.kernel_choice == "measure" and before.kernels_on_record == 0
+    kernel_choice.choices_for("cpu").choose("k", {"onednn": sleeper(0, [], "o")}, "onednn")
+    after = vae.plan(model, "decode", shape)
+    assert after.kernels_on_record == 1 and "1 shape(s) on record" in after.describe()
+    fixed = vae.plan(model, "decode", shape, opts=Optimizations(kernel_choice="defaults"))
+    assert fixed.kernels_on_record is None and "fixed default kernels" in fixed.describe()
+
+
 # --- the candidates are exact --------------------------------------------------------------------
 
 def layer(cin, cout, kt, t, h, w, seed=0):
@@ -182,6 +197,7 @@ def test_measured_dispatch_runs_the_choice_once_measured(cache_folder, monkeypat
     assert len(set(asked)) == 1 and kernel_choice.choices_for("cpu").summary()["measured"] == 1
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU candidates run on CUDA only")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_gpu_candidate_equals_the_default(dtype):

@@ -46,6 +46,8 @@ TIMED_RUNS = 2
 # A candidate replaces the default only when at least this much faster: a tie within the noise keeps
 # the default, so the choice does not flip between runs on a busy machine.
 MIN_GAIN = 1.05
+# What measuring one new layer shape costs, for readouts (2 Zen 5 cores: 0.5-3 s; a GPU: well under 1 s).
+TUNING_COST = "about 0.5-3 s on a CPU"
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.
 _KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py", "kernel_choice.py")
@@ -202,6 +204,11 @@ class KernelChoices:
         except Exception as error:  # noqa: BLE001 - any failure of an optional kernel means: not this one
             log.warning("StreamVAE: kernel %s failed for %s, skipped (%s: %s)", name, key, type(error).__name__, error)
             return None
+
+    def on_record(self) -> int:
+        """How many layer shapes have a choice on record for this machine (any model)."""
+        with self._lock:
+            return len(self._choices)
 
     def summary(self) -> dict:
         """Counts for the readout: shapes decided in this process and what won."""
