@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import vae  # noqa: E402
-from vae.optimizations import Optimizations, cpu_has_native  # noqa: E402
+from vae.optimizations import cpu_has_native  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -11,8 +11,6 @@ import contextlib
 from dataclasses import fields
 from types import SimpleNamespace
 
-import torch
-
 from vae.optimizations import Optimizations
 
 SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))

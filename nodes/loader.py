@@ -1,7 +1,6 @@
 """StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE."""
 from comfy_api.latest import io
 
-from .. import vae
 from . import checkpoints
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
