@@ -8,8 +8,12 @@
 Rows per family, op and shape (bench/variants.py): "straightforward" (every switch off: upstream's
 behaviour) and "optimized" (every switch on) in each of --dtypes; in each of --toggle-dtypes one
 "no-<switch>" row per switch (the optimized path with that switch alone off: the switch's effect),
-the extras (channels_last_3d, fp8 weight storage, the Winograd cache without its cap, torch.compile
-with --compile) and, for Wan, ComfyUI core's VAE with the same weights and input. Every row runs in
+the extras (kernels_defaults: the fixed default kernels instead of the measured ones; kernels_cached:
+the optimized row again in a new process that reads the kernel choices the optimized row measured;
+channels_last_3d, the Winograd cache without its cap, torch.compile with --compile) and, for Wan,
+ComfyUI core's VAE with the same weights and input. Kernel choices go to a fresh cache folder per
+invocation (unless STREAMVAE_KERNEL_CACHE is set): "1st run s" is the first (untimed) run of each
+row, which pays for kernel tuning where the "kernel tuning" column says so. Every row runs in
 its own process: the model is built with random seeded weights, warmed up (--warmup runs), then run
 --repeats times; the median is reported. Speed-up and error (max abs, PSNR over the [-1, 1] range)
 are against the float32 straightforward row of the same run; TFLOP/s is upstream's FLOP count (torch's
@@ -19,8 +23,10 @@ measure (CUDA-only ones without a GPU) with their verdicts.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,11 +38,13 @@ from bench.common import ceilings, machine_summary, print_table, psnr, run_worke
 from bench.core_vae import CORE_WAN  # noqa: E402
 from bench.families import FULL_CONFIGS  # noqa: E402
 from bench.variants import NOT_MEASURED, SWITCHES, describe, verdict  # noqa: E402
+from vae.optimizations import kernel_choice  # noqa: E402
 
 BASELINE = ("fp32", "straightforward")
-DEFAULT_EXTRAS = ("channels_last_3d", "winograd_uncapped")
+DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped")
 COLUMNS = [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s"), ("dtype", "dtype", "s"),
            ("variant", "variant", "s"), ("time", "median s", ".2f"), ("fastest", "min s", ".2f"),
+           ("first_s", "1st run s", ".2f"), ("tuning", "kernel tuning", "s"),
            ("speedup", "vs fp32 straight", ".2f"), ("tflops", "TFLOP/s", ".3f"), ("pct_gemm", "% GEMM", ".0f"),
            ("peak_gib", "peak act GiB", ".2f"), ("weights_gib", "weights GiB", ".2f"),
            ("max_err", "max err", ".1e"), ("psnr", "PSNR dB", ".1f"), ("verdict", "verdict", "s")]
@@ -47,9 +55,11 @@ def variants_for(family: str, args) -> list[tuple[str, str]]:
     toggles = [f"no-{s}" for s in SWITCHES if s != "triton_norm" or torch.cuda.is_available()]
     out = [BASELINE]
     if args.only:
-        # core's VAE runs in fp32 only: in half precision it would take this CPU's reference kernels
+        # core's VAE runs in fp32 only (in half precision it would take a CPU's reference kernels); as
+        # without --only, toggles and extras run in --toggle-dtypes only
         return out + [(d, v) for d in args.dtypes for v in args.only
-                      if (d, v) != BASELINE and (v != "core" or d == "fp32")]
+                      if (d, v) != BASELINE and (v != "core" or d == "fp32")
+                      and (v in ("straightforward", "optimized", "core") or d in args.toggle_dtypes)]
     for dtype in args.dtypes:
         names = ["straightforward", "optimized"]
         if dtype in args.toggle_dtypes:
@@ -86,11 +96,19 @@ def bench_workload(family: str, op: str, frames: int, height: int, width: int, a
                    retained_gib=result["retained"] / 2**30, weights_gib=result["weight_bytes"] / 2**30,
                    max_err=(output - baseline[1]).abs().max().item())
         row["psnr"] = psnr(output, baseline[1]) if row["max_err"] > 0 else None
+        row["first_s"], row["tuning"] = result.get("first_run_s"), tuning_text(result.get("kernels"))
         row["verdict"] = verdict(variant, median, fastest.get(dtype))
         rows.append(row)
         print(f"  {family} {op} {row['shape']} {dtype} {variant}: median {median:.2f} s of "
               f"{[round(t, 2) for t in result['times_s']]}", file=sys.stderr, flush=True)
     return rows, notes
+
+
+def tuning_text(kernels: dict | None) -> str | None:
+    """What the worker's process did about kernel choices: tuned shapes and time, or reused ones."""
+    if not kernels:
+        return None
+    return f"{kernels['measured']} tuned {kernels['tuning_s']:.1f} s, {kernels['reused']} cached"
 
 
 def main():
@@ -103,12 +121,12 @@ def main():
     parser.add_argument("--toggle-dtypes", nargs="*", default=["fp32"],
                         help="dtypes that get the per-switch and extra rows (others: optimized + straightforward)")
     parser.add_argument("--extras", nargs="*", default=list(DEFAULT_EXTRAS),
-                        choices=["channels_last_3d", "winograd_uncapped", "compile"])
+                        choices=["kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped", "compile"])
     parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
     parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
     parser.add_argument("--only", nargs="+", metavar="VARIANT",
-                        help="run just these variants per dtype (after the fp32 straightforward baseline), e.g. "
-                             "optimized no-winograd_conv channels_last_3d core")
+                        help="run just these variants per dtype (after the fp32 straightforward baseline; toggles "
+                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv channels_last_3d core")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")
@@ -125,6 +143,9 @@ def main():
         args.dtypes.insert(0, "fp32")  # the baseline
     height, width = (int(v) for v in args.size.lower().split("x"))
 
+    # Kernel choices: a fresh cache for this run (unless one is given), so the first measuring row pays
+    # for the tuning, later rows (kernels_cached) read it, and the "1st run s" column shows both costs.
+    os.environ.setdefault(kernel_choice.CACHE_ENV, str(scratch_dir() / f"kernels-{time.strftime('%Y%m%d-%H%M%S')}"))
     machine = machine_summary()
     limits = ceilings(sorted({"fp32", *args.dtypes}))
     # The GEMM throughput a dtype's convs can reach here: without native half-precision kernels they
@@ -144,6 +165,7 @@ def main():
         notes.append("no CUDA device: the triton_norm switch changes nothing on the CPU and has no row; "
                      "CUDA-only optimizations are listed below as not measured")
 
+    notes.append(f"kernel choices cached in {os.environ[kernel_choice.CACHE_ENV]}")
     print(f"\nmachine: {machine}")
     print("ceilings (same run): " + ", ".join(f"{k} {v / 1e9:.3g} GFLOP/s" for k, v in limits.items()) + "\n")
     print_table(rows, COLUMNS)

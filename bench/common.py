@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import vae  # noqa: E402
-from vae.optimizations import Optimizations, cpu_has_native  # noqa: E402
+from vae.optimizations import cpu_has_native  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -167,7 +167,7 @@ def cpu_model() -> dict:
         return {"model": platform.processor() or platform.machine(), "flags": []}
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
     return {"model": fields.get("model name", platform.machine()),
             "flags": [f for f in wanted if f in fields.get("flags", "").split()], "cores": os.cpu_count()}
 
@@ -183,6 +183,8 @@ def machine_summary() -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cuda_runtime": torch.version.cuda if torch.cuda.is_available() else None,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
     }
 
 

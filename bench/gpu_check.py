@@ -51,6 +51,7 @@ VARIANTS = {
     "bf16": dict(dtype="bf16"),
     "bf16-no-triton": dict(dtype="bf16", opts="no-triton_norm"),
     "bf16-no-fused": dict(dtype="bf16", opts="no-fused_norm_act"),
+    "bf16-kernels-defaults": dict(dtype="bf16", opts="kernels_defaults"),  # fixed kernels instead of measured
     "bf16-cudnn-benchmark": dict(dtype="bf16", backend=dict(cudnn_benchmark=True)),
     "bf16-channels-last": dict(dtype="bf16", channels_last=True),
     "bf16-tiles": dict(dtype="bf16", tile=512),
@@ -60,7 +61,7 @@ VARIANTS = {
     "core-bf16": dict(dtype="bf16", core=True),
     "core-fp32": dict(dtype="fp32", core=True),
 }
-DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-no-triton", "bf16-tiles"]
+DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels-defaults", "bf16-no-triton", "bf16-tiles"]
 
 
 def machine() -> dict:
@@ -244,7 +245,7 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
 
 def run_tests(args, out_file: Path) -> dict:
     files = ["tests/test_triton_kernels.py", "tests/test_backend_and_compile.py",
-             "tests/test_causal_cache.py", "tests/test_gpu_decisions.py"]
+             "tests/test_causal_cache.py", "tests/test_gpu_decisions.py", "tests/test_kernel_choice.py"]
     files = [f for f in files if (REPO / f).is_file()]
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
     start = time.monotonic()

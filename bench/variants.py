@@ -1,7 +1,7 @@
 """What each benchmark row runs, and the verdicts for the optimizations a CPU cannot measure.
 
 A variant name is one of
-- "optimized": every switch of `Optimizations` on (StreamVAE's default);
+- "optimized": every switch of `Optimizations` on (StreamVAE's default, kernels measured on this machine);
 - "straightforward": every switch off (what the upstream reference code does);
 - "no-<switch>": the optimized path with that one switch off, so its row shows that switch's effect;
 - an extra in EXTRAS: the optimized path plus one thing that is not a switch (a weight layout, a
@@ -10,8 +10,6 @@ A variant name is one of
 import contextlib
 from dataclasses import fields
 from types import SimpleNamespace
-
-import torch
 
 from vae.optimizations import Optimizations
 
@@ -36,6 +34,8 @@ EXTRA_NOTES = {
     "channels_last_3d": "conv weights stored NDHWC (backend.to_channels_last_3d)",
     "compile": "torch.compile (inductor) per block, eager fallback",
     "winograd_uncapped": "Winograd filter-transform cache without its byte cap",
+    "kernels_defaults": "fixed default kernels (kernel_choice=defaults) instead of measured ones",
+    "kernels_cached": "optimized again in a new process: the kernel choices come from the disk cache",
     "core": "ComfyUI core's VAE, same weights and input",
 }
 EXTRAS = tuple(EXTRA_NOTES)
@@ -64,6 +64,8 @@ def options(variant: str) -> Optimizations:
         if name not in SWITCHES:
             raise ValueError(f"unknown switch {name!r}; one of {SWITCHES}")
         return Optimizations().with_(**{name: False})
+    if variant == "kernels_defaults":
+        return Optimizations(kernel_choice="defaults")
     if variant == "winograd_uncapped":
         return Optimizations().with_(winograd_cache_bytes=1 << 62)
     if variant == "optimized" or variant in EXTRAS:

@@ -12,7 +12,7 @@ import torch
 
 from .. import vae
 from ..vae.devices import same_device
-from ..vae.optimizations import backend, run_with_fallback
+from ..vae.optimizations import backend, kernel_choice, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
 from . import core_api, multi_device
@@ -41,11 +41,12 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     latent_layout: str | None = None  # decode: how the LATENT was read (common.latent_layout)
     output: str = ""  # what was made, e.g. "IMAGE float16 on cpu"
+    kernels: str = ""  # how the kernels were chosen (kernel_choice.describe)
 
     def as_dict(self) -> dict:
         return {"op": self.op, "plan": self.plan.as_dict(), "summary": self.plan.summary(), "clips": self.clips,
                 "steps": self.steps, "measured_peak_bytes": self.measured_peak_bytes, "notes": self.notes,
-                "latent_layout": self.latent_layout, "output": self.output}
+                "latent_layout": self.latent_layout, "output": self.output, "kernels": self.kernels}
 
 
 class Progress:
@@ -123,6 +124,7 @@ def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
 
 
 def _finish(handle, report: RunReport) -> RunReport:
+    report.kernels = kernel_choice.describe(handle.opts.kernel_choice, handle.load_device)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")
     if handle.load_device.type == "cuda":

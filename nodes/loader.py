@@ -1,9 +1,8 @@
 """StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE."""
 from comfy_api.latest import io
 
-from .. import vae
 from . import checkpoints
-from .model import DEVICE_CHOICES, DTYPE_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
+from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
 try:
@@ -19,8 +18,8 @@ def vae_files() -> list[str]:
 class LoadVAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster on "
-                      "Ampere and newer; fp16 = like bf16, but can overflow to black or NaN frames.")
+        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster where native "
+                      "(see auto); fp16 = like bf16, but can overflow to black or NaN frames.")
         return io.Schema(
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
@@ -36,13 +35,20 @@ class LoadVAE(io.ComfyNode):
                         auto="fp32, because bf16 encode visibly hurts image-to-video"))),
                 io.Combo.Input("decode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
                     "Precision of the decoder weights and compute. " + dtype_help.format(
-                        auto="bf16 where the GPU supports it (near-lossless), else fp32"))),
+                        auto="bf16 where the device computes it natively (GPUs: NVIDIA Ampere and newer, AMD "
+                             "CDNA2+/RDNA3+, Apple on macOS 14+; CPUs with AVX-512 BF16 or AMX), near-lossless "
+                             "(46-50 dB PSNR against fp32), else fp32. The node shows which one ran"))),
                 io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=(
                     "Where encode/decode run. auto = ComfyUI's VAE device (honours --cpu-vae); gpu = ComfyUI's "
                     "main device; cpu = system memory (slow).")),
                 io.Combo.Input("offload_device", options=list(OFFLOAD_CHOICES), default="auto", tooltip=(
                     "Where the weights wait between runs, so ComfyUI can free the GPU for other models. auto = "
                     "ComfyUI's choice (cpu, or the GPU with --gpu-only); none = stay on the compute device.")),
+                io.Combo.Input("kernels", options=list(KERNEL_CHOICES), default="measure", optional=True, tooltip=(
+                    "How each layer's exact kernel is picked (all give the same result up to float rounding). "
+                    "measure = the fastest on this machine, timed once per new layer shape (about 0.5-3 s each on a "
+                    "CPU, then remembered on disk per machine, torch and pack version); defaults = fixed rules, "
+                    "the same on every machine (for reproducible timings).")),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
                     "Optional torch.compile settings from a StreamVAE Torch Compile Settings node; without it "
                     "the VAE runs eagerly.")),
@@ -73,8 +79,8 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
-                compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
+                kernels="measure", compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
         path = folder_paths.get_full_path_or_raise("vae", vae_name)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
-                                      compile_settings=compile, gpu=gpu_options, devices=devices)
+                                      kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
         return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})

@@ -10,7 +10,8 @@ import torch.nn as nn
 
 from .. import vae
 from ..vae import devices
-from ..vae.optimizations import BackendFlags, CompileSettings, Optimizations, attention, backend, compile_blocks
+from ..vae.optimizations import (BackendFlags, CompileSettings, Optimizations, attention, backend, compile_blocks,
+                                 kernel_choice)
 from ..vae.layers import FrameSelfAttention
 
 try:  # ComfyUI services; the pack imports without them (e.g. in tools), it just cannot be managed
@@ -24,6 +25,7 @@ log = logging.getLogger("streamvae")
 DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 OFFLOAD_CHOICES = ("auto", "cpu", "none")
+KERNEL_CHOICES = kernel_choice.MODES  # Optimizations.kernel_choice
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 
@@ -95,7 +97,8 @@ class StreamVAEHandle:
     """A loaded StreamVAE model and how to run it (the STREAMVAE value of the node graph)."""
 
     def __init__(self, model, name: str, load_device: torch.device, offload_device: torch.device,
-                 compile_settings: CompileSettings | None = None, gpu: GpuOptions | None = None, devices=None):
+                 compile_settings: CompileSettings | None = None, gpu: GpuOptions | None = None, devices=None,
+                 kernels: str = "measure"):
         self.model = model
         self.devices = devices  # a multi_device.DeviceSet: run on worker processes, one per device
         self.workers = None  # their vae.workers.RankWorkers, started by the first run
@@ -104,7 +107,8 @@ class StreamVAEHandle:
         self.offload_device = torch.device(offload_device)
         self.compile_settings = compile_settings
         self.gpu = gpu
-        self.opts = Optimizations()  # the kernels every run of this handle uses (GPU Optimizations may change them)
+        # The kernels every run of this handle uses (GPU Optimizations may change them).
+        self.opts = Optimizations(kernel_choice=kernels)
         self.notes: list[str] = []
         self._apply_gpu_options()
         self.compile_report = None
@@ -117,7 +121,8 @@ class StreamVAEHandle:
 
     @classmethod
     def load(cls, path: str, name: str, encode_dtype="auto", decode_dtype="auto", device="auto",
-             offload_device="auto", compile_settings=None, gpu=None, devices=None) -> "StreamVAEHandle":
+             offload_device="auto", kernels="measure", compile_settings=None, gpu=None,
+             devices=None) -> "StreamVAEHandle":
         load_device = resolve_device(device)
         offload = resolve_offload(offload_device, load_device)
         enc, dec = resolve_dtype(encode_dtype, load_device, "encode"), resolve_dtype(decode_dtype, load_device, "decode")
@@ -125,7 +130,7 @@ class StreamVAEHandle:
         # tensors, which have no version counter for the library's weight-derived caches.
         with torch.inference_mode(False):
             model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec)
-        handle = cls(model, name, load_device, offload, compile_settings, gpu, devices)
+        handle = cls(model, name, load_device, offload, compile_settings, gpu, devices, kernels)
         if device == "gpu" and load_device.type == "cpu":
             handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())
@@ -161,7 +166,7 @@ class StreamVAEHandle:
         parts = [f"{self.name}: {self.family}", f"{self.latent_channels} latent channels",
                  f"encode {dtype_name(self.model.encode_dtype)} / decode {dtype_name(self.model.decode_dtype)}",
                  f"on {', '.join(self.devices.devices) if self.devices else self.load_device} "
-                 f"(offload {self.offload_device})", f"compile: {self.compile_status}"]
+                 f"(offload {self.offload_device})", f"compile: {self.compile_status}", f"kernels: {self.opts.kernel_choice}"]
         return ", ".join(parts + self.notes)
 
     def info(self) -> dict:
@@ -169,7 +174,8 @@ class StreamVAEHandle:
         return {"name": self.name, "family": self.family, "latent_channels": self.latent_channels,
                 "spatial_factor": self.spatial_factor, "encode_dtype": dtype_name(self.model.encode_dtype),
                 "decode_dtype": dtype_name(self.model.decode_dtype), "device": str(self.load_device),
-                "offload_device": str(self.offload_device), "compile": self.compile_status, "notes": self.notes,
+                "offload_device": str(self.offload_device), "compile": self.compile_status,
+                "kernels": self.opts.kernel_choice, "notes": self.notes,
                 "devices": list(self.devices.devices) if self.devices else None}
 
     # -- settings nodes ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ..vae.geometry import input_shape
 from . import checkpoints
 from .common import TILING_MODES, Tiling, check_tiling
 from .execution import plan_settings
-from .model import DEVICE_CHOICES, DTYPE_CHOICES, resolve_device, resolve_dtype
+from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
 
 log = logging.getLogger("streamvae")
 _registered = False
@@ -86,7 +86,8 @@ def plan_info(query) -> dict:
     model.set_dtypes(encode=resolve_dtype(_choice(query, "encode_dtype", DTYPE_CHOICES, "auto"), device, "encode"),
                      decode=resolve_dtype(_choice(query, "decode_dtype", DTYPE_CHOICES, "auto"), device, "decode"))
     shape = input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor, model.temporal_factor)
-    plan = vae.plan(model, op, shape, **plan_settings(tiling, device))
+    opts = vae.Optimizations(kernel_choice=_choice(query, "kernels", KERNEL_CHOICES, "measure"))
+    plan = vae.plan(model, op, shape, opts=opts, **plan_settings(tiling, device))
     return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
 
 

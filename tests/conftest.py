@@ -23,7 +23,9 @@ imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps
 tests/__init__.py, so test modules are not part of the pack.
 """
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfy_support import environment, old_torch  # noqa: E402  (needs the path entry above)
+
+# Kernel choices measured by the tests (and the servers they start) go to a scratch folder, never the
+# user's cache (optimizations/kernel_choice.py).
+os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernels-")
 
 if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)
     old_torch.hide_newer_torch()

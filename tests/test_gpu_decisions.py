@@ -56,8 +56,13 @@ def test_mps_gets_bf16_from_macos_14(monkeypatch):
         assert devices.auto_dtype("mps", "decode") == (torch.bfloat16 if version_ok else torch.float32)
 
 
-def test_cpu_auto_stays_fp32():
-    assert devices.auto_dtype("cpu", "decode") == torch.float32
+@pytest.mark.parametrize("native", [False, True])
+def test_cpu_auto_decodes_in_bf16_only_with_native_bf16(monkeypatch, native):
+    """AVX-512 BF16 / AMX: bf16 decode (46-49 dB against fp32, about 1.6x faster); otherwise fp32. Encode
+    stays fp32, and an fp16 overflow on the CPU still falls back to fp32."""
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: native)
+    assert devices.auto_dtype("cpu", "decode") == (torch.bfloat16 if native else torch.float32)
+    assert devices.auto_dtype("cpu", "encode") == torch.float32
     assert recovery.half_fallback_dtype(torch.device("cpu")) == torch.float32
 
 

@@ -159,7 +159,7 @@ def test_object_info_lists_every_node_with_tooltips(comfy_server, object_info):
                 assert any(word in tooltip for word in UNIT_WORDS), f"{name}.{input_name}: no unit in {tooltip!r}"
     loader = object_info["StreamVAELoader"]["input"]
     assert {vae_file(f) for f in FAMILIES} <= set(loader["required"]["vae_name"][1]["options"])
-    assert set(loader["optional"]) == {"compile", "gpu_options", "devices"}
+    assert set(loader["optional"]) == {"kernels", "compile", "gpu_options", "devices"}
     assert object_info["StreamVAEEncode"]["input_order"]["required"][:3] == ["vae", "image", "batch_size"]
 
 
@@ -186,6 +186,10 @@ def test_web_extension_and_templates_are_served(comfy_client):
                             frames=17, tile_size=256, tile_overlap=64, tiling="fast").json()
     rows, cols, chunks = plan["plan"]["grid"]
     assert plan["family"] == "seedvr2" and rows >= 2 and cols >= 2 and chunks >= 1  # 256 px tiles on 512 x 320
+    assert plan["plan"]["kernel_choice"] == "measure" and plan["plan"]["kernels_on_record"] >= 0
+    fixed = comfy_client.get("/api/streamvae/plan", vae_name=vae_file("seedvr2"), op="decode", width=512, height=320,
+                             frames=17, kernels="defaults").json()["plan"]
+    assert fixed["kernel_choice"] == "defaults" and fixed["kernels_on_record"] is None
     bad = requests.get(comfy_client.url + "/api/streamvae/plan", params={"vae_name": "nope.safetensors"}, timeout=30)
     assert bad.status_code == 400 and "not in models/vae" in bad.json()["error"]
 
@@ -216,6 +220,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     assert_images_close(images, as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
     run = entry["outputs"]["5"]["streamvae_run"][0]
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
+    assert run["plan"]["kernel_choice"] == "measure" and run["kernels"].startswith("kernels: measured")
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
 
 
@@ -224,7 +229,7 @@ def test_batch_size_splits_clips(batch_size, clips, comfy_server, comfy_client, 
     family = "wan22"
     prompt = {
         "1": node(object_info, "LoadImage", image=uploaded_clip),
-        "2": node(object_info, "StreamVAELoader", vae_name=vae_file(family)),
+        "2": node(object_info, "StreamVAELoader", vae_name=vae_file(family), kernels="defaults"),
         "3": node(object_info, "StreamVAEEncode", vae=["2", 0], image=["1", 0], batch_size=batch_size),
         "4": node(object_info, "SaveLatent", samples=["3", 0], filename_prefix=f"split_{batch_size}"),
         "5": node(object_info, "StreamVAEDecode", vae=["2", 0], samples=["3", 0]),
@@ -244,6 +249,10 @@ def test_batch_size_splits_clips(batch_size, clips, comfy_server, comfy_client, 
         expected_frames.append(as_uint8(vae.decode(model, z, num_frames=frames, height=HEIGHT, width=WIDTH)))
         start += frames
     assert_images_close(saved_images(comfy_client, entry, "6"), np.concatenate(expected_frames))
+    run = entry["outputs"]["5"]["streamvae_run"][0]  # the Load VAE setting reaches the plan and the run
+    assert run["plan"]["kernel_choice"] == "defaults" and run["kernels"].startswith("kernels: defaults")
+    if "2" in entry["outputs"]:  # Load VAE ran in this prompt (not answered from ComfyUI's cache)
+        assert entry["outputs"]["2"]["streamvae_model"][0]["kernels"] == "defaults"
 
 
 def test_decode_takes_core_empty_latents(comfy_client, object_info, models):

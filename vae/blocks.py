@@ -203,11 +203,11 @@ class CausalConv3d(Conv3d):
             ctx.cache.put(self, torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2), owned=True)
         else:
             ctx.cache.put(self, tail)
-        wino = ctx.winograd
+        wino, kernels = ctx.winograd, ctx.opts.kernel_choice
         outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
-                       self.padding, winograd=wino) for j in range(min(n_head, n_out))]
+                       self.padding, winograd=wino, kernels=kernels) for j in range(min(n_head, n_out))]
         if t >= kt:
-            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, winograd=wino))
+            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, winograd=wino, kernels=kernels))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -226,7 +226,8 @@ class CausalConv3d(Conv3d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
         padding = self.padding if padded else (0, 0, 0)
-        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.winograd)
+        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.winograd,
+                      kernels=ctx.opts.kernel_choice)
 
 
 def _copy_fill(x: torch.Tensor) -> Fill:
@@ -295,7 +296,8 @@ class FrameConv2d(nn.Conv2d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
         padding = (0,) + (self.padding if padded else (0, 0))
-        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.winograd)
+        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.winograd,
+                      kernels=ctx.opts.kernel_choice)
 
     def upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""

@@ -38,7 +38,7 @@ class FrameGroupNorm(nn.GroupNorm):
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
             return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out,
-                                  triton=ctx.opts.triton_norm)
+                                  triton=ctx.opts.triton_norm, kernels=ctx.opts.kernel_choice)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         y = F.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
@@ -73,7 +73,8 @@ class RMSNorm(nn.Module):
 
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
-            return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm)
+            return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm,
+                                kernels=ctx.opts.kernel_choice)
         y = F.normalize(x, dim=1) * math.sqrt(x.shape[1]) * self.gamma.view((1, -1) + (1,) * (x.dim() - 2))
         if act:
             y = F.silu(y)

@@ -21,7 +21,7 @@ import torch
 from . import geometry, memory
 from .causal_cache import check_offload
 from .devices import host_free
-from .optimizations import Optimizations
+from .optimizations import Optimizations, kernel_choice
 
 OPS = ("encode", "decode")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
@@ -40,6 +40,8 @@ class Plan:
     chunks ("none": the compute device, "host", "disk"); `offload_fallback` where an out-of-memory
     retry may move them (None: the user chose). `peak_bytes` and `fits` are None where the memory
     model has no calibration; `tried` lists the settings that ran out of memory before this plan.
+    `kernel_choice` is how each layer's exact kernel is picked ("measure": the fastest measured on this
+    machine, `kernels_on_record` layer shapes of which are measured already; "defaults": fixed rules).
     """
 
     op: str
@@ -56,6 +58,8 @@ class Plan:
     fits: bool | None
     weight_bytes: int = 0        # the weights' part of peak_bytes (ComfyUI counts them itself)
     tried: tuple[str, ...] = ()
+    kernel_choice: str = "defaults"
+    kernels_on_record: int | None = None
 
     @property
     def work_bytes(self) -> int | None:
@@ -67,10 +71,16 @@ class Plan:
         caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
         return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{caches}"
 
+    def kernels(self) -> str:
+        if self.kernel_choice == "defaults":
+            return "fixed default kernels (kernel_choice setting)"
+        return (f"kernels measured per layer shape ({self.kernels_on_record} shape(s) on record for this machine; "
+                f"a new shape is timed once, on first use, {kernel_choice.TUNING_COST})")
+
     def describe(self) -> str:
         rows, cols, chunks = self.grid
         peak = "peak unknown" if self.peak_bytes is None else f"peak {self.peak_bytes / 2**30:.2f} GiB"
-        return f"{rows}x{cols}x{chunks} ({self.settings()}), {peak}"
+        return f"{rows}x{cols}x{chunks} ({self.settings()}), {peak}, {self.kernels()}"
 
     def summary(self) -> str:
         """The short form the nodes and the web extension show."""
@@ -157,12 +167,14 @@ def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, ti
     n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
     target = offload_target(device)
     weights = memory.weight_bytes(model)
+    on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
 
     def make(chunk, tile, offload, peak=None):
         fallback = target if cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
         return Plan(op, tuple(input_shape), chunk, tile, overlap, tiling, offload, fallback,
-                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits, weights)
+                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits, weights,
+                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record)
 
     def estimated(chunk, tile, offload):
         peak = memory.estimate(model, op, input_shape, chunk, tile, tiling, device, offload, io_on_device, opts)

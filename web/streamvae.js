@@ -56,6 +56,13 @@ function gridText(plan) {
     return `${rows}\u00d7${cols}\u00d7${chunks} tiles${caches}`;
 }
 
+// How the plan picks kernels; said only when they are measured (the default) and none is on record yet,
+// because then the first run also times each new layer shape once.
+function kernelText(plan) {
+    if (plan.kernel_choice === "defaults") return " \u00b7 default kernels";
+    return plan.kernels_on_record === 0 ? " \u00b7 kernels timed on first run" : "";
+}
+
 // The node feeding input `name`, or null.
 function source(node, name) {
     const slot = node.inputs?.findIndex((i) => i.name === name) ?? -1;
@@ -122,10 +129,11 @@ async function refreshPlan(node) {
             temporal_chunk: value(node, "temporal_chunk", 0),
             tiling: value(node, "tiling", "exact"),
             memory_budget_gb: value(node, "memory_budget_gb", 0),
+            kernels: value(loader, "kernels", "measure"),
         });
         node.streamvaePrediction = answer.error
             ? `plan: ${answer.error}`
-            : `${gridText(answer.plan)} \u00b7 peak ${gib(answer.plan.peak_bytes)} (predicted)`;
+            : `${gridText(answer.plan)} \u00b7 peak ${gib(answer.plan.peak_bytes)} (predicted)${kernelText(answer.plan)}`;
     }
     node.setDirtyCanvas(true, false);
 }
@@ -166,7 +174,8 @@ async function refreshFamily(node) {
 function showModel(node, message) {
     const info = message?.streamvae_model?.[0];
     if (!info) return;
-    node.streamvaeRun = `loaded: ${info.family} \u00b7 enc ${info.encode_dtype} / dec ${info.decode_dtype} \u00b7 ${info.device} \u00b7 ${info.compile}`;
+    const kernels = info.kernels === "defaults" ? " \u00b7 default kernels" : "";
+    node.streamvaeRun = `loaded: ${info.family} \u00b7 enc ${info.encode_dtype} / dec ${info.decode_dtype} \u00b7 ${info.device} \u00b7 ${info.compile}${kernels}`;
     node.setDirtyCanvas(true, false);
 }
 

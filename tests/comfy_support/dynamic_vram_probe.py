@@ -16,7 +16,7 @@ import json
 import sys
 
 base, vae_name = sys.argv[1], sys.argv[2]
-sys.argv = [sys.argv[0], "--cpu", "--enable-dynamic-vram", "--base-directory", base]
+sys.argv = [sys.argv[0], "--cpu", "--fp32-vae", "--enable-dynamic-vram", "--base-directory", base]  # fp32: see server.py
 
 import comfy.options  # noqa: E402  (ComfyUI reads its command line when these modules load)
 

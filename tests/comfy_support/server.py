@@ -87,6 +87,10 @@ class ComfyServer:
             str(self.tree.python), str(self.tree.root / "main.py"),
             "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
             "--base-directory", str(self.base),
+            # The tests compare decoded frames with the library's fp32 results to one 8-bit level; on a
+            # CPU with native bf16 `decode_dtype: auto` would decode in bf16 (46-49 dB), so fp32 is forced
+            # as ComfyUI users force it (tests/test_gpu_decisions.py covers `auto`).
+            "--fp32-vae",
             # The default database path is inside the ComfyUI tree; keep the tree read-only.
             "--database-url", "sqlite:///:memory:",
             *self.tree.flags,

@@ -7,7 +7,9 @@
   Winograd for eligible CPU convs when the caller enables it).
 - `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (by
   frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
-  within 1-4 GiB).
+  within 1-4 GiB); its batched GEMMs on MKL or oneDNN (`winograd_gemm`).
+- `kernel_choice`: which exact kernel each layer shape runs, measured once per machine and kept on disk
+  (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`); `describe` for readouts.
 - `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass
   statistics), probed once per device.
 - `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.

@@ -11,14 +11,19 @@ result is the same up to rounding and the speed is float32's. Stride-1 3x3 spati
 enough channels take the Winograd kernel (`winograd.py`, 4x fewer multiply-adds) when the caller
 passes the filter-transform cache to use (`winograd=`): the switch lives in `Optimizations`, which
 this module never sees.
+
+Which of these exact kernels runs is a fixed rule (`kernels="defaults"`: the rules above, tuned on an
+AVX2 CPU) or measured on this machine once per layer shape (`kernels="measure"`, kernel_choice.py):
+CPU oneDNN direct vs Winograd with each GEMM route; GPU cuDNN as PyTorch calls it vs channels-last
+3-D vs cuDNN called directly (the PyTorch 2.9 workaround; half precision).
 """
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
-from . import backend
-from .winograd import FilterCache, transform_pays, winograd_conv3d
+from . import backend, kernel_choice
+from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
 # saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep
@@ -27,6 +32,11 @@ from .winograd import FilterCache, transform_pays, winograd_conv3d
 # times oneDNN's there, would show in the tiny test models' 1e-5 chunking tests: they keep oneDNN.
 WINOGRAD_MIN_CHANNELS = 96  # min(Cin, Cout)
 WINOGRAD_MIN_CHANNEL_TAPS = 128  # kt * min(Cin, Cout)
+# Side in pixels of the crop a measured kernel choice times: every kernel here costs the same per
+# output frame and, above this size, per pixel (Winograd's slabs of ~256 tiles are 64x64 pixels; at
+# 128x128 each of 2 threads gets two), and a 256x256 frame of 256 channels would take 10-25 s to
+# time on 2 cores instead of 2-5.
+PROBE_SIDE = 128
 # Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
 # channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
 WINOGRAD_MIN_FRAME_PIXELS = 64
@@ -75,22 +85,66 @@ def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) ->
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-           *, winograd: FilterCache | None = None) -> torch.Tensor:
-    """F.conv3d (no dilation, no groups), dispatched to the fastest exact kernel for the device.
+           *, winograd: FilterCache | None = None, kernels: str = "defaults") -> torch.Tensor:
+    """F.conv3d (no dilation, no groups) of x (B,C,T,H,W), by the fastest exact kernel for the device.
 
     `winograd` (the filter cache of the caller's `Optimizations`, None when its `winograd_conv` is
     off): allow the Winograd kernel where
     `winograd_eligible` and its filter transform pays (`transform_pays`); equal to oneDNN up to
     float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
-    compiled blocks use inductor's convs.
+    compiled blocks use inductor's convs. `kernels` (`Optimizations.kernel_choice`): "defaults" runs the
+    fixed rules, "measure" the candidate measured fastest for this layer shape on this machine.
     """
-    if backend.wants_cudnn_conv3d(x):  # the PyTorch 2.9 cuDNN regression (backend.py)
-        return backend.cudnn_conv3d(x, weight, bias, stride, padding)
-    if x.device.type != "cpu":
-        return F.conv3d(x, weight, bias, stride, padding)
+    candidates, default = conv_candidates(x, weight, bias, stride, padding, winograd)
+    if kernels == "measure" and len(candidates) > 1 and not torch.compiler.is_compiling():
+        # Timed on at most two output frames of at most PROBE_SIDE^2 pixels (a few seconds per shape).
+        frames = min(x.shape[2], weight.shape[2] + stride[0])
+        probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE].contiguous())
+        chosen = kernel_choice.pick(conv_key(x, weight, stride, padding), x.device,
+                                    {name: (lambda run=run: run(probe())) for name, run in candidates.items()}, default)
+        return candidates[chosen](x)
+    return candidates[default](x)
+
+
+def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
+    """The layer shape a kernel choice is remembered for. Not the frame count: a clip is computed the
+    same way whatever its temporal chunking (chunk-invariant results), and the kernels' cost per frame
+    does not depend on it."""
+    b, _, _, h, w = x.shape
+    return (f"conv3d {x.device.type} {str(x.dtype).removeprefix('torch.')} w{tuple(weight.shape)} s{tuple(stride)} "
+            f"p{tuple(padding)} {b}x{h}x{w} threads {torch.get_num_threads()}")
+
+
+def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
+                    winograd: FilterCache | None) -> tuple[dict, str]:
+    """({name: run(input) -> output}, default name): the exact kernels that can run this conv here
+    (`winograd`: the filter cache, None when Winograd is off)."""
+    # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly while the workaround is on.
+    workaround = backend.wants_cudnn_conv3d(x)
+    if x.device.type != "cpu" or workaround:
+        candidates = {"torch": lambda inp: F.conv3d(inp, weight, bias, stride, padding)}  # cuDNN on CUDA
+        if x.is_cuda:
+            def channels_last(inp):
+                layout = torch.channels_last_3d
+                return F.conv3d(inp.contiguous(memory_format=layout), weight.contiguous(memory_format=layout),
+                                bias, stride, padding).contiguous()
+
+            candidates["channels_last_3d"] = channels_last
+        if workaround or (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None):
+            candidates["cudnn_direct"] = lambda inp: backend.cudnn_conv3d(inp, weight, bias, stride, padding)
+        return candidates, "cudnn_direct" if workaround else "torch"
+    candidates = {"onednn": lambda inp: _cpu_direct(inp, weight, bias, stride, padding)}
     if (winograd is not None and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
             and transform_pays(x, weight, winograd)):
-        return winograd_conv3d(x, weight, bias, winograd, padding=padding[1])
+        for route in GEMM_ROUTES:
+            candidates[f"winograd_{route}"] = (lambda inp, route=route: winograd_conv3d(
+                inp, weight, bias, winograd, padding=padding[1], gemm=route))
+        return candidates, "winograd_mkl"
+    return candidates, "onednn"
+
+
+def _cpu_direct(x, weight, bias, stride, padding):
+    """oneDNN's direct conv; half precision in float32 where this CPU has no native kernels for it."""
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)
         return out.to(x.dtype)

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import triton_norm
+from . import kernel_choice, triton_norm
 
 
 def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
@@ -103,16 +103,34 @@ def group_norm_apply(
     return out
 
 
-def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False):
-    """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go (Triton kernels on CUDA if `triton`)."""
+def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run) -> bool:
+    """Whether this norm call takes the Triton kernels: as `triton` says, except that with
+    kernels="measure" (Optimizations.kernel_choice) the Triton and torch paths are timed once per
+    shape on this GPU (run(use_triton) computes the norm into a scratch output) and the faster runs.
+    Keyed without the frame count, so every temporal chunk of a clip takes the same path."""
+    if kernels != "measure" or not _use_triton(x, triton):
+        return triton
+    shape = tuple(x.shape[:2]) + tuple(x.shape[3:]) if x.dim() == 5 else tuple(x.shape)
+    key = f"{name} {x.device.type} {str(x.dtype).removeprefix('torch.')} {shape}"
+    return kernel_choice.pick(key, x.device, {"triton": lambda: run(True), "torch": lambda: run(False)}, "triton") == "triton"
+
+
+def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False, kernels="defaults"):
+    """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go (Triton kernels on CUDA if `triton`;
+    `kernels` as in `_measured_triton`)."""
+    triton = _measured_triton(x, triton, kernels, f"group_norm_act g{groups} act {act}",
+                              lambda use: group_norm_act(x, groups, weight, bias, eps, act, None, use))
     mean, rstd = group_norm_stats(x, groups, eps, triton)
     return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton)
 
 
 def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True,
-                 out: torch.Tensor | None = None, triton: bool = False) -> torch.Tensor:
-    """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma."""
+                 out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults") -> torch.Tensor:
+    """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma.
+    `kernels` as in `_measured_triton`."""
     c = x.shape[1]
+    triton = _measured_triton(x, triton, kernels, f"rms_norm_act act {act}",
+                              lambda use: rms_norm_act(x, gamma, eps, act, None, use))
     if _use_triton(x, triton) and x.dim() == 5:
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)

@@ -8,6 +8,7 @@ to every block through the execution context.
 from dataclasses import dataclass, fields, replace
 
 from .attention import KERNELS
+from .kernel_choice import MODES
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,22 @@ class Optimizations:
     # Cap of the Winograd filter-transform cache in bytes (winograd.filter_cache); None: an eighth of
     # the RAM within 1-4 GiB, or STREAMVAE_WINOGRAD_CACHE_GB.
     winograd_cache_bytes: int | None = None
+    # How the exact kernel of each conv (and, on GPUs, norm) is picked (kernel_choice.py): "measure" =
+    # the candidate measured fastest once per layer shape on this machine, remembered on disk;
+    # "defaults" = fixed rules (tuned on an AVX2 CPU), the same kernels on every machine.
+    kernel_choice: str = "measure"
 
     def __post_init__(self):
         if self.attention not in KERNELS:
             raise ValueError(f"attention must be one of {KERNELS}, got {self.attention!r}")
+        if self.kernel_choice not in MODES:
+            raise ValueError(f"kernel_choice must be one of {MODES}, got {self.kernel_choice!r}")
 
     @classmethod
     def straightforward(cls) -> "Optimizations":
-        """Every switch off: the reference behaviour, used as the baseline in benchmarks and tests."""
-        return cls(**{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
+        """Every switch off and the default kernels: the reference behaviour, the baseline in benchmarks
+        and tests."""
+        return cls(kernel_choice="defaults", **{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
 
     def with_(self, **changes) -> "Optimizations":
         return replace(self, **changes)

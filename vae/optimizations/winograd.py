@@ -12,12 +12,15 @@ The work is cut into jobs (batch element x slab of tile rows, x output channels 
 fewer slabs than threads), run on one thread per core. A job walks its frames; with P = (m+2)^2
 Winograd positions and N tiles per frame in the slab, everything float32:
 1. the frame's slab rows plus their one-pixel zero halo: S (Cin, Hs, Ws);
-2. the overlapping (m+2) x (m+2) tiles gathered position-major: D (P, Cin, N);
+2. the overlapping (m+2) x (m+2) tiles gathered position-major: D (P, N, Cin);
 3. input transform, one GEMM: V = (B^T kron B^T) @ D, kept in a ring of the last kt frames;
 4. per output frame t, per temporal tap k, one batched GEMM over the P positions, accumulated:
-   M = sum_k U[k] @ V[t + k] (U (kt, P, Cout, Cin) is the cached filter transform). Summing the
-   taps in K = kt*Cin at once would need the kt frames adjacent in memory; per tap, the ring keeps
-   the working set per frame constant, and the shorter sums round a little less;
+   M[p] = sum_k V[t + k, p] @ U[k, p]^T (U (kt, P, Cout, Cin) is the cached filter transform; V[., p]
+   is (N, Cin), M[p] (N, Cout): tiles-major, the layout of a linear layer's input and output).
+   Summing the taps in K = kt*Cin at once would need the kt frames adjacent in memory; per tap, the
+   ring keeps the working set per frame constant, and the shorter sums round a little less. The
+   GEMMs run on one of GEMM_ROUTES (winograd_gemm.py: MKL's torch.bmm or oneDNN's linear kernel);
+   which is faster is measured per machine (kernel_choice.py);
 5. output transform, Y = (A^T kron A^T) @ M, scattered into the frame's m x m tiles + bias.
 Every output frame is computed by GEMMs of the same shapes whatever T is (the slab height does not
 depend on T), so a clip run in any temporal chunking gives bit-identical frames, as with oneDNN.
@@ -34,6 +37,8 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+
+from .winograd_gemm import GEMM_ROUTES
 
 # Interpolation points (plus the point at infinity) of each tile size. For m = 4 the asymmetric set
 # {0, 1, -1, 2, -1/2} has smaller, better balanced transform entries than the textbook {0, +-1, +-2}:
@@ -304,14 +309,17 @@ def filter_transform(weight: torch.Tensor, cache: FilterCache, m: int = DEFAULT_
 
 
 def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cache: FilterCache,
-                    m: int = DEFAULT_TILE, padding: int = 1) -> torch.Tensor:
+                    m: int = DEFAULT_TILE, padding: int = 1, gemm: str = "mkl") -> torch.Tensor:
     """F.conv3d(x, weight, bias, stride=1, padding=(0, padding, padding)) by Winograd F(m x m, 3 x 3),
     the filter transforms kept in `cache` (`filter_cache()`).
 
     x (B,Cin,T,H,W) on the CPU, any float dtype (computed in float32, returned in x.dtype);
     weight (Cout,Cin,kt,3,3) with T >= kt; padding 1 ("same": any H, W >= 1) or 0 ("valid", as exact
-    tiling uses on a tile with its halo: H, W >= 3). Returns (B,Cout,T-kt+1,H+2p-2,W+2p-2), contiguous.
+    tiling uses on a tile with its halo: H, W >= 3); `gemm` one of GEMM_ROUTES (step 4 of the module
+    docstring). Returns (B,Cout,T-kt+1,H+2p-2,W+2p-2), contiguous.
     """
+    if gemm not in GEMM_ROUTES:
+        raise ValueError(f"gemm must be one of {GEMM_ROUTES}, got {gemm!r}")
     b, cin, t_in, h, w = x.shape
     cout, _, kt = weight.shape[:3]
     h_out, w_out = h + 2 * padding - 2, w + 2 * padding - 2
@@ -346,7 +354,8 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
     def run(job):
         i, r0, r1, chans = job
-        _job(x[i], out[i, chans], u[:, :, chans], None if bias32 is None else bias32[chans], m, r0, r1, workspace, padding)
+        _job(x[i], out[i, chans], u[:, :, chans], None if bias32 is None else bias32[chans], m, r0, r1, workspace, padding,
+             GEMM_ROUTES[gemm])
 
     if threads > 1:
         _run_parallel(run, jobs, min(threads, len(jobs)))
@@ -382,10 +391,10 @@ def _run_parallel(run, jobs, workers: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace, padding: int = 1) -> None:
+def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace, padding: int, gemm) -> None:
     """Output tile rows [r0, r1) of x (Cin,T,H,W) -> out (Cout,T-kt+1,H+2p-2,W+2p-2), all frames,
-    with u (kt, P, Cout, Cin) and bias (Cout, 1, 1, 1, 1) or None for those output channels; the
-    float32 buffers are carved from workspace(numel)."""
+    with u (kt, P, Cout, Cin) and bias (Cout, 1, 1, 1, 1) or None for those output channels, the
+    batched GEMMs by gemm(u, v, t, mt); the float32 buffers are carved from workspace(numel)."""
     cin, t_in, h, w = x.shape
     cout, t_out, h_out, w_out = out.shape[:4]
     a, n_r, n_w, kt = m + 2, r1 - r0, -(-w_out // m), u.shape[0]
@@ -395,25 +404,24 @@ def _job(x, out, u, bias, m: int, r0: int, r1: int, workspace, padding: int = 1)
     top = r0 * m - padding
     lo, hi = max(top, 0), min(top + n_r * m + 2, h)
     pad = (padding, n_w * m + 2 - padding - w, lo - top, n_r * m + 2 + top - hi)
-    # d: gathered tiles, v: ring of the last kt transformed frames, mt: GEMM output, y: output tiles.
-    shapes = [(a, a, cin, n_r, n_w), (kt, p, cin, n), (p, cout, n), (m, m, cout, n_r, n_w)]
+    # d: gathered tiles, v: ring of the last kt transformed frames, mt: GEMM output, y: output tiles;
+    # all tiles-major (channels last).
+    shapes = [(a, a, n_r, n_w, cin), (kt, p, n, cin), (p, n, cout), (m, m, n_r, n_w, cout)]
     sizes = [math.prod(shape) for shape in shapes]
     d, v, mt, y = (b.view(shape) for b, shape in zip(workspace(sum(sizes)).split(sizes), shapes))
-    tiles = y.permute(2, 3, 0, 4, 1)  # (Cout, rows, m, cols, m)
+    tiles = y.permute(4, 2, 0, 3, 1)  # (Cout, rows, m, cols, m)
     for f in range(t_in):
         # 1.-3. The frame's slab rows r0*m-1 .. r1*m, zero padded where they leave the image (and for
         #    the right columns of a partial last tile); its a x a tiles (stride m) gathered
         #    position-major in float32; the input transform into the ring.
         s = F.pad(x[:, f, lo:hi], pad)
-        d.copy_(s.unfold(1, a, m).unfold(2, a, m).permute(3, 4, 0, 1, 2))
+        d.copy_(s.unfold(1, a, m).unfold(2, a, m).permute(3, 4, 1, 2, 0))
         torch.mm(kb, d.view(p, -1), out=v[f % kt].view(p, -1))
         t = f - kt + 1
         if t < 0:
             continue
         # 4. Output frame t: one GEMM per position and temporal tap (frames t..t+kt-1), accumulated.
-        torch.bmm(u[0], v[t % kt], out=mt)
-        for k in range(1, kt):
-            mt.baddbmm_(u[k], v[(t + k) % kt])
+        gemm(u, v, t, mt)
         # 5. Output transform, scattered into the m x m tiles (cropped at the image edge) + bias.
         torch.mm(ka, mt.view(p, -1), out=y.view(m * m, -1))
         for rows, hr in _tile_runs(min(r1 * m, h_out) - r0 * m, m):

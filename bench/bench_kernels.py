@@ -1,0 +1,138 @@
+"""Measured kernel choice against the fixed defaults, the straightforward path, ComfyUI core and `auto`
+precision: full released configs, decode, timed in interleaved rounds in one process.
+
+    python bench/bench_kernels.py --families seedvr2 wan21 wan22 --frames 5 --size 256x256 --rounds 3
+
+On a shared, loaded machine, rows timed minutes apart in separate processes (bench/bench_vae.py) see
+different load; here every round runs each variant once, one after another, so load changes hit all
+of them alike and the median over rounds gives the ratios. Variants per family (same random seeded
+weights, same latent): "straightforward" (every switch off, default kernels: upstream's behaviour),
+"defaults" (every switch on, fixed default kernels), "measured" (every switch on, kernels measured on
+this machine: StreamVAE's default), "auto" (measured, in the precision `decode_dtype: auto` gives this
+CPU: bf16 with AVX-512 BF16/AMX, else fp32) and, for Wan, "core" (ComfyUI core's WanVAE, fp32).
+
+Before the rounds, the tuning overhead: the first measured decode with an empty kernel cache (it
+tunes every new layer shape and computes the Winograd filter transforms) and the first one after the
+in-memory state is dropped (choices read back from the disk cache, transforms recomputed), next to the
+steady median. Peak memory per variant is bench/bench_vae.py's (one process per row); this script
+reports time and error only. Results: a table per family and, with --json, a file with the machine
+(CPU model and flags, torch, commit), the kernel choices of every layer shape and all times.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from bench.common import machine_summary, print_table, psnr, random_state_dict  # noqa: E402
+from bench.core_vae import CORE_WAN, core_model  # noqa: E402
+from bench.families import FULL_CONFIGS, make_input  # noqa: E402
+from vae.optimizations import Optimizations, kernel_choice, winograd  # noqa: E402
+import vae  # noqa: E402
+from vae import devices  # noqa: E402
+
+OPTIONS = {"straightforward": Optimizations.straightforward(), "defaults": Optimizations(kernel_choice="defaults"),
+           "measured": Optimizations(kernel_choice="measure")}
+
+
+def timed(fn) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def decoder(model, opts: Optimizations, z: torch.Tensor):
+    """A zero-argument decode of z by `model` with `opts`."""
+    return lambda: vae.decode(model, z, opts=opts)
+
+
+def bench_family(family: str, args) -> dict:
+    family_cls, cfg = FULL_CONFIGS[family]()
+    with torch.device("meta"):
+        meta = family_cls(cfg)
+    state = random_state_dict(meta)
+    z = make_input(meta, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
+    auto = devices.auto_dtype("cpu", "decode")
+    fp32 = vae.load(state, dtype=torch.float32)
+    half = vae.load(state, dtype=auto) if auto != torch.float32 else fp32
+    runs = {name: decoder(fp32, opts, z) for name, opts in OPTIONS.items()}
+    runs["auto"] = decoder(half, OPTIONS["measured"], z)
+    if family in CORE_WAN:
+        core = core_model(family, cfg, state, torch.float32)
+        runs["core"] = lambda: core.decode(z)
+
+    with torch.inference_mode():
+        # Tuning overhead: an empty cache, then the disk cache alone (in-memory choices and transforms
+        # dropped). In-memory state is dropped before the family too, so its summary counts its own shapes.
+        kernel_choice._choices_for.cache_clear()
+        first, _ = timed(runs["measured"])
+        tuning = kernel_choice.choices_for("cpu").summary()
+        kernel_choice._choices_for.cache_clear()
+        winograd.filter_cache().clear()
+        cached_first, _ = timed(runs["measured"])
+        for name, run in runs.items():  # warm-up: every variant's transforms and oneDNN primitives
+            run()
+        times, outputs = {name: [] for name in runs}, {}
+        for _ in range(args.rounds):
+            for name, run in runs.items():
+                seconds, outputs[name] = timed(run)
+                times[name].append(seconds)
+                print(f"  {family} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    reference = outputs["straightforward"].float()
+    rows = [dict(family=family, variant=name, time=medians[name], times=times[name],
+                 vs_straight=medians["straightforward"] / medians[name], vs_defaults=medians["defaults"] / medians[name],
+                 vs_measured=medians["measured"] / medians[name],
+                 max_err=(outputs[name].float() - reference).abs().max().item(),
+                 psnr=psnr(outputs[name].float(), reference) if name != "straightforward" else None,
+                 dtype=str(auto).removeprefix("torch.") if name == "auto" else "float32")
+            for name in runs]
+    if "core" in medians:
+        for row in rows:
+            row["vs_core"] = medians["core"] / row["time"]
+    return dict(rows=rows, tuning=dict(first_run_s=first, cached_first_run_s=cached_first,
+                                       steady_s=medians["measured"], **tuning))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=sorted(FULL_CONFIGS))
+    parser.add_argument("--frames", type=int, default=5, help="pixel frames (1 + 4k)")
+    parser.add_argument("--size", default="256x256", help="HxW in pixels")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    args.height, args.width = (int(v) for v in args.size.lower().split("x"))
+    # A fresh kernel cache: the first measured decode pays for all its tuning.
+    cache = tempfile.mkdtemp(prefix="streamvae-kernels-")
+    os.environ[kernel_choice.CACHE_ENV] = cache
+    machine = machine_summary()
+    results = {family: bench_family(family, args) for family in args.families}
+    print(f"\nmachine: {machine}\ndecode {args.frames}x{args.height}x{args.width}, median of {args.rounds} interleaved "
+          f"rounds; `auto` decodes in {devices.auto_dtype('cpu', 'decode')} here\n")
+    rows = [row for result in results.values() for row in result["rows"]]
+    print_table(rows, [("family", "family", "s"), ("variant", "variant", "s"), ("dtype", "dtype", "s"),
+                       ("time", "median s", ".2f"), ("vs_straight", "vs straightforward", ".2f"),
+                       ("vs_core", "vs core", ".2f"), ("vs_defaults", "vs defaults", ".2f"),
+                       ("vs_measured", "vs measured", ".2f"), ("max_err", "max err", ".1e"), ("psnr", "PSNR dB", ".1f")])
+    print()
+    for family, result in results.items():
+        t = result["tuning"]
+        print(f"{family} kernel tuning: first run {t['first_run_s']:.1f} s ({t['measured']} shapes tuned in "
+              f"{t['tuning_s']:.1f} s: {t['wins']}), first run from the disk cache {t['cached_first_run_s']:.1f} s, "
+              f"steady {t['steady_s']:.1f} s")
+    if args.json:
+        choices = json.loads(next(Path(cache).glob("kernels-*.json")).read_text())
+        Path(args.json).write_text(json.dumps({"machine": machine, "argv": sys.argv[1:], "results": results,
+                                               "kernel_choices": choices}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
