@@ -252,3 +252,21 @@ def test_each_optimization_switch_keeps_the_streamed_result(family, clip, whole_
     inert = switch in INERT_HERE[family]
     assert (calls_made(lambda: run_small(on)) == calls_made(lambda: run_small(off))) == inert, (
         f"{switch} {'now acts' if inert else 'changes nothing'} on the tiny {family} model")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("above", [False, True], ids=["vector-norm", "plane-sums"])
+def test_cpu_rms_norm_equals_the_reference_formula(dtype, above):
+    """The fused RMS norm (+SiLU) on both sides of norm_act.PLANE_SUM_MIN_POSITIONS (positions per
+    channel, T*H*W; below: torch's reduction over channels; from it on: channel planes summed one by
+    one) against upstream's formula, F.normalize(x, dim=1) * sqrt(C) * gamma, computed in float64."""
+    from vae.optimizations import norm_act
+
+    positions = norm_act.PLANE_SUM_MIN_POSITIONS * 2 if above else norm_act.PLANE_SUM_MIN_POSITIONS // 2
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, 48, 2, positions // 128, 64, generator=g) * 4 + 1).to(dtype)
+    gamma = torch.rand(48, 1, 1, 1, generator=g) + 0.5
+    expected = torch.nn.functional.silu(torch.nn.functional.normalize(x.double(), dim=1) * 48 ** 0.5 * gamma.double())
+    out = norm_act.rms_norm_act(x, gamma)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=tolerance)

@@ -124,6 +124,24 @@ def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=Fals
     return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton)
 
 
+# On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W and runs at ~2 GB/s;
+# adding up channel planes instead (each contiguous, into one float32 plane that stays in cache) is
+# 2.5x faster at 4096 positions per channel and 13x at 65536 (Zen 5, 2 threads), slower below
+# (a Python step per channel): Wan's decoder norms spent 10 % of a 256x256 decode in the reduction.
+PLANE_SUM_MIN_POSITIONS = 4096
+
+
+def _channel_norm(x: torch.Tensor) -> torch.Tensor:
+    """||x||_2 over dim 1 of x (B,C,...), float32, keepdim."""
+    if x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS:
+        return torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
+    squares = torch.zeros((x.shape[0], 1) + x.shape[2:], dtype=torch.float32, device=x.device)
+    for channel in range(x.shape[1]):
+        plane = x[:, channel:channel + 1].float()  # a no-op for float32
+        squares.addcmul_(plane, plane)
+    return squares.sqrt_()
+
+
 def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True,
                  out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults") -> torch.Tensor:
     """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma.
@@ -133,7 +151,7 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: 
                               lambda use: rms_norm_act(x, gamma, eps, act, None, use))
     if _use_triton(x, triton) and x.dim() == 5:
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
-    norm = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
+    norm = _channel_norm(x)
     inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)
     if out is None:
         out = torch.empty_like(x)
