@@ -72,6 +72,7 @@ class Plan:
         return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{caches}"
 
     def kernels(self) -> str:
+        """How this plan's kernels are picked, in words."""
         if self.kernel_choice == "defaults":
             return "fixed default kernels (kernel_choice setting)"
         return (f"kernels measured per layer shape ({self.kernels_on_record} shape(s) on record for this machine; "

@@ -46,8 +46,8 @@ TIMED_RUNS = 2
 # A candidate replaces the default only when at least this much faster: a tie within the noise keeps
 # the default, so the choice does not flip between runs on a busy machine.
 MIN_GAIN = 1.05
-# What measuring one new layer shape costs, for readouts (2 Zen 5 cores: 0.5-3 s; a GPU: well under 1 s).
-TUNING_COST = "about 0.5-3 s on a CPU"
+# What measuring one new layer shape costs, for readouts (2 Zen 5 cores: 0.5-3 s, bench/RESULTS.md section 8).
+TUNING_COST = "about 0.5-3 s on a CPU, less on a GPU"
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.
 _KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py", "kernel_choice.py")
