@@ -15,31 +15,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
 
 import vae  # noqa: E402
 from bench.common import machine_summary, median_time, print_table, psnr  # noqa: E402
+from tests.reference import load_tiny, tensors  # noqa: E402
 from vae import devices  # noqa: E402
-
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "reference"
-CONFIG_OVERRIDES = {"seedvr2": {"norm_num_groups": 8}}  # as tests/reference.py
 
 
 def latent(family: str, model) -> torch.Tensor:
+    """The family's fixture latent; SeedVR2's is its fixture video encoded by `model`."""
     if family == "seedvr2":
         with torch.inference_mode():
-            return vae.encode(model, load_file(str(SHARED / family / "tiny_inputs.safetensors"))["video"])
-    return load_file(str(SHARED / family / "reference_io.safetensors"))["dec_in_z_raw"]
+            return vae.encode(model, tensors(family, "tiny_inputs.safetensors")["video"])
+    return tensors(family, "reference_io.safetensors")["dec_in_z_raw"]
 
 
 def main():
     rows = []
     for family in ("seedvr2", "wan21", "wan22"):
-        path = str(SHARED / family / "tiny_vae.safetensors")
+        models = {"fp32": load_tiny(family), "bf16": load_tiny(family, decode_dtype=torch.bfloat16)}
+        z = latent(family, models["fp32"])
         outputs = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            model = vae.load(path, decode_dtype=dtype, config=CONFIG_OVERRIDES.get(family))
-            z = latent(family, vae.load(path, config=CONFIG_OVERRIDES.get(family)))
+        for name, model in models.items():
             with torch.inference_mode():
                 median, _ = median_time(lambda: vae.decode(model, z), repeats=3)
                 outputs[name] = vae.decode(model, z).float()
