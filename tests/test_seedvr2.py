@@ -92,3 +92,33 @@ def test_bf16_decode_stays_close(ref):
     mse = ((out - ref["dec.video"]) ** 2).mean()
     psnr = 10 * torch.log10(4.0 / mse)  # peak-to-peak 2 for [-1, 1] pixels
     assert psnr > 30
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("view", [False, True], ids=["whole", "tile-view"])
+def test_cpu_group_norm_equals_torch_in_float64(dtype, view):
+    """The fused per-frame GroupNorm (+SiLU) on the CPU, whose statistics (and, in half precision, the
+    apply step) run in blocks of channel planes (norm_act.CPU_BLOCK_BYTES), over several blocks per frame
+    and partial last blocks, on a whole tensor and on a strided tile view written into a buffer view,
+    against F.group_norm per frame in float64. The mean (30) is far above the spread, where a one-pass
+    E[x^2] - E[x]^2 in float32 would be wrong in the third digit."""
+    from vae.optimizations import norm_act
+
+    side = 256
+    channels = 3 * norm_act.CPU_BLOCK_BYTES // (4 * side * side) + 2  # three full blocks and a partial one
+    channels += -channels % 4
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(1, channels, 2, side, side + 3, generator=g) * 2 + 30).to(dtype)
+    weight, bias = torch.rand(channels, generator=g) + 0.5, torch.randn(channels, generator=g)
+    if view:
+        x = x[..., 1:-2]  # columns 1..side: not contiguous, as exact tiles are
+    out = torch.zeros((1, channels, 3) + x.shape[3:], dtype=dtype)
+    got = norm_act.group_norm_act(x, 4, weight, bias, 1e-6, out=out[:, :, 1:] if view else None)
+    b, c, t, h, w = x.shape
+    frames = x.double().transpose(1, 2).reshape(b * t, c, h, w)
+    expected = torch.nn.functional.group_norm(frames, 4, weight.double(), bias.double(), 1e-6)
+    expected = torch.nn.functional.silu(expected.reshape(b, t, c, h, w).transpose(1, 2))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), expected, atol=tolerance, rtol=tolerance)
+    if view:
+        assert out[:, :, 0].abs().max() == 0, "wrote outside the view"

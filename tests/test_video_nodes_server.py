@@ -60,7 +60,7 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
     assert path.name == "lossless_00001_.mkv" and info["frames"] == FRAMES
     meta = probe(path)
     assert (meta.frames, meta.width, meta.height, meta.fps) == (FRAMES, WIDTH, HEIGHT, 12.5)
-    np.testing.assert_array_equal(file_frames(path), to_pixels(expected, 8))  # lossless: exact
+    assert_lossless(file_frames(path), expected)
     assert len(entry["outputs"]["4"]["images"]) == FRAMES  # the preview: up to 8 frames
 
     path, info = written_file(comfy_server, entry, "5")
@@ -72,6 +72,25 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
     assert not list(path.parent.glob("*.partial.*"))
 
     assert_images_close(saved_images(comfy_client, entry, "7"), as_uint8(expected))  # fp16 IMAGE: within a level
+
+
+# How far (in 8-bit levels) the server's decode may be from this process's: both encode and decode the
+# clip, each with the kernels its process measured and its own thread count, which round differently
+# (1e-5 in [-1, 1] is 1.3e-3 levels).
+FLOAT_NOISE_LEVELS = 0.01
+
+
+def assert_lossless(pixels: np.ndarray, expected: torch.Tensor) -> None:
+    """8-bit frames from a lossless file equal the decoder output `expected` (1,3,T,H,W in [-1, 1])
+    rounded to the nearest level, except where that output lies within float noise of a rounding
+    boundary, where the neighbouring level is as right."""
+    exact = to_pixels(expected, 8)
+    assert pixels.shape == exact.shape, (pixels.shape, exact.shape)
+    levels = (expected[0].float().add(1).mul(255 / 2)).permute(1, 2, 3, 0).clamp(0, 255).numpy()
+    off = pixels != exact
+    distance = np.abs(pixels.astype(np.float64) - levels)  # 0.5 at a boundary
+    assert not off.any() or distance[off].max() <= 0.5 + FLOAT_NOISE_LEVELS, (
+        f"{off.sum()} pixels differ, up to {distance[off].max():.3f} levels from the decoder output")
 
 
 @pytest.mark.comfy_trees("0.3.75")
