@@ -9,7 +9,8 @@ of them alike and the median over rounds gives the ratios. Variants per family (
 weights, same latent): "straightforward" (every switch off, default kernels: upstream's behaviour),
 "defaults" (every switch on, fixed default kernels), "measured" (every switch on, kernels measured on
 this machine: StreamVAE's default), "auto" (measured, in the precision `decode_dtype: auto` gives this
-CPU: bf16 with AVX-512 BF16/AMX, else fp32) and, for Wan, "core" (ComfyUI core's WanVAE, fp32).
+CPU: bf16 with AVX-512 BF16/AMX; not run where that is fp32, as it is "measured" then) and, for Wan,
+"core" (ComfyUI core's WanVAE, fp32).
 
 Before the rounds, the tuning overhead: the first measured decode with an empty kernel cache (it
 tunes every new layer shape and computes the Winograd filter transforms) and the first one after the
@@ -61,9 +62,9 @@ def bench_family(family: str, args) -> dict:
     z = make_input(meta, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
     auto = devices.auto_dtype("cpu", "decode")
     fp32 = vae.load(state, dtype=torch.float32)
-    half = vae.load(state, dtype=auto) if auto != torch.float32 else fp32
     runs = {name: decoder(fp32, opts, z) for name, opts in OPTIONS.items()}
-    runs["auto"] = decoder(half, OPTIONS["measured"], z)
+    if auto != torch.float32:  # else "auto" is "measured"
+        runs["auto"] = decoder(vae.load(state, dtype=auto), OPTIONS["measured"], z)
     if family in CORE_WAN:
         core = core_model(family, cfg, state, torch.float32)
         runs["core"] = lambda: core.decode(z)

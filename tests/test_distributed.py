@@ -6,6 +6,7 @@ each result with its own single-process untiled encode/decode of the same input.
 path (`RankWorkers`) is checked for the same equality, and for what happens when a rank is killed
 mid-decode, fails at start, or the caller cancels: a clear error within seconds and no process left.
 """
+import io
 import os
 import signal
 import time
@@ -79,7 +80,11 @@ def _rank_main(rank: int, store: str, results) -> None:
     bands = [None] * 3
     dist.all_gather_object(bands, found.pop("bands"))
     if rank == 0:
-        results.put({**found, "bands": bands})
+        # As bytes: a queued tensor travels as a file descriptor that this process must still hand
+        # over when the parent unpickles it, and by then it may have exited.
+        payload = io.BytesIO()
+        torch.save({**found, "bands": bands}, payload)
+        results.put(payload.getvalue())
     dist.destroy_process_group()
 
 
@@ -91,7 +96,7 @@ def gathered(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("distributed") / "store")
     processes = mp.start_processes(_rank_main, args=(store, results), nprocs=3, join=False, start_method="spawn")
     try:
-        found = results.get(timeout=300)
+        found = torch.load(io.BytesIO(results.get(timeout=300)), weights_only=True)
         processes.join(60)
     finally:
         for process in processes.processes:
