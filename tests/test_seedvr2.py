@@ -96,27 +96,29 @@ def test_bf16_decode_stays_close(ref):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("view", [False, True], ids=["whole", "tile-view"])
-def test_cpu_group_norm_equals_torch_in_float64(dtype, view):
+@pytest.mark.parametrize("side, frames", [(256, 2), (16, 100)], ids=["channel-blocks", "frame-blocks"])
+def test_cpu_group_norm_equals_torch_in_float64(dtype, view, side, frames):
     """The fused per-frame GroupNorm (+SiLU) on the CPU, whose statistics (and, in half precision, the
-    apply step) run in blocks of channel planes (norm_act.CPU_BLOCK_BYTES), over several blocks per frame
-    and partial last blocks, on a whole tensor and on a strided tile view written into a buffer view,
-    against F.group_norm per frame in float64. The mean (30) is far above the spread, where a one-pass
-    E[x^2] - E[x]^2 in float32 would be wrong in the third digit."""
+    apply step) run in blocks of channel planes (norm_act.CPU_BLOCK_BYTES): large frames in blocks of
+    channels of one frame (three full ones and a partial one here), small frames in blocks of several
+    whole frames (one full and a partial one); on a whole tensor and on a strided tile view written
+    into a buffer view, against F.group_norm per frame in float64. The mean (30) is far above the
+    spread, where a one-pass E[x^2] - E[x]^2 in float32 would be wrong in the third digit."""
     from vae.optimizations import norm_act
 
-    side = 256
-    channels = 3 * norm_act.CPU_BLOCK_BYTES // (4 * side * side) + 2  # three full blocks and a partial one
-    channels += -channels % 4
+    planes = norm_act.CPU_BLOCK_BYTES // (4 * side * side)
+    channels = 52 if planes < 52 else 48  # 256 px: 16 planes a block; 16 px: 4096 planes, 85 frames of 48
+    assert (planes < channels) == (side == 256) and (side == 256 or frames > planes // channels)
     g = torch.Generator().manual_seed(5)
-    x = (torch.randn(1, channels, 2, side, side + 3, generator=g) * 2 + 30).to(dtype)
+    x = (torch.randn(1, channels, frames, side, side + 3, generator=g) * 2 + 30).to(dtype)
     weight, bias = torch.rand(channels, generator=g) + 0.5, torch.randn(channels, generator=g)
     if view:
         x = x[..., 1:-2]  # columns 1..side: not contiguous, as exact tiles are
-    out = torch.zeros((1, channels, 3) + x.shape[3:], dtype=dtype)
+    out = torch.zeros((1, channels, frames + 1) + x.shape[3:], dtype=dtype)
     got = norm_act.group_norm_act(x, 4, weight, bias, 1e-6, out=out[:, :, 1:] if view else None)
     b, c, t, h, w = x.shape
-    frames = x.double().transpose(1, 2).reshape(b * t, c, h, w)
-    expected = torch.nn.functional.group_norm(frames, 4, weight.double(), bias.double(), 1e-6)
+    folded = x.double().transpose(1, 2).reshape(b * t, c, h, w)
+    expected = torch.nn.functional.group_norm(folded, 4, weight.double(), bias.double(), 1e-6)
     expected = torch.nn.functional.silu(expected.reshape(b, t, c, h, w).transpose(1, 2))
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.double(), expected, atol=tolerance, rtol=tolerance)

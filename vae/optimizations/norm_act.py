@@ -116,25 +116,27 @@ def group_norm_apply(
 CPU_BLOCK_BYTES = 4 << 20
 
 
-def _planes_per_block(x: torch.Tensor) -> int:
-    """Channel planes (H x W) of x (B,C,T,H,W) per block: CPU_BLOCK_BYTES in float32, at least one."""
-    return min(x.shape[1], max(1, CPU_BLOCK_BYTES // (4 * x.shape[3] * x.shape[4])))
+def _block_extent(x: torch.Tensor) -> tuple[int, int]:
+    """(channels, frames) of x (B,C,T,H,W) per block: about CPU_BLOCK_BYTES of float32 channel planes
+    (H x W), at least one; whole frames (all channels) are taken together when they are smaller."""
+    c, t = x.shape[1:3]
+    planes = max(1, CPU_BLOCK_BYTES // (4 * x.shape[3] * x.shape[4]))
+    return (planes, 1) if planes < c else (c, min(t, planes // c))
 
 
 def _cpu_blocks(x: torch.Tensor):
-    """(batch index, frame, channel slice) covering x (B,C,T,H,W) in blocks of `_planes_per_block`
-    channel planes of one frame."""
+    """(batch index, channel slice, frame slice) covering x (B,C,T,H,W) in blocks of `_block_extent`."""
     b, c, t = x.shape[:3]
-    step = _planes_per_block(x)
+    step_c, step_t = _block_extent(x)
     for i in range(b):
-        for f in range(t):
-            for c0 in range(0, c, step):
-                yield i, f, slice(c0, min(c0 + step, c))
+        for f0 in range(0, t, step_t):
+            for c0 in range(0, c, step_c):
+                yield i, slice(c0, min(c0 + step_c, c)), slice(f0, min(f0 + step_t, t))
 
 
 def _cpu_scratch(x: torch.Tensor) -> torch.Tensor:
     """A float32 buffer for one block of `_cpu_blocks(x)`."""
-    return torch.empty(_planes_per_block(x) * x.shape[3] * x.shape[4], dtype=torch.float32)
+    return torch.empty(math.prod(_block_extent(x)) * x.shape[3] * x.shape[4], dtype=torch.float32)
 
 
 def _cpu_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,19 +150,18 @@ def _cpu_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torc
     # size of the mean, which the merge would see where |mean| >> std).
     plane_mean, plane_fix, plane_m2 = torch.empty(3, b, c, t, dtype=torch.float32)
     scratch = _cpu_scratch(x)
-    for i, f, chans in _cpu_blocks(x):
-        block = x[i, chans, f]  # (k, H, W)
+    for i, chans, frames in _cpu_blocks(x):
+        block = x[i, chans, frames]  # (channels, frames, H, W)
         centred = scratch[:block.numel()].view(block.shape)
         if block.dtype == torch.float32:
-            mean = block.sum((1, 2), keepdim=True).div_(n)
+            mean = block.sum((2, 3), keepdim=True).div_(n)
             torch.sub(block, mean, out=centred)
-        else:
-            centred.copy_(block)
-            mean = centred.sum((1, 2), keepdim=True).div_(n)
+        else:  # converted first: arithmetic on mixed dtypes takes a slow casting loop
+            mean = centred.copy_(block).sum((2, 3), keepdim=True).div_(n)
             centred.sub_(mean)
-        residual = centred.sum((1, 2)).div_(n)
-        plane_mean[i, chans, f], plane_fix[i, chans, f] = mean.view(-1), residual
-        plane_m2[i, chans, f] = centred.square_().sum((1, 2)) - residual * residual * n
+        residual = centred.sum((2, 3)).div_(n)
+        plane_mean[i, chans, frames], plane_fix[i, chans, frames] = mean.view(residual.shape), residual
+        plane_m2[i, chans, frames] = centred.square_().sum((2, 3)) - residual * residual * n
     plane_mean = (plane_mean.double() + plane_fix).view(b, groups, c // groups, t)
     plane_m2 = plane_m2.double().view(b, groups, c // groups, t)
     mean = plane_mean.mean(2)
@@ -172,15 +173,15 @@ def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Te
     """out = act((x - centre) * scale + shift) for half-precision x on the CPU, blockwise in float32,
     rounded once; centre, scale, shift float32 (B,C,T). (In float32 the whole-tensor ops are as fast.)"""
     scratch = _cpu_scratch(x)
-    for i, f, chans in _cpu_blocks(x):
-        src = x[i, chans, f]
+    for i, chans, frames in _cpu_blocks(x):
+        src = x[i, chans, frames]
         work = scratch[:src.numel()].view(src.shape)
-        at = [v[i, chans, f].view(-1, 1, 1) for v in (centre, scale, shift)]
-        torch.sub(src, at[0], out=work)
+        at = [v[i, chans, frames].unsqueeze(-1).unsqueeze(-1) for v in (centre, scale, shift)]
+        work.copy_(src).sub_(at[0])  # converted first: arithmetic on mixed dtypes takes a slow casting loop
         torch.addcmul(at[2], work, at[1], out=work)
         if act:
             F.silu(work, inplace=True)
-        out[i, chans, f] = work
+        out[i, chans, frames] = work
     return out
 
 
