@@ -6,7 +6,8 @@ copy. Statistics are always computed in float32, also for bf16/fp16 activations.
 
 - Per-frame GroupNorm (SeedVR2): statistics over (C/G, H, W) of each frame, never across time, which
   is what makes temporal chunking exact. Split into `group_norm_stats` and `group_norm_apply` so the
-  tiling engine can sum statistics over the tiles of a frame before applying them.
+  tiling engine can sum statistics over the tiles of a frame before applying them. On the CPU both
+  run over blocks of channel planes that stay in cache (`_cpu_blocks`).
 - RMS norm over channels (Wan): x / max(||x||_2, eps) * sqrt(C) * gamma, per position.
 """
 import math
@@ -109,9 +110,9 @@ def group_norm_apply(
 
 # On the CPU, torch.var_mean runs at 1-2 GB/s (AVX2 and AVX-512 Zen 5 alike), and half-precision input
 # needs float32 copies. The statistics, and the apply step of half-precision input, run here over blocks
-# of whole channel planes of one frame, about CPU_BLOCK_BYTES in float32: each block is read from memory
-# once and stays in cache for the few ops on it. Measured on 2 Zen 5 cores (AVX2 only): statistics
-# 4-7x var_mean in float32, 5-12x in bf16; bf16 apply 1.1-4.8x the per-frame float32 copies; blocks of
+# of whole channel planes (of one frame, or of several whole frames where frames are small), about
+# CPU_BLOCK_BYTES in float32: each block is read from memory once and stays in cache for the few ops on
+# it. Statistics 3-5x var_mean in float32, 4-9x in bf16 (bench/bench_norms.py, 2 AVX2 cores); blocks of
 # 1 MiB lose 1.5x to op overheads.
 CPU_BLOCK_BYTES = 4 << 20
 
