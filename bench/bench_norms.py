@@ -4,8 +4,8 @@
 
 Shapes are the SeedVR2 decoder's norm inputs for 5 output frames of 256x256 (B,C,T,H,W; 32 groups).
 For each shape and dtype, interleaved rounds (every variant once per round, median of the rounds):
-- statistics: `torch.var_mean` over (C/G, H*W) of each frame (what the fused norm used before; a
-  float32 copy per frame for half precision) against `norm_act.group_norm_moments` (blocks of channel
+- statistics: `norm_act.torch_group_moments` (`torch.var_mean` over (C/G, H*W) of each frame, a float32
+  copy per frame for half precision: what the fused norm used on the CPU before) against `norm_act.group_norm_moments` (blocks of channel
   planes, norm_act.CPU_BLOCK_BYTES);
 - norm + SiLU: the straightforward path (frames folded into the batch, F.group_norm, F.silu: upstream's
   behaviour, `fused_norm_act=False`) against `norm_act.group_norm_act`.
@@ -30,16 +30,6 @@ SHAPES = [(128, 256), (256, 128), (512, 64), (512, 32)]  # (channels, side)
 FRAMES, GROUPS = 5, 32
 
 
-def var_mean_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    b, c, t, h, w = x.shape
-    grouped = x.reshape(b, GROUPS, c // GROUPS, t, h * w)
-    if x.dtype == torch.float32:
-        var, mean = torch.var_mean(grouped, dim=(2, 4), unbiased=False)
-        return mean, var
-    stats = [torch.var_mean(grouped[:, :, :, i].float(), dim=(2, 3), unbiased=False) for i in range(t)]
-    return torch.stack([m for _, m in stats], 2), torch.stack([v for v, _ in stats], 2)
-
-
 def straightforward_norm_act(x, weight, bias):
     b, c, t, h, w = x.shape
     frames = x.transpose(1, 2).reshape(b * t, c, h, w)
@@ -60,7 +50,7 @@ def bench_shape(channels: int, side: int, dtype: torch.dtype, rounds: int) -> li
     x = (torch.randn(1, channels, FRAMES, side, side, generator=g) * 2 + 0.5).to(dtype)
     weight, bias = torch.rand(channels, generator=g) + 0.5, torch.randn(channels, generator=g)
     variants = {
-        ("statistics", "torch var_mean"): lambda: var_mean_moments(x),
+        ("statistics", "torch var_mean"): lambda: norm_act.torch_group_moments(x, GROUPS),
         ("statistics", "blockwise"): lambda: norm_act.group_norm_moments(x, GROUPS),
         ("norm + SiLU", "straightforward"): lambda: straightforward_norm_act(x, weight, bias),
         ("norm + SiLU", "fused, blockwise statistics"): lambda: norm_act.group_norm_act(x, GROUPS, weight, bias, 1e-6),

@@ -38,6 +38,12 @@ def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tu
         return triton_norm.group_norm_moments(x, groups)
     if x.device.type == "cpu" and x.dtype != torch.float64:
         return _cpu_group_moments(x, groups)
+    return torch_group_moments(x, groups)
+
+
+def torch_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`group_norm_moments` by torch.var_mean (GPUs without Triton, float64; on the CPU, the baseline
+    of bench/bench_norms.py)."""
     b, c, t, h, w = x.shape
     grouped = x.reshape(b, groups, c // groups, t, h * w)
     if x.dtype == _stat_dtype(x):
