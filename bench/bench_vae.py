@@ -98,6 +98,8 @@ def bench_workload(family: str, op: str, frames: int, height: int, width: int, a
         row["psnr"] = psnr(output, baseline[1]) if row["max_err"] > 0 else None
         row["first_s"], row["tuning"] = result.get("first_run_s"), tuning_text(result.get("kernels"))
         row["verdict"] = verdict(variant, median, fastest.get(dtype))
+        if result.get("compile"):  # e.g. blocks that ran past the recompile limit, or eager tile steps
+            row["verdict"] += f"; {result['compile']}"
         rows.append(row)
         print(f"  {family} {op} {row['shape']} {dtype} {variant}: median {median:.2f} s of "
               f"{[round(t, 2) for t in result['times_s']]}", file=sys.stderr, flush=True)

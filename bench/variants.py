@@ -9,6 +9,7 @@ A variant name is one of
 """
 import contextlib
 from dataclasses import fields
+from functools import partial
 from types import SimpleNamespace
 
 from vae.optimizations import Optimizations
@@ -86,19 +87,21 @@ def describe(variant: str) -> str:
 @contextlib.contextmanager
 def prepared(model, variant: str):
     """Set `model` up for `variant` for the duration of the block. Yields `opts` (the optimizations
-    to pass to the engine), `per_run` (a context factory each timed run enters) and `weight_bytes`
-    (resident weight bytes when not the parameters')."""
+    to pass to the engine), `per_run` (a context factory each timed run enters), `weight_bytes`
+    (resident weight bytes when not the parameters') and `compile_report` (the compile row's)."""
     from vae.optimizations.backend import to_channels_last_3d
-    from vae.optimizations.compile import CompileSettings, compile_blocks, uncompile_blocks, blocks
+    from vae.optimizations.compile import CompileSettings, blocks, compile_blocks, dynamo_limits, uncompile_blocks
 
-    setup = SimpleNamespace(opts=options(variant), per_run=contextlib.nullcontext, weight_bytes=None)
+    setup = SimpleNamespace(opts=options(variant), per_run=contextlib.nullcontext, weight_bytes=None, compile_report=None)
     try:
         if variant == "channels_last_3d":
             to_channels_last_3d(model)
         elif variant == "compile":
-            report = compile_blocks(model, CompileSettings())
+            settings = CompileSettings()
+            report = setup.compile_report = compile_blocks(model, settings)
             if report.fallback_reason:
                 raise RuntimeError(f"compile unavailable: {report.fallback_reason}")
+            setup.per_run = partial(dynamo_limits, settings)  # a block past the limit raises, runs eager, is reported
         yield setup
     finally:
         if variant == "compile":

@@ -74,10 +74,11 @@ def run(spec: dict) -> dict:
         times, out = timed_runs(fn, spec.get("repeats", 3), 0)
         peak = peak_rss_bytes() - before
         kernels = kernel_choice.choices_for("cpu").summary() if setup.opts.kernel_choice == "measure" else None
+        compiled = setup.compile_report.status if setup.compile_report is not None else None
     if spec.get("out"):
         save_file({"out": out.float().contiguous()}, spec["out"])
     return {"times_s": times, "peak_activation": peak, "retained": retained, "weight_bytes": weight_bytes,
-            "flops": flops, "first_run_s": first_run, "kernels": kernels}
+            "flops": flops, "first_run_s": first_run, "kernels": kernels, "compile": compiled}
 
 
 if __name__ == "__main__":

@@ -188,6 +188,74 @@ def test_run_with_fallback_reruns_once():
     torch.testing.assert_close(run_with_fallback(vae.encode, model, x), expected, rtol=0, atol=0)
 
 
+def test_family_blocks_trace_whole_once_per_chunk_state():
+    """Every block of a real decoder traces as one graph (fullgraph: no graph break in the engine's
+    convs, norms or caches), twice at most (the first chunk, then the steady state), within a
+    recompile limit of 3 per block although 9 of the blocks share one class; a longer clip compiles
+    nothing new, and the result is the eager one up to float32 rounding."""
+    model = load_tiny("wan22")
+    z = torch.randn(1, model.latent_channels, 3, 2, 3)
+    size = dict(height=32, width=48, temporal_chunk=1)
+    expected = [vae.decode(model, z[:, :, :n], num_frames=4 * n - 3, **size) for n in (2, 3)]
+    graphs = []
+    settings = CompileSettings(backend=counting_backend(graphs), fullgraph=True, recompile_limit=3)
+    report = compile_blocks(model, settings)
+    with dynamo_limits(settings):
+        short = vae.decode(model, z[:, :, :2], num_frames=5, **size)
+        traced = len(graphs)
+        longer = vae.decode(model, z, num_frames=9, **size)
+    assert report.status == f"compiled {len(report.compiled)} blocks", report.status
+    decoder_blocks = sum(1 for name, _ in blocks(model) if name.startswith("Wan22Decoder"))
+    assert decoder_blocks < traced <= 2 * decoder_blocks and len(graphs) == traced
+    for got, want in zip((short, longer), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class ConvBlock(nn.Conv3d):
+    """nn.Conv3d with a forward defined here, as the families' blocks have (torch.compile runs the
+    forwards of torch's own modules through one shared wrapper function)."""
+
+    def forward(self, x):
+        return super().forward(x)
+
+
+def test_recompile_limit_counts_per_block_and_is_reported():
+    """Blocks of one class keep separate graph caches (a limit of 1 holds for four blocks of one
+    class and four shapes); a block past its limit runs eagerly from then on and the status says so."""
+    graphs = []
+    model = ToyVAE()
+    model.encoder = nn.Sequential(ConvBlock(3, 8, 3, padding=1), ConvBlock(8, 4, 1))
+    model.decoder = nn.ModuleList([ConvBlock(4, 8, 3, padding=1), ConvBlock(8, 3, 1)])
+    small, large = torch.randn(1, 3, 3, 8, 8), torch.randn(1, 3, 3, 8, 12)
+    expected = model(small), model(large)
+    settings = CompileSettings(backend=counting_backend(graphs), recompile_limit=1)
+    report = compile_blocks(model, settings)
+    with dynamo_limits(settings):
+        torch.testing.assert_close(model(small), expected[0])
+        assert report.status == "compiled 4 blocks" and len(graphs) == 4
+        torch.testing.assert_close(model(large), expected[1])
+    assert len(graphs) == 4
+    assert report.status == ("compiled 0 of 4 blocks (Sequential.0, Sequential.1, ModuleList.0, ModuleList.1 "
+                             "ran past the recompile limit: eager)")
+    assert not any(is_compiled(m) for _, m in blocks(model))
+
+
+def test_tiled_and_offloaded_steps_run_compiled_blocks_eagerly():
+    """Exact tiles (per-tile progress and cancellation) and offloaded caches (file and pinned-memory
+    I/O) must not be traced: compiled blocks run those steps eagerly, exactly, and say so."""
+    model = load_tiny("seedvr2")
+    z = torch.randn(1, model.latent_channels, 2, 4, 4)
+    runs = dict(tiled=dict(tile_size=16), offloaded=dict(cache_offload="disk"))
+    expected = {k: vae.decode(model, z, temporal_chunk=1, **kw) for k, kw in runs.items()}
+    graphs = []
+    report = compile_blocks(model, CompileSettings(backend=counting_backend(graphs)))
+    for k, kw in runs.items():
+        torch.testing.assert_close(vae.decode(model, z, temporal_chunk=1, **kw), expected[k], rtol=0, atol=0)
+    assert graphs == []
+    assert report.status == (f"compiled {len(report.compiled)} blocks; exact-tile steps and steps with caches "
+                             "offloaded to disk ran eagerly")
+
+
 def test_dynamo_limits_are_scoped():
     from torch._dynamo import config
 

@@ -238,12 +238,12 @@ def test_graph_replaying_compiled_blocks_return_outputs_the_next_replay_cannot_o
         return static
 
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1), raising=False)
-    guarded = _guarded(torch.nn.Identity(), replay, report=None, all_blocks=[], graphed=True)
+    guarded = _guarded(torch.nn.Identity(), "Identity", replay, report=None, all_blocks=[], graphed=True)
     first = guarded(torch.ones(3))
     second = guarded(torch.full((3,), 5.0))
     assert torch.equal(first, torch.full((3,), 2.0)) and torch.equal(second, torch.full((3,), 10.0))
     assert len(steps) == 2
-    unguarded = _guarded(torch.nn.Identity(), replay, report=None, all_blocks=[], graphed=False)
+    unguarded = _guarded(torch.nn.Identity(), "Identity", replay, report=None, all_blocks=[], graphed=False)
     first = unguarded(torch.ones(3))
     unguarded(torch.full((3,), 5.0))
     assert torch.equal(first, torch.full((3,), 10.0))  # what the copy prevents

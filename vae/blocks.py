@@ -34,6 +34,17 @@ class StreamContext:
         # The Winograd filter-transform cache the convs use (None: Winograd off).
         self.winograd = filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None
 
+    @property
+    def eager_reason(self) -> str | None:
+        """Why a compiled block must run this step in Python, or None when it may be traced: exact
+        tiles loop over tiles and tick progress and cancellation per tile, and offloaded caches copy
+        to pinned memory or a file, none of which a traced graph may replay."""
+        if self.tiling is not None:
+            return "exact-tile steps"
+        if self.cache.offload != "none":
+            return f"steps with caches offloaded to {self.cache.offload}"
+        return None
+
 
 def _triple(v) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
@@ -329,14 +340,20 @@ class FrameConv2d(nn.Conv2d):
     def _phase_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The (4C', C, 2, 2) phase kernels of `upsampled`, summed in float32, cached per weight version."""
         w = self.weight
+        if torch.compiler.is_compiling():  # a traced block computes them in its graph (no cache state)
+            return self._phase_kernels(dtype)
         # inference tensors (weights loaded under torch.inference_mode) carry no version counter
         key = (w.data_ptr(), 0 if w.is_inference() else w._version, w.device, dtype)
         cached = getattr(self, "_phase_cache", None)
         if cached is None or cached[0] != key:
-            rows = w.new_tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32)  # phase, tap, 3x3 row
-            phase = torch.einsum("apk,oikl,cql->acoipq", rows, w.float(), rows).reshape(4 * self.out_channels, self.in_channels, 2, 2)
-            cached = self._phase_cache = (key, phase.to(dtype).contiguous())
+            cached = self._phase_cache = (key, self._phase_kernels(dtype))
         return cached[1]
+
+    def _phase_kernels(self, dtype: torch.dtype) -> torch.Tensor:
+        w = self.weight
+        rows = w.new_tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32)  # phase, tap, 3x3 row
+        phase = torch.einsum("apk,oikl,cql->acoipq", rows, w.float(), rows).reshape(4 * self.out_channels, self.in_channels, 2, 2)
+        return phase.to(dtype).contiguous()
 
 
 def upsampling_fill(produce: Callable[[torch.Tensor, torch.Tensor], object], x: torch.Tensor, factor: int = 2) -> Fill:

@@ -3,8 +3,9 @@
 Compiling `vae.encode` as a whole would trace the streaming engine (Python loops over chunks and
 tiles, cache bookkeeping) and recompile for every clip length. Instead every block of the encoder
 and decoder (a resnet/down/up/mid block, the input and output convs) is compiled in place, on its
-own: the engine feeds blocks fixed tile and chunk shapes, so each block compiles once per shape and
-is reused for every tile and chunk after that.
+own, as one graph: per frame size once for the first chunk (no causal caches yet) and once for the
+chunks after it, with its own recompile count. Steps the engine must run in Python (exact tiles,
+offloaded caches: `StreamContext.eager_reason`) run the blocks eagerly, and the report says so.
 
 When the backend cannot work here (inductor needs Triton on GPUs, e.g. Windows without
 triton-windows, and a C++ compiler on CPUs) or a block fails to compile on its first call, every
@@ -20,6 +21,7 @@ causal caches may already hold part of the failed step.
 import contextlib
 import logging
 import shutil
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -63,17 +65,29 @@ class CompileSettings:
 
 @dataclass
 class CompileReport:
-    """What `compile_blocks` did: `compiled` block names, or why everything runs eagerly."""
+    """What `compile_blocks` did: `compiled` block names, or why everything runs eagerly; then, as
+    blocks run, the blocks that ran past dynamo's recompile limit (`over_limit`, eager from then on)
+    and the kinds of steps compiled blocks ran eagerly (`eager_steps`, see StreamContext.eager_reason)."""
 
     compiled: list[str] = field(default_factory=list)
     fallback_reason: str | None = None
     warned: bool = False
+    over_limit: list[str] = field(default_factory=list)
+    eager_steps: set[str] = field(default_factory=set)
 
     @property
     def status(self) -> str:
         if self.fallback_reason is not None:
             return f"eager (fallback: {self.fallback_reason})"
-        return f"compiled {len(self.compiled)} blocks" if self.compiled else "eager"
+        if not self.compiled:
+            return "eager"
+        text = f"compiled {len(self.compiled)} blocks"
+        if self.over_limit:
+            text = (f"compiled {len(self.compiled) - len(self.over_limit)} of {len(self.compiled)} blocks "
+                    f"({', '.join(self.over_limit)} ran past the recompile limit: eager)")
+        if self.eager_steps:
+            text += f"; {' and '.join(sorted(self.eager_steps))} ran eagerly"
+        return text
 
     def fall_back(self, reason: str) -> None:
         """Record the reason and warn, once per report."""
@@ -156,6 +170,17 @@ def _eager_forward(module: nn.Module):
     return type(module).forward.__get__(module)
 
 
+def _own_code_forward(module: nn.Module):
+    """`_eager_forward` as a function with a code object of its own. Dynamo keeps compiled graphs and
+    counts recompilations per code object, and all blocks of a class share theirs: without a copy
+    the recompile limit, meant per block, would be spent by every block of the class together (a
+    Wan decoder has 15 residual blocks, each seeing a few shapes)."""
+    f = type(module).forward
+    own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    own.__kwdefaults__ = f.__kwdefaults__
+    return own.__get__(module)
+
+
 class CompileFallback(RuntimeError):
     """A block failed to compile in the middle of an encode/decode.
 
@@ -179,20 +204,32 @@ def _owned(out):
     return out
 
 
-def _guarded(module: nn.Module, compiled, report: CompileReport, all_blocks: list[nn.Module], graphed: bool = False):
-    """A forward that runs `compiled`; on a compilation failure it reverts every block to eager and
-    raises `CompileFallback`. `graphed`: the compiled block replays CUDA graphs, so each call starts
+def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_blocks: list[nn.Module],
+             graphed: bool = False):
+    """A forward that runs `compiled`, or the eager forward for steps the engine's StreamContext says
+    cannot be traced (`eager_reason`). On a compilation failure it reverts every block to eager and
+    raises `CompileFallback`; a block past dynamo's recompile limit (nothing of it ran) goes back to
+    eager alone and runs now. `graphed`: the compiled block replays CUDA graphs, so each call starts
     a new graph step (`cudagraph_mark_step_begin`: the engine keeps earlier outputs alive, e.g. the
     causal caches and the previous tile) and returns a copy of the output."""
     mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if graphed else None
+    eager = _eager_forward(module)
 
     def forward(*args, **kwargs):
+        reason = next((a.eager_reason for a in (*args, *kwargs.values()) if hasattr(a, "eager_reason")), None)
+        if reason is not None:
+            report.eager_steps.add(reason)
+            return eager(*args, **kwargs)
         try:
             if mark_step is not None:
                 mark_step()
             out = compiled(*args, **kwargs)
             return _owned(out) if graphed else out
         except Exception as error:
+            if type(error).__name__ == "FailOnRecompileLimitHit":
+                report.over_limit.append(name)
+                uncompile_blocks([module])
+                return eager(*args, **kwargs)
             if not _is_compile_error(error):
                 raise
             report.fall_back(_describe(error))
@@ -256,12 +293,12 @@ def compile_blocks(model: nn.Module, settings: CompileSettings, device=None) -> 
     modules = [m for _, m in found]
     for name, module in found:
         try:
-            compiled = torch.compile(_eager_forward(module), **options)
+            compiled = torch.compile(_own_code_forward(module), **options)
         except Exception as error:  # torch.compile itself rejected the arguments
             report.fall_back(f"torch.compile failed for {name}: {error}")
             uncompile_blocks(modules)
             return report
-        module.forward = _guarded(module, compiled, report, modules, uses_cuda_graphs(settings))
+        module.forward = _guarded(module, name, compiled, report, modules, uses_cuda_graphs(settings))
         report.compiled.append(name)
     return report
 
@@ -278,7 +315,9 @@ def is_compiled(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def dynamo_limits(settings: CompileSettings | None):
-    """Apply `settings`' recompilation limits to dynamo for the duration of the block."""
+    """Apply `settings`' recompilation limits to dynamo for the duration of the block, and make a
+    block that reaches its limit raise (caught by the block, which then runs eagerly and is reported)
+    instead of dynamo silently running it eagerly."""
     if settings is None:
         yield
         return
@@ -293,5 +332,7 @@ def dynamo_limits(settings: CompileSettings | None):
         name = next((n for n in names if hasattr(config, n)), None)
         if name is not None:
             wanted[name] = value
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        wanted["fail_on_recompile_limit_hit"] = True
     with config.patch(wanted):
         yield

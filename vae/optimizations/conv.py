@@ -58,7 +58,8 @@ def cpu_has_native(dtype: torch.dtype) -> bool:
 def _cpu_conv3d(x, weight, bias, stride, padding):
     # Under torch.compile the direct oneDNN call cannot be traced (fake tensors): inductor picks the
     # CPU conv kernel itself from F.conv3d.
-    if torch.backends.mkldnn.is_available() and x.dtype == torch.float32 and not torch.compiler.is_compiling():
+    # is_compiling first: dynamo cannot trace mkldnn.is_available (a graph break in every conv).
+    if not torch.compiler.is_compiling() and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
         return torch.ops.aten.mkldnn_convolution(x, weight, bias, list(padding), list(stride), [1, 1, 1], 1)
     return F.conv3d(x, weight, bias, stride, padding)
 

@@ -19,7 +19,17 @@ from . import kernel_choice, triton_norm
 
 
 def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
-    return enabled and x.is_cuda and x.dtype != torch.float64 and triton_norm.usable(x.device)
+    # Not while torch.compile traces a block: inductor generates its own fused kernels there.
+    return (enabled and x.is_cuda and x.dtype != torch.float64 and not torch.compiler.is_compiling()
+            and triton_norm.usable(x.device))
+
+
+def _traced_act(y: torch.Tensor, act: bool, out: torch.Tensor | None) -> torch.Tensor:
+    """The end of a norm while torch.compile traces: dynamo cannot trace ops writing into a
+    non-contiguous `out` (a view of a conv's input buffer), so the result is computed functionally
+    and copied in; inductor fuses the copy into the norm's kernel."""
+    y = F.silu(y) if act else y
+    return y if out is None else out.copy_(y)
 
 
 def _stat_dtype(x: torch.Tensor) -> torch.dtype:
@@ -36,7 +46,7 @@ def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tu
     """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
     if _use_triton(x, triton):
         return triton_norm.group_norm_moments(x, groups)
-    if x.device.type == "cpu" and x.dtype != torch.float64:
+    if x.device.type == "cpu" and x.dtype != torch.float64 and not torch.compiler.is_compiling():
         return _cpu_group_moments(x, groups)
     return torch_group_moments(x, groups)
 
@@ -94,6 +104,9 @@ def group_norm_apply(
     scale = (rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)).reshape(b, c, t)
     centre = mean.view(b, groups, 1, t).expand(b, groups, per_group, t).reshape(b, c, t)
     shift = bias.to(rstd.dtype).view(1, c, 1).expand(b, c, t)
+    if torch.compiler.is_compiling():
+        centre, scale, shift = (v.reshape(b, c, t, 1, 1) for v in (centre, scale, shift))
+        return _traced_act(torch.addcmul(shift, x.to(scale.dtype) - centre, scale).to(x.dtype), act, out)
     if out is None:
         out = torch.empty_like(x)
     if _use_triton(x, triton):
@@ -222,7 +235,7 @@ PLANE_SUM_MIN_POSITIONS = 4096
 
 def _channel_norm(x: torch.Tensor) -> torch.Tensor:
     """||x||_2 over dim 1 of x (B,C,...), float32, keepdim."""
-    if x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS:
+    if x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS or torch.compiler.is_compiling():
         return torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
     squares = torch.zeros((x.shape[0], 1) + x.shape[2:], dtype=torch.float32, device=x.device)
     for channel in range(x.shape[1]):
@@ -242,6 +255,8 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: 
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     norm = _channel_norm(x)
     inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)
+    if torch.compiler.is_compiling():
+        return _traced_act(x * inv * gamma.view((1, c) + (1,) * (x.dim() - 2)).to(x.dtype), act, out)
     if out is None:
         out = torch.empty_like(x)
     torch.mul(x, inv, out=out)
