@@ -20,12 +20,14 @@ Results go to `--out` (default bench/results/gpu/) as JSON lines, one per case a
 a table printed at the end; the machine (GPU, driver, torch, Triton, cuDNN, commit) heads each file.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +60,9 @@ VARIANTS = {
     "bf16-budget-12g": dict(dtype="bf16", budget=12 * 2**30),
     "bf16-auto": dict(dtype="bf16", budget="auto"),  # what the nodes run by default
     "bf16-fast-tiles": dict(dtype="bf16", tile=512, tiling="fast", overlap=64),
+    # torch.compile (inductor) of every block; "first s" includes the compile, the status is recorded.
+    "bf16-compile": dict(dtype="bf16", compile="default"),
+    "bf16-compile-cudagraphs": dict(dtype="bf16", compile="reduce-overhead"),
     "core-bf16": dict(dtype="bf16", core=True),
     "core-fp32": dict(dtype="fp32", core=True),
 }
@@ -136,11 +141,16 @@ def run_case(spec: dict) -> dict:
     import vae
     from bench.variants import options
     from vae.optimizations.backend import BackendFlags, applied, to_channels_last_3d
+    from vae.optimizations.compile import CompileSettings, compile_blocks, dynamo_limits, run_with_fallback
 
     device = torch.device(spec["device"])
     model, op, x = _build(spec)
     if spec.get("channels_last"):
         to_channels_last_3d(model)
+    compiled, limits = None, contextlib.nullcontext
+    if spec.get("compile"):
+        settings = CompileSettings(mode=spec["compile"])
+        compiled, limits = compile_blocks(model, settings), partial(dynamo_limits, settings)
     flags = BackendFlags(**spec.get("backend", {}))
     cuda = device.type == "cuda"
 
@@ -148,8 +158,8 @@ def run_case(spec: dict) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        with applied(flags), torch.inference_mode():
-            y = op()
+        with applied(flags), limits(), torch.inference_mode():
+            y = run_with_fallback(op)
         if cuda:
             torch.cuda.synchronize(device)
         return time.perf_counter() - start, y
@@ -174,6 +184,8 @@ def run_case(spec: dict) -> dict:
         t, y = once()
         times.append(t)
     result.update(first_s=warm, times_s=times, median_s=statistics.median(times))
+    if compiled is not None:
+        result["compile"] = compiled.status
     if cuda:
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30  # what the memory model predicts
@@ -237,8 +249,9 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
             rows.append(row)
             with out_file.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            status = row.get("error") or f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, " \
-                                           f"err {row.get('max_err', 0):.2e}"
+            compiled = f", compile: {row['compile']}" if row.get("compile") else ""
+            status = row.get("error") or (f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, "
+                                          f"err {row.get('max_err', 0):.2e}{compiled}")
             print(f"[gpu_check] {key} {variant}: {status}", flush=True)
     return rows
 
