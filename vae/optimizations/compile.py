@@ -34,6 +34,8 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 # Inductor modes that replay CUDA graphs: a graph's outputs live in memory the graph's next replay
 # overwrites, so a block's output must be copied before the same block runs again (next tile/chunk).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# What dynamo raises for a block at its recompile limit under `dynamo_limits` (torch 2.7+, and before).
+LIMIT_HIT_ERRORS = ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def _own_code_forward(module: nn.Module):
     """`_eager_forward` as a function with a code object of its own. Dynamo keeps compiled graphs and
     counts recompilations per code object, and all blocks of a class share theirs: without a copy
     the recompile limit, meant per block, would be spent by every block of the class together (a
-    Wan decoder has 15 residual blocks, each seeing a few shapes)."""
+    Wan2.1 decoder has 14 residual blocks, each seeing a few shapes)."""
     f = type(module).forward
     own = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__, f.__closure__)
     own.__kwdefaults__ = f.__kwdefaults__
@@ -226,7 +228,7 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
             out = compiled(*args, **kwargs)
             return _owned(out) if graphed else out
         except Exception as error:
-            if type(error).__name__ == "FailOnRecompileLimitHit":
+            if type(error).__name__ in LIMIT_HIT_ERRORS:
                 report.over_limit.append(name)
                 uncompile_blocks([module])
                 return eager(*args, **kwargs)
@@ -328,11 +330,10 @@ def dynamo_limits(settings: CompileSettings | None):
         return
     wanted = {}
     for names, value in ((("recompile_limit", "cache_size_limit"), settings.recompile_limit),
-                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), settings.accumulated_recompile_limit)):
+                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), settings.accumulated_recompile_limit),
+                         (("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"), True)):
         name = next((n for n in names if hasattr(config, n)), None)
         if name is not None:
             wanted[name] = value
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        wanted["fail_on_recompile_limit_hit"] = True
     with config.patch(wanted):
         yield
