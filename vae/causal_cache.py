@@ -14,6 +14,7 @@ the compute device (its old frames while it reads them, its new ones until they 
 - "disk": a temporary file in the temp directory (TMPDIR; any device; with CPU compute the one
   memory outside the process; the operating system may keep it in its reclaimable page cache).
 """
+import contextlib
 import logging
 import tempfile
 import warnings
@@ -218,6 +219,20 @@ class CausalCache:
     def clear(self) -> None:
         for module in list(self._store.keys()):
             self._store.discard(module)
+
+    @contextlib.contextmanager
+    def copying_new_entries(self):
+        """Within the block, what is stored on the compute device is replaced by copies when it ends.
+        For a compiled block that replays a CUDA graph: the tensors it stores are the graph's outputs,
+        which live in the graph's memory pool and are overwritten by a later replay."""
+        if not isinstance(self._store, _DeviceStore):
+            yield
+            return
+        before = dict(self._store.held)
+        yield
+        stored = [key for key, frames in self._store.held.items() if before.get(key) is not frames]
+        for key in stored:
+            self._store.held[key] = self._store.held[key].clone()
 
     def sizes(self) -> list[tuple[torch.Size, int]]:
         """(shape, bytes) of every stored tensor."""

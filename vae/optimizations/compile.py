@@ -213,20 +213,24 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
     raises `CompileFallback`; a block past dynamo's recompile limit (nothing of it ran) goes back to
     eager alone and runs now. `graphed`: the compiled block replays CUDA graphs, so each call starts
     a new graph step (`cudagraph_mark_step_begin`: the engine keeps earlier outputs alive, e.g. the
-    causal caches and the previous tile) and returns a copy of the output."""
+    causal caches and the previous chunk's output) and returns a copy of the output, and what it
+    stored in the causal caches is copied too."""
     mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if graphed else None
     eager = _eager_forward(module)
 
     def forward(*args, **kwargs):
-        reason = next((a.eager_reason for a in (*args, *kwargs.values()) if hasattr(a, "eager_reason")), None)
-        if reason is not None:
-            report.eager_steps.add(reason)
+        ctx = next((a for a in (*args, *kwargs.values()) if hasattr(a, "eager_reason")), None)
+        if ctx is not None and ctx.eager_reason is not None:
+            report.eager_steps.add(ctx.eager_reason)
             return eager(*args, **kwargs)
         try:
+            if not graphed:
+                return compiled(*args, **kwargs)
             if mark_step is not None:
                 mark_step()
-            out = compiled(*args, **kwargs)
-            return _owned(out) if graphed else out
+            # The causal-cache frames the block stores are graph outputs too: copied like its output.
+            with ctx.cache.copying_new_entries() if ctx is not None else contextlib.nullcontext():
+                return _owned(compiled(*args, **kwargs))
         except Exception as error:
             if type(error).__name__ in LIMIT_HIT_ERRORS:
                 report.over_limit.append(name)
