@@ -18,10 +18,10 @@ class TorchCompileSettings(io.ComfyNode):
             display_name="StreamVAE Torch Compile Settings",
             category="StreamVAE",
             description="torch.compile for the VAE's encoder/decoder blocks: one graph per block, compiled for the "
-                        "first chunk and for the chunks after it, per frame size. Exact-tile steps and steps with "
-                        "offloaded caches run eagerly (the run's notes say so). Where inductor/Triton cannot run (e.g. "
-                        "Windows without triton-windows) the VAE runs eagerly and one warning says why. Connect to "
-                        "StreamVAE Load VAE.",
+                        "first chunk and for the chunks after it (and a shorter last chunk), per frame size. Exact-tile "
+                        "steps and steps with offloaded caches run eagerly (the run's notes say so). Where "
+                        "inductor/Triton cannot run (e.g. Windows without triton-windows) the VAE runs eagerly and one "
+                        "warning says why. Connect to StreamVAE Load VAE.",
             inputs=[
                 io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor", tooltip=(
                     "inductor = generated Triton (GPU) / C++ (CPU) kernels, the fast one; cudagraphs = replay CUDA "
@@ -36,8 +36,9 @@ class TorchCompileSettings(io.ComfyNode):
                     "Compile shape-generic graphs. Off = one graph per tile/chunk shape, fastest for fixed tiles; on "
                     "avoids recompiling when sizes keep changing, but is often slower.")),
                 io.Int.Input("dynamo_recompile_limit", default=64, min=1, max=4096, step=1, tooltip=(
-                    "Graphs allowed per block (each new frame size costs two) before that block runs eagerly, "
-                    "named in the run's notes; torch._dynamo.config.recompile_limit (formerly cache_size_limit).")),
+                    "Graphs allowed per block (each new frame size costs two or three) before that block runs "
+                    "eagerly, named in the run's notes; torch._dynamo.config.recompile_limit (formerly "
+                    "cache_size_limit).")),
                 io.Int.Input("dynamo_cache_size_limit", default=512, min=1, max=65536, step=1, tooltip=(
                     "Compiled graphs kept over all blocks together (torch._dynamo.config.accumulated_recompile_limit); "
                     "raise it when the log says the accumulated limit was hit.")),
