@@ -3,7 +3,8 @@ inside a running ComfyUI; the library (`vae`, with its kernels in `vae.optimizat
 
 One file per node (loader, encode, decode, settings, core_vae, test_pattern, video_output = Decode to
 Video, video_input = Encode from Video); shared pieces live in
-`common` (layouts, clips, LATENT metadata, tiling inputs), `model` (the STREAMVAE handle and ComfyUI
+`images` (IMAGE <-> video, clips), `latents` (core's LATENT convention, layouts, clip metadata),
+`run_settings` (the tiling and memory inputs and their value), `model` (the STREAMVAE handle and ComfyUI
 memory management), `execution` (the run's one plan, progress and interrupts around the engine),
 `checkpoints` (a checkpoint's family and shapes from its header) and `routes` (plans and
 checkpoint facts for the web extension).

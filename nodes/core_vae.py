@@ -1,6 +1,6 @@
 """StreamVAE to core VAE: a core ComfyUI `VAE` whose encode/decode run StreamVAE, so core nodes (VAE
 Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
-what core's own VAE of that family would give them: the same LATENTs (`common.MODEL_SPACE_FAMILIES`),
+what core's own VAE of that family would give them: the same LATENTs (`latents.MODEL_SPACE_FAMILIES`),
 frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
 latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
 core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by
@@ -27,8 +27,10 @@ import comfy.sd
 
 from .. import vae
 from . import core_api, execution
-from .common import (Tiling, check_image, check_tiling, latent_frames, latent_layout, pixel_frames, read_latent,
-                     tiling_inputs)
+from ..vae.geometry import latent_frames, pixel_frames
+from .images import check_image
+from .latents import latent_layout, read_latent
+from .run_settings import RunSettings, check_tiling, tiling_inputs
 from .types import STREAMVAE
 
 log = logging.getLogger("streamvae")
@@ -43,14 +45,14 @@ class StreamVAEStage(torch.nn.Module):
 
     comfy_has_chunked_io = True
 
-    def __init__(self, handle, tiling: Tiling):
+    def __init__(self, handle, tiling: RunSettings):
         super().__init__()
         # A submodule, so core's model_size() and get_sd() see the weights the patcher manages.
         self.weights = handle.patcher.model if handle.patcher is not None else handle.model
         self.handle, self.tiling = handle, tiling
 
     def latent_shape(self, shape) -> tuple:
-        """A LATENT's shape in any layout `common.latent_layout` reads -> B,C,T',h,w."""
+        """A LATENT's shape in any layout `latents.latent_layout` reads -> B,C,T',h,w."""
         h = self.handle
         return tuple(latent_layout(torch.empty(shape, device="meta"), h.family, h.latent_channels)[0].shape)
 
@@ -59,7 +61,7 @@ class StreamVAEStage(torch.nn.Module):
         f = self.handle.spatial_factor
         return b, 3, pixel_frames(t, self.handle.temporal_factor), h * f, w * f
 
-    def decode(self, samples, output_buffer=None, tiling: Tiling | None = None, **vae_options):
+    def decode(self, samples, output_buffer=None, tiling: RunSettings | None = None, **vae_options):
         """LATENT -> pixels B,3,T,H,W in [-1, 1] written into `output_buffer` (a new tensor on the
         latent's device without one, as core's tiled fallbacks call it); every latent frame is decoded."""
         latent = read_latent({"samples": samples}, self.handle.model)
@@ -68,7 +70,7 @@ class StreamVAEStage(torch.nn.Module):
         execution.decode_clips(self.handle, latent, tiling or self.tiling, lambda i: execution.into(output_buffer[i:i + 1]))
         return output_buffer
 
-    def encode(self, pixels, device=None, tiling: Tiling | None = None):
+    def encode(self, pixels, device=None, tiling: RunSettings | None = None):
         """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last 4n+1
         are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
         crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
@@ -98,7 +100,7 @@ class StreamVAEStage(torch.nn.Module):
 class StreamVAECoreVAE(comfy.sd.VAE):
     """A core VAE backed by a StreamVAE handle; `tiling` applies to plain encode/decode calls."""
 
-    def __init__(self, handle, tiling: Tiling):
+    def __init__(self, handle, tiling: RunSettings):
         super().__init__(sd={"pixel_space_vae": torch.tensor(1.0)})  # weightless placeholder, replaced below
         f = handle.spatial_factor
         self.handle, self.tiling = handle, tiling
@@ -120,14 +122,14 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.model_size()
 
     # -- what core's chunked-I/O decode and encode do, for cores without them and the tiled methods --
-    def _decode_image(self, samples, tiling: Tiling | None = None):
+    def _decode_image(self, samples, tiling: RunSettings | None = None):
         """LATENT -> B,T,H,W,3 (values 0..1) on core's intermediate device, in its dtype."""
         pixels = torch.empty(self.first_stage_model.decode_output_shape(samples.shape), device=self.output_device,
                              dtype=core_api.intermediate_dtype())
         self.first_stage_model.decode(samples, output_buffer=pixels, tiling=tiling)
         return self.process_output(pixels).movedim(1, -1)
 
-    def _encode_pixels(self, pixel_samples, tiling: Tiling | None = None, not_video=None):
+    def _encode_pixels(self, pixel_samples, tiling: RunSettings | None = None, not_video=None):
         """IMAGE N,H,W,C (one clip; one image each with `not_video`) or B,T,H,W,C (B clips) -> LATENT."""
         pixels = self.vae_encode_crop_pixels(pixel_samples).movedim(-1, 1)
         if pixels.dim() == 4:
@@ -156,11 +158,11 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         chunk = latent_frames(tile_t, self.handle.temporal_factor) if tile_t else None
         return self._encode_pixels(pixel_samples, self._tiling(tile, overlap or 0, chunk), not_video)
 
-    def _tiling(self, tile, overlap: int, chunk) -> Tiling:
+    def _tiling(self, tile, overlap: int, chunk) -> RunSettings:
         t = self.tiling
         if tile is not None:
             overlap = min(overlap, min(tile) - 1)
-        return Tiling(tile, overlap, chunk or t.temporal_chunk, t.tiling, t.memory_budget)
+        return RunSettings(tile, overlap, chunk or t.temporal_chunk, t.tiling, t.memory_budget)
 
 
 class ToCoreVAE(io.ComfyNode):
@@ -186,5 +188,5 @@ class ToCoreVAE(io.ComfyNode):
     @classmethod
     def execute(cls, vae, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
                 tiling="exact") -> io.NodeOutput:
-        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         return io.NodeOutput(StreamVAECoreVAE(vae, settings))

@@ -2,8 +2,9 @@
 from comfy_api.latest import io
 
 from . import execution
-from .common import (MAX_FRAMES, Tiling, check_batch_size, check_image, check_tiling, make_latent, split_clips,
-                     tiling_inputs)
+from .images import MAX_FRAMES, check_batch_size, check_image, split_clips
+from .latents import make_latent
+from .run_settings import RunSettings, check_tiling, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -46,7 +47,7 @@ class Encode(io.ComfyNode):
             raise ValueError(error)
         image, notes = check_image(image)
         clips = split_clips(image.shape[0], batch_size)
-        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         samples, report = execution.encode(vae, image, clips, settings, notes)
         latent = make_latent(samples, clips.frames, (image.shape[1], image.shape[2]))
         return io.NodeOutput(latent, ui={"streamvae_run": [report.as_dict()]})

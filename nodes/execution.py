@@ -16,8 +16,9 @@ from ..vae.optimizations import backend, kernel_choice, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
 from . import core_api, multi_device
-from .common import (CORE_LAYOUT, Clips, LatentClips, Tiling, clip_video, finish_image, image_view,
-                     to_core_latent)
+from .images import Clips, clip_video, finish_image, image_view
+from .latents import CORE_LAYOUT, LatentClips, to_core_latent
+from .run_settings import RunSettings
 
 try:
     import comfy.model_management as mm
@@ -39,7 +40,7 @@ class RunReport:
     steps: int = 0
     measured_peak_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
-    latent_layout: str | None = None  # decode: how the LATENT was read (common.latent_layout)
+    latent_layout: str | None = None  # decode: how the LATENT was read (latents.latent_layout)
     output: str = ""  # what was made, e.g. "IMAGE float16 on cpu"
     kernels: str = ""  # how the kernels were chosen (kernel_choice.describe)
 
@@ -82,25 +83,25 @@ def _engine_scope(handle):
         raise
 
 
-def plan_settings(tiling: Tiling, device) -> dict:
-    """`vae.plan`'s keyword arguments for a node's run on `device` with the node's `tiling` inputs.
+def plan_settings(settings: RunSettings, device) -> dict:
+    """`vae.plan`'s keyword arguments for a node's run on `device` with the node's `settings`.
     IMAGE and LATENT tensors live on core's intermediate device: on the compute device only under
     --gpu-only, where the memory model then counts them."""
     io_here = same_device(core_api.intermediate_device(), device)
-    return dict(tiling.settings(), device=device, io_on_device=(io_here, io_here))
+    return dict(settings.settings(), device=device, io_on_device=(io_here, io_here))
 
 
-def _budget(handle, tiling: Tiling):
+def _budget(handle, settings: RunSettings):
     """The memory budget to plan with: the node's, "auto" resolved as core counts free memory for this
     model (under dynamic VRAM that includes what core can take back from other models' weights; core's
     own VAEs size their work by the same number)."""
-    if tiling.memory_budget != "auto":
-        return tiling.memory_budget
+    if settings.memory_budget != "auto":
+        return settings.memory_budget
     free = core_api.free_memory(handle.patcher, handle.load_device)
     return "auto" if free is None else budget_from_free(free)
 
 
-def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
+def _start(handle, op: str, shape, settings: RunSettings, clips: int) -> RunReport:
     """Ask ComfyUI for memory, then make the run's one plan within what is free (the report holds it).
 
     The request is what the settings cost without a budget (capped by an explicit budget), less the
@@ -108,13 +109,13 @@ def _start(handle, op: str, shape, tiling: Tiling, clips: int) -> RunReport:
     room, as much as it can. The plan is then made with the budget, "auto" meaning what is free after
     that, shown on the node and run as it is.
     """
-    settings = plan_settings(tiling, handle.load_device)
-    unbounded = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(settings, memory_budget=None))
+    planned = plan_settings(settings, handle.load_device)
+    unbounded = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(planned, memory_budget=None))
     wanted = unbounded.work_bytes or 0
-    if isinstance(tiling.memory_budget, int):
-        wanted = min(wanted, tiling.memory_budget)
+    if isinstance(settings.memory_budget, int):
+        wanted = min(wanted, settings.memory_budget)
     handle.prepare(wanted)
-    plan = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(settings, memory_budget=_budget(handle, tiling)))
+    plan = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(planned, memory_budget=_budget(handle, settings)))
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")
@@ -136,13 +137,13 @@ def _describe(kind: str, tensor: torch.Tensor) -> str:
     return f"{kind} {str(tensor.dtype).removeprefix('torch.')} on {tensor.device}"
 
 
-def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, tiling: Tiling,
+def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, settings: RunSettings,
                  notes=()) -> tuple[torch.Tensor, RunReport]:
-    """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`common.to_core_latent`,
+    """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`latents.to_core_latent`,
     core's intermediate device and dtype). `clip(i)` gives clip i as 1,3,T,H,W in [-1, 1]; every clip
     has `shape` (1,3,T,H,W). `notes` (input adaptations) are reported and logged."""
     out_device = core_api.intermediate_device()
-    report = _start(handle, "encode", shape, tiling, n)
+    report = _start(handle, "encode", shape, settings, n)
     for note in notes:
         report.notes.append(note)
         log.warning("StreamVAE encode: %s", note)
@@ -168,12 +169,12 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     return samples, _finish(handle, report)
 
 
-def encode(handle, image: torch.Tensor, clips: Clips, tiling: Tiling, notes=()) -> tuple[torch.Tensor, RunReport]:
-    """IMAGE (N,H,W,3, from `common.check_image`, whose `notes` are reported) split into `clips` ->
+def encode(handle, image: torch.Tensor, clips: Clips, settings: RunSettings, notes=()) -> tuple[torch.Tensor, RunReport]:
+    """IMAGE (N,H,W,3, from `images.check_image`, whose `notes` are reported) split into `clips` ->
     LATENT samples n_clips,C,T',h,w (see `encode_clips`)."""
     shape = (1, 3, clips.length, image.shape[1], image.shape[2])
     return encode_clips(handle, len(clips.spans), lambda i: clip_video(image, clips.spans[i], clips.length), shape,
-                        tiling, notes)
+                        settings, notes)
 
 
 def into(view: torch.Tensor) -> dict:
@@ -181,14 +182,14 @@ def into(view: torch.Tensor) -> dict:
     return {"out": view, "num_frames": view.shape[2], "height": view.shape[3], "width": view.shape[4]}
 
 
-def decode_clips(handle, latent: LatentClips, tiling: Tiling, target: Callable[[int], dict],
+def decode_clips(handle, latent: LatentClips, settings: RunSettings, target: Callable[[int], dict],
                  nonfinite: str = "error") -> RunReport:
     """Latent clips -> pixels in [-1, 1] (not clamped), clip i written where `target(i)` says: engine
     arguments such as `into(view)` (straight into a 1,3,T,H,W tensor or view) or a sink with the
     clip's frame count and size (`vae.video_file.FileSink`). `nonfinite`: see `engine.decode`."""
     z = latent.samples
     b = z.shape[0]
-    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), tiling, b)
+    report = _start(handle, "decode", (1,) + tuple(z.shape[1:]), settings, b)
     report.latent_layout = latent.layout
     if latent.layout != CORE_LAYOUT:
         log.info("StreamVAE decode: LATENT read as %s", latent.layout)
@@ -212,7 +213,7 @@ def image_dtype(choice: str) -> torch.dtype:
     return core_api.intermediate_dtype() if choice == "auto" else IMAGE_DTYPES[choice]
 
 
-def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error", dtype: torch.dtype | None = None,
+def decode(handle, latent: LatentClips, settings: RunSettings, nonfinite: str = "error", dtype: torch.dtype | None = None,
            sink=None) -> tuple[torch.Tensor | None, RunReport]:
     """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device, in
     `dtype` (default core's intermediate dtype), trimmed to the true frame counts and pixel size; the
@@ -223,12 +224,12 @@ def decode(handle, latent: LatentClips, tiling: Tiling, nonfinite: str = "error"
     height, width = latent.size if latent.size is not None else (h * sf, w * sf)
     starts = [sum(latent.frames[:i]) for i in range(len(latent.frames))]
     if sink is not None:
-        report = decode_clips(handle, latent, tiling, lambda i: {"sink": sink.at(starts[i]), "num_frames": latent.frames[i],
+        report = decode_clips(handle, latent, settings, lambda i: {"sink": sink.at(starts[i]), "num_frames": latent.frames[i],
                                                                  "height": height, "width": width}, nonfinite)
         return None, report
     image = torch.empty((sum(latent.frames), height, width, 3), dtype=dtype or core_api.intermediate_dtype(),
                         device=core_api.intermediate_device())
-    report = decode_clips(handle, latent, tiling,
+    report = decode_clips(handle, latent, settings,
                           lambda i: into(image_view(image, starts[i], starts[i] + latent.frames[i])), nonfinite)
     report.output = _describe("IMAGE", image)
     return finish_image(image), report

@@ -13,9 +13,9 @@ import logging
 import torch
 
 from .. import vae
-from ..vae.geometry import input_shape
+from ..vae.geometry import TILING_MODES, input_shape
 from . import checkpoints
-from .common import TILING_MODES, Tiling, check_tiling
+from .run_settings import RunSettings, check_tiling
 from .execution import plan_settings
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
 
@@ -79,7 +79,7 @@ def plan_info(query) -> dict:
     error = check_tiling(tile_size, tile_overlap, temporal_chunk, budget)
     if error:
         raise BadRequest(error)
-    tiling = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, _choice(query, "tiling", TILING_MODES, "exact"),
+    settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, _choice(query, "tiling", TILING_MODES, "exact"),
                                 budget)
     device = resolve_device(_choice(query, "device", DEVICE_CHOICES, "auto"))
     model = info.model  # meta device: only shapes, dtypes and config matter to the plan
@@ -87,7 +87,7 @@ def plan_info(query) -> dict:
                      decode=resolve_dtype(_choice(query, "decode_dtype", DTYPE_CHOICES, "auto"), device, "decode"))
     shape = input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor, model.temporal_factor)
     opts = vae.Optimizations(kernel_choice=_choice(query, "kernels", KERNEL_CHOICES, "measure"))
-    plan = vae.plan(model, op, shape, opts=opts, **plan_settings(tiling, device))
+    plan = vae.plan(model, op, shape, opts=opts, **plan_settings(settings, device))
     return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
 
 

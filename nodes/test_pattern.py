@@ -5,7 +5,7 @@ import math
 import torch
 from comfy_api.latest import io
 
-from .common import MAX_FRAMES
+from .images import MAX_FRAMES
 
 PATTERNS = ("bars", "checker", "zoneplate")
 

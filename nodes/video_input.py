@@ -4,7 +4,9 @@ from comfy_api.latest import io
 
 from ..vae.video_reader import RESIZE_FILTERS, VideoReader
 from . import execution
-from .common import MAX_FRAMES, Tiling, check_tiling, make_latent, streamed_tiling_inputs
+from .images import MAX_FRAMES
+from .latents import make_latent
+from .run_settings import RunSettings, check_tiling, streamed_tiling_inputs
 from .types import STREAMVAE
 
 MAX_SIZE = 16384  # pixels
@@ -68,7 +70,7 @@ class EncodeFromVideo(io.ComfyNode):
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
-        settings = Tiling.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
+        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
         with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
                          resize_filter) as reader:
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)

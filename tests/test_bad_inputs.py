@@ -32,7 +32,7 @@ def node_module(name: str):
     return importlib.import_module(f"{pack}.nodes.{name}")
 
 
-common = node_module("common")
+images, latents, run_settings = (node_module(name) for name in ("images", "latents", "run_settings"))
 
 # Key layouts of models that end up in models/vae by mistake (names as the real files have them).
 FOREIGN = {
@@ -164,7 +164,7 @@ def frames(n=3, h=5, w=7, c=3, seed=0):
 
 def test_alpha_channel_is_dropped_and_said():
     rgba = frames(c=4)
-    image, notes = common.check_image(rgba)
+    image, notes = images.check_image(rgba)
     assert torch.equal(image, rgba[..., :3])
     assert len(notes) == 1 and "alpha dropped" in notes[0]
 
@@ -172,7 +172,7 @@ def test_alpha_channel_is_dropped_and_said():
 @pytest.mark.parametrize("channels", [1, 2])
 def test_grayscale_is_copied_to_rgb_and_said(channels):
     gray = frames(c=channels)
-    image, notes = common.check_image(gray)
+    image, notes = images.check_image(gray)
     assert image.shape == (3, 5, 7, 3)
     for c in range(3):
         assert torch.equal(image[..., c], gray[..., 0])
@@ -181,7 +181,7 @@ def test_grayscale_is_copied_to_rgb_and_said(channels):
 
 def test_uint8_image_is_scaled_to_0_1():
     pixels = (frames() * 255).round().to(torch.uint8)
-    image, notes = common.check_image(pixels)
+    image, notes = images.check_image(pixels)
     assert image.dtype == torch.float32 and torch.equal(image, pixels.float() / 255)
     assert notes == ["8-bit IMAGE: values divided by 255"]
 
@@ -197,7 +197,7 @@ def test_uint8_image_is_scaled_to_0_1():
 ], ids=["no_frames", "no_rows", "rank3", "channels_first", "int32", "0_255_floats", "minus1_1_floats"])
 def test_unusable_image_is_refused_with_the_fix(image, message):
     with pytest.raises(ValueError, match=message):
-        common.check_image(image)
+        images.check_image(image)
 
 
 def test_nonfinite_image_names_the_frames():
@@ -205,7 +205,7 @@ def test_nonfinite_image_names_the_frames():
     image[1, 2, 3, 0] = float("nan")
     image[3, 0, 0, 2] = float("inf")
     with pytest.raises(ValueError, match=r"frame\(s\) 1, 3 \(0-based\)"):
-        common.check_image(image)
+        images.check_image(image)
 
 
 # -- LATENT inputs -------------------------------------------------------------------------------------
@@ -222,14 +222,14 @@ def test_nonfinite_image_names_the_frames():
 ], ids=["rank3", "rank6", "no_frames", "no_batch", "int64", "no_samples", "other_family"])
 def test_unusable_latent_is_refused_with_the_fix(latent, message, wan21):
     with pytest.raises(ValueError, match=message):
-        common.read_latent(latent, wan21)
+        latents.read_latent(latent, wan21)
 
 
 def test_stale_latent_metadata_is_ignored_not_applied(wan21):
     """Frame counts/sizes from Encode that no longer fit the latent (it was cut or resized on the way)
     must not trim the wrong frames: Decode then returns everything."""
-    latent = common.make_latent(torch.zeros(1, 16, 3, 4, 4), [30], (100, 100))
-    clips = common.read_latent(latent, wan21)
+    latent = latents.make_latent(torch.zeros(1, 16, 3, 4, 4), [30], (100, 100))
+    clips = latents.read_latent(latent, wan21)
     assert clips.frames == [9] and clips.size is None
 
 
@@ -238,20 +238,20 @@ def test_every_latent_layout_reads_as_the_same_clip():
     which one was read is reported. A SeedVR2 LATENT is core's (raw * 0.9152), a Wan LATENT raw."""
     seedvr2, wan21 = load_tiny("seedvr2"), load_tiny("wan21")
     core = torch.randn(2, 16, 3, 4, 5, generator=torch.Generator().manual_seed(3))
-    layouts = {common.CORE_LAYOUT: core, common.CHANNELS_LAST_LAYOUT: core.permute(0, 2, 3, 4, 1),
-               common.FOLDED_LAYOUT: core.reshape(2, 48, 4, 5)}
+    layouts = {latents.CORE_LAYOUT: core, latents.CHANNELS_LAST_LAYOUT: core.permute(0, 2, 3, 4, 1),
+               latents.FOLDED_LAYOUT: core.reshape(2, 48, 4, 5)}
     for layout, samples in layouts.items():
-        clips = common.read_latent({"samples": samples}, seedvr2)
+        clips = latents.read_latent({"samples": samples}, seedvr2)
         assert clips.layout == layout and clips.frames == [9, 9]
         torch.testing.assert_close(clips.samples, core / 0.9152, rtol=0, atol=0)
-    wan = common.read_latent({"samples": core.permute(0, 2, 3, 4, 1).half()}, wan21)
-    assert wan.layout == common.CHANNELS_LAST_LAYOUT and wan.samples.dtype == torch.float32
+    wan = latents.read_latent({"samples": core.permute(0, 2, 3, 4, 1).half()}, wan21)
+    assert wan.layout == latents.CHANNELS_LAST_LAYOUT and wan.samples.dtype == torch.float32
     torch.testing.assert_close(wan.samples, core.half().float(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="48 channels"):  # folding is SeedVR2's, never a Wan guess
-        common.read_latent({"samples": core.reshape(2, 48, 4, 5)}, wan21)
+        latents.read_latent({"samples": core.reshape(2, 48, 4, 5)}, wan21)
     # dim 1 wins when the last dim has the channel count too: read as core's layout, and said so
-    square = common.read_latent({"samples": torch.zeros(1, 16, 2, 3, 16)}, wan21)
-    assert square.layout == common.CORE_LAYOUT and square.samples.shape == (1, 16, 2, 3, 16)
+    square = latents.read_latent({"samples": torch.zeros(1, 16, 2, 3, 16)}, wan21)
+    assert square.layout == latents.CORE_LAYOUT and square.samples.shape == (1, 16, 2, 3, 16)
 
 
 # -- tiling values ComfyUI does not range-check once a node validates them -------------------------------
@@ -270,9 +270,9 @@ def test_every_latent_layout_reads_as_the_same_clip():
     ({"memory_budget_gb": 5000.0}, "up to 1024"),
 ])
 def test_absurd_tiling_values_are_refused(values, message):
-    error = common.check_tiling(**values)
+    error = run_settings.check_tiling(**values)
     assert error is not None and message in error, error
-    assert common.check_tiling(tile_size=256, tile_overlap=64, temporal_chunk=4, memory_budget_gb=8.0) is None
+    assert run_settings.check_tiling(tile_size=256, tile_overlap=64, temporal_chunk=4, memory_budget_gb=8.0) is None
 
 
 # -- the fault hook the server tests and bench/soak.py inject with (tests/comfy_support/faults.py) -------------------------------------------

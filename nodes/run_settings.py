@@ -1,0 +1,85 @@
+"""The tiling and memory inputs that Encode, Decode, the video file nodes and the core-VAE adapter
+share: their definitions (`tiling_inputs`), queue-time validation (`check_tiling`) and the value a
+node's run is planned with (`RunSettings`). Pure torch; the ComfyUI schema objects are built in
+`tiling_inputs()` only.
+"""
+from dataclasses import dataclass
+
+from ..vae.geometry import SMALLEST_SPATIAL_FACTOR, TILING_MODES, min_tile, tiling_error
+
+MAX_TILE = 8192
+MAX_OVERLAP = 4096
+MAX_CHUNK = 4096  # latent frames
+MAX_BUDGET_GB = 1024.0
+# The smallest tile any family accepts (`vae.geometry`); the node checks the family's own when it runs.
+MIN_TILE = min_tile(SMALLEST_SPATIAL_FACTOR)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A node's tiling and memory inputs, in engine units (None = automatic)."""
+
+    tile_size: int | None
+    tile_overlap: int
+    temporal_chunk: int | None
+    tiling: str
+    memory_budget: int | str | None  # bytes, or "auto"
+
+    @classmethod
+    def from_inputs(cls, tile_size=0, tile_overlap=64, temporal_chunk=0, tiling="exact", memory_budget_gb=0.0):
+        budget = "auto" if not memory_budget_gb else int(memory_budget_gb * 2**30)
+        return cls(tile_size or None, tile_overlap, temporal_chunk or None, tiling, budget)
+
+    def settings(self) -> dict:
+        """These inputs as the settings `vae.plan` takes."""
+        return {"tile_size": self.tile_size, "tile_overlap": self.tile_overlap, "temporal_chunk": self.temporal_chunk,
+                "tiling": self.tiling, "memory_budget": self.memory_budget}
+
+
+def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None) -> str | None:
+    """Queue-time validation of the tiling inputs; the error message says what to do, or None.
+
+    ComfyUI skips its own min/max checks for inputs a node validates itself, so the limits of
+    `tiling_inputs` are enforced here. Inputs that arrive through a link are None here and are checked
+    again when the node runs.
+    """
+    if tile_size is not None and not 0 <= tile_size <= MAX_TILE:
+        return f"tile_size must be between 0 (automatic) and {MAX_TILE} pixels; got {tile_size}."
+    if tile_overlap is not None and not 0 <= tile_overlap <= MAX_OVERLAP:
+        return f"tile_overlap must be between 0 and {MAX_OVERLAP} pixels; got {tile_overlap}."
+    if tile_size and (error := tiling_error(tile_size, tile_overlap or 0)):  # the library's one rule
+        return error
+    if temporal_chunk is not None and not 0 <= temporal_chunk <= MAX_CHUNK:
+        return (f"temporal_chunk must be 0 (automatic) or 1 to {MAX_CHUNK} latent frames per step; "
+                f"got {temporal_chunk}.")
+    if memory_budget_gb is not None and not 0 <= memory_budget_gb <= MAX_BUDGET_GB:  # also rejects NaN
+        return (f"memory_budget_gb must be 0 (automatic) or a positive number of GiB up to {MAX_BUDGET_GB:g}; "
+                f"got {memory_budget_gb}.")
+    return None
+
+
+def tiling_inputs(io) -> list:
+    """The tiling inputs shared by Encode, Decode and the core-VAE adapter (`io` is comfy_api's io)."""
+    return [
+        io.Int.Input("tile_size", default=0, min=0, max=MAX_TILE, step=8, tooltip=(
+            "Spatial tile edge in pixels of the video. 0 = automatic: untiled when it fits the memory budget, "
+            f"otherwise the largest tile that fits. Else at least {MIN_TILE} px; 256-512 px is typical.")),
+        io.Int.Input("tile_overlap", default=64, min=0, max=MAX_OVERLAP, step=8, tooltip=(
+            "Overlap between neighbouring tiles in pixels; must be smaller than tile_size. Exact tiling is seamless "
+            "without it; fast tiling blends over it (64-128 px hides seams). Ignored when untiled.")),
+        io.Int.Input("temporal_chunk", default=0, min=0, max=MAX_CHUNK, step=1, tooltip=(
+            "Latent frames per step (1 latent frame = 4 video frames). 0 = automatic: the most that fit the memory "
+            "budget. Every value gives the same result (the causal cache is carried); smaller uses less memory.")),
+        io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=MAX_BUDGET_GB, step=0.25, tooltip=(
+            "GiB the VAE may use on its device. 0 = automatic: the free memory after ComfyUI "
+            "unloads other models, minus a safety margin. Tiles and chunks shrink to fit.")),
+        io.Combo.Input("tiling", options=list(TILING_MODES), default="exact", tooltip=(
+            "exact: tiles add up to exactly the untiled result (seamless; slower). fast: independent tiles blended "
+            "with cosine ramps over the overlap (less memory and time; faint seams are possible).")),
+    ]
+
+
+def streamed_tiling_inputs(io) -> list:
+    """The tiling inputs of the video file nodes, which tile exactly only: a fast tile spans the whole
+    clip, so it cannot stream to or from a file."""
+    return [spec for spec in tiling_inputs(io) if spec.id != "tiling"]
