@@ -17,6 +17,7 @@ device and dtype (`--fp16-intermediates`) are core's. Older cores (0.3.75) get t
 takes VAE Decode (Tiled)'s tile sizes as StreamVAE tiles; temporal chunks carry the causal cache, so
 its temporal overlap is not needed.
 """
+import dataclasses
 import logging
 import math
 
@@ -28,9 +29,10 @@ import comfy.sd
 from .. import vae
 from . import core_api, execution
 from ..vae.geometry import latent_frames, pixel_frames
+from ..vae.planning import Settings
 from .images import check_image
 from .latents import latent_layout, read_latent
-from .run_settings import RunSettings, check_tiling, tiling_inputs
+from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 log = logging.getLogger("streamvae")
@@ -45,7 +47,7 @@ class StreamVAEStage(torch.nn.Module):
 
     comfy_has_chunked_io = True
 
-    def __init__(self, handle, tiling: RunSettings):
+    def __init__(self, handle, tiling: Settings):
         super().__init__()
         # A submodule, so core's model_size() and get_sd() see the weights the patcher manages.
         self.weights = handle.patcher.model if handle.patcher is not None else handle.model
@@ -61,7 +63,7 @@ class StreamVAEStage(torch.nn.Module):
         f = self.handle.spatial_factor
         return b, 3, pixel_frames(t, self.handle.temporal_factor), h * f, w * f
 
-    def decode(self, samples, output_buffer=None, tiling: RunSettings | None = None, **vae_options):
+    def decode(self, samples, output_buffer=None, tiling: Settings | None = None, **vae_options):
         """LATENT -> pixels B,3,T,H,W in [-1, 1] written into `output_buffer` (a new tensor on the
         latent's device without one, as core's tiled fallbacks call it); every latent frame is decoded."""
         latent = read_latent({"samples": samples}, self.handle.model)
@@ -70,7 +72,7 @@ class StreamVAEStage(torch.nn.Module):
         execution.decode_clips(self.handle, latent, tiling or self.tiling, lambda i: execution.into(output_buffer[i:i + 1]))
         return output_buffer
 
-    def encode(self, pixels, device=None, tiling: RunSettings | None = None):
+    def encode(self, pixels, device=None, tiling: Settings | None = None):
         """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last 4n+1
         are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
         crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
@@ -92,15 +94,15 @@ class StreamVAEStage(torch.nn.Module):
         """Predicted peak of one clip less the weights (core adds the model's size itself), for core's
         memory requests (at least 1: core divides by it)."""
         shape = self.latent_shape(shape) if op == "decode" else tuple(shape)
-        plan = vae.plan(self.handle.model, op, (1,) + tuple(shape[1:]), opts=self.handle.opts,
-                        **execution.plan_settings(self.tiling, self.handle.load_device))
+        plan = vae.plan(self.handle.model, op, (1,) + tuple(shape[1:]), self.tiling, opts=self.handle.opts,
+                        **execution.plan_placement(self.handle.load_device))
         return max(1, plan.work_bytes or 0)
 
 
 class StreamVAECoreVAE(comfy.sd.VAE):
     """A core VAE backed by a StreamVAE handle; `tiling` applies to plain encode/decode calls."""
 
-    def __init__(self, handle, tiling: RunSettings):
+    def __init__(self, handle, tiling: Settings):
         super().__init__(sd={"pixel_space_vae": torch.tensor(1.0)})  # weightless placeholder, replaced below
         f = handle.spatial_factor
         self.handle, self.tiling = handle, tiling
@@ -122,14 +124,14 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.model_size()
 
     # -- what core's chunked-I/O decode and encode do, for cores without them and the tiled methods --
-    def _decode_image(self, samples, tiling: RunSettings | None = None):
+    def _decode_image(self, samples, tiling: Settings | None = None):
         """LATENT -> B,T,H,W,3 (values 0..1) on core's intermediate device, in its dtype."""
         pixels = torch.empty(self.first_stage_model.decode_output_shape(samples.shape), device=self.output_device,
                              dtype=core_api.intermediate_dtype())
         self.first_stage_model.decode(samples, output_buffer=pixels, tiling=tiling)
         return self.process_output(pixels).movedim(1, -1)
 
-    def _encode_pixels(self, pixel_samples, tiling: RunSettings | None = None, not_video=None):
+    def _encode_pixels(self, pixel_samples, tiling: Settings | None = None, not_video=None):
         """IMAGE N,H,W,C (one clip; one image each with `not_video`) or B,T,H,W,C (B clips) -> LATENT."""
         pixels = self.vae_encode_crop_pixels(pixel_samples).movedim(-1, 1)
         if pixels.dim() == 4:
@@ -158,11 +160,11 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         chunk = latent_frames(tile_t, self.handle.temporal_factor) if tile_t else None
         return self._encode_pixels(pixel_samples, self._tiling(tile, overlap or 0, chunk), not_video)
 
-    def _tiling(self, tile, overlap: int, chunk) -> RunSettings:
+    def _tiling(self, tile, overlap: int, chunk) -> Settings:
         t = self.tiling
         if tile is not None:
             overlap = min(overlap, min(tile) - 1)
-        return RunSettings(tile, overlap, chunk or t.temporal_chunk, t.tiling, t.memory_budget)
+        return dataclasses.replace(t, tile_size=tile, tile_overlap=overlap, temporal_chunk=chunk or t.temporal_chunk)
 
 
 class ToCoreVAE(io.ComfyNode):
@@ -188,5 +190,5 @@ class ToCoreVAE(io.ComfyNode):
     @classmethod
     def execute(cls, vae, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
                 tiling="exact") -> io.NodeOutput:
-        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         return io.NodeOutput(StreamVAECoreVAE(vae, settings))

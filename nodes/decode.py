@@ -3,7 +3,7 @@ from comfy_api.latest import io
 
 from . import execution
 from .latents import read_latent
-from .run_settings import RunSettings, check_tiling, tiling_inputs
+from .run_settings import settings_from_inputs, check_tiling, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -49,6 +49,6 @@ class Decode(io.ComfyNode):
         if error:
             raise ValueError(error)
         latent = read_latent(samples, vae.model)
-        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         image, report = execution.decode(vae, latent, settings, nonfinite, execution.image_dtype(output_dtype))
         return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

@@ -4,7 +4,7 @@ from comfy_api.latest import io
 from . import execution
 from .images import MAX_FRAMES, check_batch_size, check_image, split_clips
 from .latents import make_latent
-from .run_settings import RunSettings, check_tiling, tiling_inputs
+from .run_settings import settings_from_inputs, check_tiling, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -47,7 +47,7 @@ class Encode(io.ComfyNode):
             raise ValueError(error)
         image, notes = check_image(image)
         clips = split_clips(image.shape[0], batch_size)
-        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
+        settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         samples, report = execution.encode(vae, image, clips, settings, notes)
         latent = make_latent(samples, clips.frames, (image.shape[1], image.shape[2]))
         return io.NodeOutput(latent, ui={"streamvae_run": [report.as_dict()]})

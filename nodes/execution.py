@@ -4,6 +4,7 @@ ComfyUI's interrupt point), backend flags and compile limits around the call, cl
 another so the peak does not grow with the batch.
 """
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,7 +19,7 @@ from ..vae.planning import budget_from_free
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
 from .latents import CORE_LAYOUT, LatentClips, to_core_latent
-from .run_settings import RunSettings
+from ..vae.planning import Settings
 
 try:
     import comfy.model_management as mm
@@ -83,15 +84,15 @@ def _engine_scope(handle):
         raise
 
 
-def plan_settings(settings: RunSettings, device) -> dict:
-    """`vae.plan`'s keyword arguments for a node's run on `device` with the node's `settings`.
-    IMAGE and LATENT tensors live on core's intermediate device: on the compute device only under
-    --gpu-only, where the memory model then counts them."""
+def plan_placement(device) -> dict:
+    """`vae.plan`'s placement arguments for a node's run on `device`: IMAGE and LATENT tensors live on
+    core's intermediate device, on the compute device only under --gpu-only, where the memory model
+    then counts them."""
     io_here = same_device(core_api.intermediate_device(), device)
-    return dict(settings.settings(), device=device, io_on_device=(io_here, io_here))
+    return dict(device=device, io_on_device=(io_here, io_here))
 
 
-def _budget(handle, settings: RunSettings):
+def _budget(handle, settings: Settings):
     """The memory budget to plan with: the node's, "auto" resolved as core counts free memory for this
     model (under dynamic VRAM that includes what core can take back from other models' weights; core's
     own VAEs size their work by the same number)."""
@@ -101,7 +102,7 @@ def _budget(handle, settings: RunSettings):
     return "auto" if free is None else budget_from_free(free)
 
 
-def _start(handle, op: str, shape, settings: RunSettings, clips: int) -> RunReport:
+def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
     """Ask ComfyUI for memory, then make the run's one plan within what is free (the report holds it).
 
     The request is what the settings cost without a budget (capped by an explicit budget), less the
@@ -109,13 +110,15 @@ def _start(handle, op: str, shape, settings: RunSettings, clips: int) -> RunRepo
     room, as much as it can. The plan is then made with the budget, "auto" meaning what is free after
     that, shown on the node and run as it is.
     """
-    planned = plan_settings(settings, handle.load_device)
-    unbounded = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(planned, memory_budget=None))
+    placement = plan_placement(handle.load_device)
+    unbounded = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=None), opts=handle.opts,
+                         **placement)
     wanted = unbounded.work_bytes or 0
     if isinstance(settings.memory_budget, int):
         wanted = min(wanted, settings.memory_budget)
     handle.prepare(wanted)
-    plan = vae.plan(handle.model, op, shape, opts=handle.opts, **dict(planned, memory_budget=_budget(handle, settings)))
+    plan = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=_budget(handle, settings)),
+                    opts=handle.opts, **placement)
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the budget")
@@ -137,7 +140,7 @@ def _describe(kind: str, tensor: torch.Tensor) -> str:
     return f"{kind} {str(tensor.dtype).removeprefix('torch.')} on {tensor.device}"
 
 
-def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, settings: RunSettings,
+def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, settings: Settings,
                  notes=()) -> tuple[torch.Tensor, RunReport]:
     """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`latents.to_core_latent`,
     core's intermediate device and dtype). `clip(i)` gives clip i as 1,3,T,H,W in [-1, 1]; every clip
@@ -158,7 +161,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
                 z = workers.encode(video, temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                    cancel=_cancel).to(out_device)
             else:
-                z = run_with_fallback(vae.encode, handle.model, video, plan=report.plan, opts=handle.opts,
+                z = run_with_fallback(vae.encode, handle.model, video, report.plan, opts=handle.opts,
                                       out_device=out_device, progress=progress, cancel=_cancel)
             z = to_core_latent(handle.model, z)
             if samples is None:
@@ -169,7 +172,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     return samples, _finish(handle, report)
 
 
-def encode(handle, image: torch.Tensor, clips: Clips, settings: RunSettings, notes=()) -> tuple[torch.Tensor, RunReport]:
+def encode(handle, image: torch.Tensor, clips: Clips, settings: Settings, notes=()) -> tuple[torch.Tensor, RunReport]:
     """IMAGE (N,H,W,3, from `images.check_image`, whose `notes` are reported) split into `clips` ->
     LATENT samples n_clips,C,T',h,w (see `encode_clips`)."""
     shape = (1, 3, clips.length, image.shape[1], image.shape[2])
@@ -182,7 +185,7 @@ def into(view: torch.Tensor) -> dict:
     return {"out": view, "num_frames": view.shape[2], "height": view.shape[3], "width": view.shape[4]}
 
 
-def decode_clips(handle, latent: LatentClips, settings: RunSettings, target: Callable[[int], dict],
+def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callable[[int], dict],
                  nonfinite: str = "error") -> RunReport:
     """Latent clips -> pixels in [-1, 1] (not clamped), clip i written where `target(i)` says: engine
     arguments such as `into(view)` (straight into a 1,3,T,H,W tensor or view) or a sink with the
@@ -202,7 +205,7 @@ def decode_clips(handle, latent: LatentClips, settings: RunSettings, target: Cal
                 workers.decode(z[i:i + 1], temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                cancel=_cancel, **target(i))
                 continue
-            run_with_fallback(vae.decode, handle.model, z[i:i + 1], plan=report.plan, opts=handle.opts,
+            run_with_fallback(vae.decode, handle.model, z[i:i + 1], report.plan, opts=handle.opts,
                               progress=progress, cancel=_cancel, nonfinite=nonfinite, **target(i))
     return _finish(handle, report)
 
@@ -213,7 +216,7 @@ def image_dtype(choice: str) -> torch.dtype:
     return core_api.intermediate_dtype() if choice == "auto" else IMAGE_DTYPES[choice]
 
 
-def decode(handle, latent: LatentClips, settings: RunSettings, nonfinite: str = "error", dtype: torch.dtype | None = None,
+def decode(handle, latent: LatentClips, settings: Settings, nonfinite: str = "error", dtype: torch.dtype | None = None,
            sink=None) -> tuple[torch.Tensor | None, RunReport]:
     """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device, in
     `dtype` (default core's intermediate dtype), trimmed to the true frame counts and pixel size; the

@@ -15,8 +15,8 @@ import torch
 from .. import vae
 from ..vae.geometry import TILING_MODES, input_shape
 from . import checkpoints
-from .run_settings import RunSettings, check_tiling
-from .execution import plan_settings
+from .run_settings import check_tiling, settings_from_inputs
+from .execution import plan_placement
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
 
 log = logging.getLogger("streamvae")
@@ -79,15 +79,15 @@ def plan_info(query) -> dict:
     error = check_tiling(tile_size, tile_overlap, temporal_chunk, budget)
     if error:
         raise BadRequest(error)
-    settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, _choice(query, "tiling", TILING_MODES, "exact"),
-                                budget)
+    tiling = _choice(query, "tiling", TILING_MODES, "exact")
+    settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, budget)
     device = resolve_device(_choice(query, "device", DEVICE_CHOICES, "auto"))
     model = info.model  # meta device: only shapes, dtypes and config matter to the plan
     model.set_dtypes(encode=resolve_dtype(_choice(query, "encode_dtype", DTYPE_CHOICES, "auto"), device, "encode"),
                      decode=resolve_dtype(_choice(query, "decode_dtype", DTYPE_CHOICES, "auto"), device, "decode"))
     shape = input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor, model.temporal_factor)
     opts = vae.Optimizations(kernel_choice=_choice(query, "kernels", KERNEL_CHOICES, "measure"))
-    plan = vae.plan(model, op, shape, opts=opts, **plan_settings(settings, device))
+    plan = vae.plan(model, op, shape, settings, opts=opts, **plan_placement(device))
     return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
 
 

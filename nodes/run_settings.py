@@ -1,11 +1,10 @@
 """The tiling and memory inputs that Encode, Decode, the video file nodes and the core-VAE adapter
-share: their definitions (`tiling_inputs`), queue-time validation (`check_tiling`) and the value a
-node's run is planned with (`RunSettings`). Pure torch; the ComfyUI schema objects are built in
-`tiling_inputs()` only.
+share: their definitions (`tiling_inputs`), queue-time validation (`check_tiling`) and the
+`vae.Settings` a node's run is planned with (`settings_from_inputs`). Pure torch; the ComfyUI schema
+objects are built in `tiling_inputs()` only.
 """
-from dataclasses import dataclass
-
 from ..vae.geometry import SMALLEST_SPATIAL_FACTOR, TILING_MODES, min_tile, tiling_error
+from ..vae.planning import Settings
 
 MAX_TILE = 8192
 MAX_OVERLAP = 4096
@@ -15,25 +14,11 @@ MAX_BUDGET_GB = 1024.0
 MIN_TILE = min_tile(SMALLEST_SPATIAL_FACTOR)
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """A node's tiling and memory inputs, in engine units (None = automatic)."""
-
-    tile_size: int | None
-    tile_overlap: int
-    temporal_chunk: int | None
-    tiling: str
-    memory_budget: int | str | None  # bytes, or "auto"
-
-    @classmethod
-    def from_inputs(cls, tile_size=0, tile_overlap=64, temporal_chunk=0, tiling="exact", memory_budget_gb=0.0):
-        budget = "auto" if not memory_budget_gb else int(memory_budget_gb * 2**30)
-        return cls(tile_size or None, tile_overlap, temporal_chunk or None, tiling, budget)
-
-    def settings(self) -> dict:
-        """These inputs as the settings `vae.plan` takes."""
-        return {"tile_size": self.tile_size, "tile_overlap": self.tile_overlap, "temporal_chunk": self.temporal_chunk,
-                "tiling": self.tiling, "memory_budget": self.memory_budget}
+def settings_from_inputs(tile_size=0, tile_overlap=64, temporal_chunk=0, tiling="exact",
+                         memory_budget_gb=0.0) -> Settings:
+    """A node's tiling and memory inputs (0 = automatic) as the `vae.Settings` its run is planned with."""
+    budget = "auto" if not memory_budget_gb else int(memory_budget_gb * 2**30)
+    return Settings(temporal_chunk or None, tile_size or None, tile_overlap, tiling, budget)
 
 
 def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None) -> str | None:

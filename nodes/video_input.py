@@ -6,7 +6,7 @@ from ..vae.video_reader import RESIZE_FILTERS, VideoReader
 from . import execution
 from .images import MAX_FRAMES
 from .latents import make_latent
-from .run_settings import RunSettings, check_tiling, streamed_tiling_inputs
+from .run_settings import settings_from_inputs, check_tiling, streamed_tiling_inputs
 from .types import STREAMVAE
 
 MAX_SIZE = 16384  # pixels
@@ -70,7 +70,7 @@ class EncodeFromVideo(io.ComfyNode):
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
-        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
+        settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
         with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
                          resize_filter) as reader:
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)

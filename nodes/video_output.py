@@ -14,7 +14,7 @@ from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
 from . import execution
 from .latents import read_latent
-from .run_settings import RunSettings, check_tiling, streamed_tiling_inputs
+from .run_settings import settings_from_inputs, check_tiling, streamed_tiling_inputs
 from .types import STREAMVAE
 
 try:
@@ -154,7 +154,7 @@ class DecodeToVideo(io.ComfyNode):
         height, width = latent.size if latent.size is not None else (h * vae.spatial_factor, w * vae.spatial_factor)
         encoding.check_size(width, height)
         path, subfolder = output_path(filename_prefix, encoding.extension, width, height)
-        settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
+        settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
         total = sum(latent.frames)
         preview = Preview(total)
         metadata = _metadata(cls.hidden.prompt, cls.hidden.extra_pnginfo, encoding.describe())

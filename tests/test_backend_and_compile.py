@@ -76,7 +76,8 @@ def test_cudnn_conv3d_matches_conv3d(dtype):
     w = torch.randn(16, 8, 3, 3, 3, device="cuda", dtype=dtype) * 0.1
     b = torch.randn(16, device="cuda", dtype=dtype)
     expected = F.conv3d(x.float(), w.float(), b.float(), 1, 1)
-    torch.testing.assert_close(backend.cudnn_conv3d(x, w, b, (1, 1, 1), (1, 1, 1)).float(), expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(backend.cudnn_conv3d(x, w, b, (1, 1, 1), (1, 1, 1)).float(), expected, rtol=2e-2,
+                               atol=2e-2)
 
 
 # -- torch.compile -------------------------------------------------------------------------------------
@@ -246,11 +247,12 @@ def test_tiled_and_offloaded_steps_run_compiled_blocks_eagerly():
     model = load_tiny("seedvr2")
     z = torch.randn(1, model.latent_channels, 2, 4, 4)
     runs = dict(tiled=dict(tile_size=16), offloaded=dict(cache_offload="disk"))
-    expected = {k: vae.decode(model, z, temporal_chunk=1, **kw) for k, kw in runs.items()}
+    expected = {k: vae.decode(model, z, vae.Settings(temporal_chunk=1), **kw) for k, kw in runs.items()}
     graphs = []
     report = compile_blocks(model, CompileSettings(backend=counting_backend(graphs)))
     for k, kw in runs.items():
-        torch.testing.assert_close(vae.decode(model, z, temporal_chunk=1, **kw), expected[k], rtol=0, atol=0)
+        torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1), **kw), expected[k], rtol=0,
+                                   atol=0)
     assert graphs == []
     assert report.status == (f"compiled {len(report.compiled)} blocks; exact-tile steps and steps with caches "
                              "offloaded to disk ran eagerly")

@@ -290,7 +290,7 @@ def test_fault_hook_is_one_shot_and_inert_without_the_variable(tmp_path, monkeyp
         vae.encode(wan21, torch.zeros(1, 3, 1, 8, 8))
     with pytest.raises(torch.OutOfMemoryError, match="injected"), faults.injected(wan21, "decode"):
         # one 16 px frame, caches kept on the device: no smaller setting to retry with
-        vae.decode(wan21, torch.zeros(1, 16, 1, 2, 2), cache_offload="none")
+        vae.decode(wan21, torch.zeros(1, 16, 1, 2, 2), vae.Settings(cache_offload="none"))
     assert not path.exists()
     with faults.injected(wan21, "decode"):  # consumed: the next run is clean
         vae.decode(wan21, torch.zeros(1, 16, 1, 2, 2))

@@ -286,7 +286,7 @@ def test_interrupted_encode_stops_early_and_the_next_run_works(comfy_server, com
     assert steps[-1]["value"] <= at_interrupt + 2 < steps[0]["max"], [p["value"] for p in steps]
 
     again = comfy_client.run(prompt, timeout=180)  # nothing left behind: same prompt, full result
-    expected = vae.encode(models("wan21"), constant_video(), tile_size=64, tile_overlap=16, tiling="fast")
+    expected = vae.encode(models("wan21"), constant_video(), vae.Settings(tile_size=64, tile_overlap=16, tiling="fast"))
     torch.testing.assert_close(saved_latent(comfy_server, again, "4"), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -326,7 +326,8 @@ def test_gpu_only_options_on_a_cpu_machine_warn_and_run(comfy_client, object_inf
         assert expected in notes, notes
     model = models("seedvr2")
     assert_images_close(saved_images(comfy_client, entry, "6"),
-                        as_uint8(vae.decode(model, vae.encode(model, video_of(clip)), num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
+                        as_uint8(vae.decode(model, vae.encode(model, video_of(clip)), num_frames=FRAMES, height=HEIGHT,
+                                            width=WIDTH)))
 
 
 def inject(fault: dict) -> None:

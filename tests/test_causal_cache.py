@@ -31,8 +31,9 @@ def test_caches_on_disk_give_the_same_result(model, tile):
     """("host" is "none" with CPU compute; its store is tested below and on CUDA.)"""
     video, z = fixture_clips(model.family)
     for run, x in ((vae.encode, video), (vae.decode, z)):
-        on_device = run(model, x, temporal_chunk=1, tile_size=tile, cache_offload="none")
-        assert torch.equal(run(model, x, temporal_chunk=1, tile_size=tile, cache_offload="disk"), on_device)
+        on_device = run(model, x, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="none"))
+        assert torch.equal(run(model, x, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="disk")),
+                           on_device)
 
 
 def test_disk_store_round_trips_and_reuses_each_modules_slot():
@@ -93,23 +94,24 @@ def test_host_offload_with_cpu_compute_keeps_the_caches_in_place():
     with pytest.raises(ValueError, match="cache_offload must be one of"):
         CausalCache("gpu")
     with pytest.raises(ValueError, match="cache_offload must be 'auto' or one of"):
-        vae.decode(load_tiny("wan21"), torch.zeros(1, 16, 1, 4, 4), cache_offload="ram")
+        vae.decode(load_tiny("wan21"), torch.zeros(1, 16, 1, 4, 4), vae.Settings(cache_offload="ram"))
 
 
 def test_budget_offloads_the_caches_before_it_tiles(caplog):
     m = load_tiny("seedvr2")
     z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
     shape = tuple(z.shape)
-    on_device, offloaded = (memory.estimate(m, "decode", shape, 1, None, cache_offload=o) for o in ("none", "disk"))
+    clip = vae.planning.clip_of(m, "decode", shape)
+    on_device, offloaded = (memory.estimate(m, clip, 1, None, cache_offload=o) for o in ("none", "disk"))
     assert offloaded < on_device
     budget = (on_device + offloaded) // 2
-    chosen = vae.plan(m, "decode", shape, memory_budget=budget)
+    chosen = vae.plan(m, "decode", shape, vae.Settings(memory_budget=budget))
     assert chosen.tile_size is None and chosen.cache_offload == "disk" and chosen.fits
     assert "caches offloaded to disk" in chosen.describe()
-    kept = vae.plan(m, "decode", shape, memory_budget=budget, cache_offload="none")
+    kept = vae.plan(m, "decode", shape, vae.Settings(memory_budget=budget, cache_offload="none"))
     assert kept.tile_size is not None and kept.cache_offload == "none"
     with caplog.at_level(logging.INFO, logger="streamvae"):
-        got = vae.decode(m, z, memory_budget=budget)
+        got = vae.decode(m, z, vae.Settings(memory_budget=budget))
     assert "caches offloaded to disk" in caplog.text
     assert torch.equal(got, vae.decode(m, z))
 
@@ -118,12 +120,12 @@ def test_out_of_memory_offloads_the_caches_before_it_tiles(model, monkeypatch, c
     """The last conv runs out of memory while the caches are on the device: the retry moves them to
     disk (rebuilt from the finished first chunk) and stays untiled; the result is unchanged."""
     z = fixture_clips(model.family)[1]
-    whole = vae.decode(model, z, temporal_chunk=1)
+    whole = vae.decode(model, z, vae.Settings(temporal_chunk=1))
     conv = _last_causal_conv(model)
     forward, failures, tiled = conv.forward, [], []
 
     def flaky(x, ctx, *args, **kwargs):
-        tiled.append(ctx.tiling is not None)
+        tiled.append(ctx.execution is not None)
         if ctx.cache.offload == "none" and not ctx.first_chunk:
             failures.append(x.shape[2])
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
@@ -131,7 +133,7 @@ def test_out_of_memory_offloads_the_caches_before_it_tiles(model, monkeypatch, c
 
     monkeypatch.setattr(conv, "forward", flaky)
     with caplog.at_level(logging.WARNING, logger="streamvae"):
-        got = vae.decode(model, z, temporal_chunk=1)
+        got = vae.decode(model, z, vae.Settings(temporal_chunk=1))
     assert len(failures) == 1 and not any(tiled)
     assert "retrying the chunk with untiled, 1 latent frame(s) per chunk, caches offloaded to disk" in caplog.text
     assert torch.equal(got, whole)
@@ -145,10 +147,12 @@ def test_host_offload_on_cuda_equals_the_caches_on_the_gpu():
     cache = CausalCache("host", "cuda")
     assert cache.offload == "host"
     for tile in (None, 32):
-        on_gpu = vae.decode(m, z, temporal_chunk=1, tile_size=tile, cache_offload="none")
-        assert torch.equal(vae.decode(m, z, temporal_chunk=1, tile_size=tile, cache_offload="host"), on_gpu)
+        on_gpu = vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="none"))
+        assert torch.equal(vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="host")),
+                           on_gpu)
     video = fixture_clips("seedvr2")[0].cuda()
-    assert torch.equal(vae.encode(m, video, temporal_chunk=1, cache_offload="host"), vae.encode(m, video, temporal_chunk=1))
+    assert torch.equal(vae.encode(m, video, vae.Settings(temporal_chunk=1, cache_offload="host")),
+                       vae.encode(m, video, vae.Settings(temporal_chunk=1)))
 
 
 @needs_cuda

@@ -1,4 +1,4 @@
-"""Several processes, one exact decode/encode (`vae.distributed`, `vae.workers`), on the CPU with gloo.
+"""Several processes, one exact decode/encode (row bands: `vae.RowBands`, `vae.workers`), on the CPU with gloo.
 
 One spawn of three real processes runs every distributed case (a 2-rank subgroup and the 3-rank world,
 uneven bands, all three families, encode and decode in temporal chunks); the test process compares
@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 import vae
 from tests.reference import load_tiny, tensors
-from vae import Cancelled, distributed
+from vae import Cancelled, RowBands, Settings
+from vae.strategies.row_bands import Bands
 from vae.workers import RankWorkers, WorkerFailed
 
 FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
@@ -65,16 +66,17 @@ def _rank_main(rank: int, store: str, results) -> None:
                 continue
             group = pair if ranks == 2 else None
             split = rows[family] if rows else None
-            found[family, ranks, "decode"] = distributed.decode(model, z, group, temporal_chunk=chunk, rows=split)
-            found[family, ranks, "encode"] = distributed.encode(model, video, group, temporal_chunk=3 - chunk, rows=split,
-                                                                return_logvar=True)
-        found[family, 3, "random"] = distributed.decode(model, _random_latent(model), temporal_chunk=2, num_frames=15,
-                                                        height=60, width=45)
-        found[family, 3, "budget"] = distributed.decode(model, z, memory_budget=48 * 2**20, cache_offload="auto")
+            found[family, ranks, "decode"] = vae.decode(model, z, Settings(temporal_chunk=chunk),
+                                                        bands=RowBands(group, rows=split))
+            found[family, ranks, "encode"] = vae.encode(model, video, Settings(temporal_chunk=3 - chunk),
+                                                        bands=RowBands(group, rows=split), return_logvar=True)
+        found[family, 3, "random"] = vae.decode(model, _random_latent(model), Settings(temporal_chunk=2), num_frames=15,
+                                                height=60, width=45, bands=RowBands())
+        found[family, 3, "budget"] = vae.decode(model, z, Settings(memory_budget=48 * 2**20), bands=RowBands())
     model = load_tiny("seedvr2")
-    found["bands"] = distributed.decode(model, _inputs("seedvr2")[1], temporal_chunk=2, gather=False)
+    found["bands"] = vae.decode(model, _inputs("seedvr2")[1], Settings(temporal_chunk=2), bands=RowBands(gather=False))
     try:  # ranks that disagree on the settings: every rank refuses, none waits
-        distributed.decode(model, _inputs("seedvr2")[1], temporal_chunk=1 + rank)
+        vae.decode(model, _inputs("seedvr2")[1], Settings(temporal_chunk=1 + rank), bands=RowBands())
     except ValueError as error:
         found["disagree"] = str(error)
     bands = [None] * 3
@@ -134,7 +136,7 @@ def test_split_encode_equals_single_process_untiled(gathered, single, family, ra
 @pytest.mark.parametrize("family", FAMILIES)
 def test_split_decode_of_a_longer_wider_latent_trims_like_the_engine(gathered, single, family):
     model = single[family][2]
-    want = vae.decode(model, _random_latent(model), temporal_chunk=5, num_frames=15, height=60, width=45)
+    want = vae.decode(model, _random_latent(model), Settings(temporal_chunk=5), num_frames=15, height=60, width=45)
     assert gathered[family, 3, "random"].shape == want.shape
     assert_same(gathered[family, 3, "random"], want)
 
@@ -156,8 +158,8 @@ def test_ranks_given_different_settings_all_refuse(gathered):
 
 def test_bands_reject_more_ranks_than_rows():
     with pytest.raises(ValueError, match="every rank needs at least one row"):
-        distributed.Bands.split(2, 3)
-    assert distributed.Bands.split(8, 3).edges == (0, 2, 5, 8)
+        Bands.split(2, 3)
+    assert Bands.split(8, 3).edges == (0, 2, 5, 8)
 
 
 # The workers' settings: the reference kernels (unfused norms, explicit attention), not the defaults.

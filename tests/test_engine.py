@@ -33,18 +33,19 @@ def random_latent(model, frames, h=3, w=2, seed=1):
 
 def test_every_encode_chunk_equals_whole_clip(model):
     video = random_video(model, 21)  # 6 latent frames
-    whole = vae.encode(model, video, temporal_chunk=6)
+    whole = vae.encode(model, video, vae.Settings(temporal_chunk=6))
     assert whole.shape[2] == 6
     for chunk in range(1, 6):
-        torch.testing.assert_close(vae.encode(model, video, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+        torch.testing.assert_close(vae.encode(model, video, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5,
+                                   rtol=0)
 
 
 def test_every_decode_chunk_equals_whole_clip(model):
     z = random_latent(model, 6)
-    whole = vae.decode(model, z, temporal_chunk=6)
+    whole = vae.decode(model, z, vae.Settings(temporal_chunk=6))
     assert whole.shape[2] == 21
     for chunk in range(1, 6):
-        torch.testing.assert_close(vae.decode(model, z, temporal_chunk=chunk), whole, atol=1e-5, rtol=0)
+        torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("frames", [1, 2, 5, 6, 8])
@@ -83,7 +84,7 @@ def test_decode_into_a_preallocated_output(model):
     z = random_latent(model, 3)
     expected = vae.decode(model, z)
     out = torch.full(expected.shape, float("nan"))
-    result = vae.decode(model, z, temporal_chunk=1, out=out)
+    result = vae.decode(model, z, vae.Settings(temporal_chunk=1), out=out)
     assert result.data_ptr() == out.data_ptr()
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
 
@@ -96,7 +97,7 @@ def test_latent_channel_mismatch_is_explained(model):
 
 def test_bad_temporal_chunk_is_rejected(model):
     with pytest.raises(ValueError, match="temporal_chunk"):
-        vae.decode(model, random_latent(model, 2), temporal_chunk=0)
+        vae.decode(model, random_latent(model, 2), vae.Settings(temporal_chunk=0))
 
 
 PEAK_SCRIPT = textwrap.dedent("""
@@ -108,7 +109,7 @@ PEAK_SCRIPT = textwrap.dedent("""
     z = torch.randn(1, m.latent_channels, {latent}, {size}, {size})
     out = torch.empty(1, 3, 4 * ({latent} - 1) + 1, {size} * m.spatial_factor, {size} * m.spatial_factor)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    vae.decode(m, z, temporal_chunk=1, out=out)
+    vae.decode(m, z, vae.Settings(temporal_chunk=1), out=out)
     print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 - out.numel() * 4)
 """)
 

@@ -105,7 +105,7 @@ def test_an_mps_out_of_memory_mid_decode_is_retried_smaller(monkeypatch):
     """The MPS error is a plain RuntimeError: the engine must still shrink and retry, not fail."""
     model = load_tiny("wan21")
     z = torch.randn(1, 16, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    expected = vae.decode(model, z, temporal_chunk=1)
+    expected = vae.decode(model, z, vae.Settings(temporal_chunk=1))
     conv = model.decoder.head[-1] if hasattr(model.decoder, "head") else None
     target = conv or next(m for m in model.modules() if isinstance(m, torch.nn.Conv3d))
     forward, failed = target.forward, []
@@ -117,7 +117,7 @@ def test_an_mps_out_of_memory_mid_decode_is_retried_smaller(monkeypatch):
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(target, "forward", flaky)
-    torch.testing.assert_close(vae.decode(model, z, temporal_chunk=1), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1)), expected, rtol=1e-5, atol=1e-5)
     assert failed
 
 
@@ -304,7 +304,8 @@ def test_the_attention_rule_matches_what_the_gpu_runs(head):
         usable = attention.unsupported(kernel, head, torch.bfloat16, torch.device("cuda")) is None
         with sdpa_kernel([backend_kernel]):
             if usable:
-                torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v).float(), expected, atol=2e-2, rtol=2e-2)
+                torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v).float(), expected, atol=2e-2,
+                                           rtol=2e-2)
             elif kernel != "cudnn":  # cuDNN's own limit moves with its version: only the rule's side is checked
                 with pytest.raises(RuntimeError):
                     F.scaled_dot_product_attention(q, k, v)

@@ -58,11 +58,13 @@ def test_full_config_reproduces_release_manifest():
 
 @pytest.mark.parametrize("name", ["fused_norm_act", "buffered_causal_pad", "sdpa_attention", "native_pixel_shuffle", "inplace_residual"])
 def test_each_optimization_switch_keeps_the_output(model, ref, name):
-    expected_dec = vae.decode(model, ref["dec.input"], temporal_chunk=2)
-    expected_enc = vae.encode(model, ref["video"], temporal_chunk=2)
+    expected_dec = vae.decode(model, ref["dec.input"], vae.Settings(temporal_chunk=2))
+    expected_enc = vae.encode(model, ref["video"], vae.Settings(temporal_chunk=2))
     off = Optimizations().with_(**{name: False})
-    torch.testing.assert_close(vae.decode(model, ref["dec.input"], temporal_chunk=2, opts=off), expected_dec, atol=2e-5, rtol=0)
-    torch.testing.assert_close(vae.encode(model, ref["video"], temporal_chunk=2, opts=off), expected_enc, atol=2e-5, rtol=0)
+    torch.testing.assert_close(vae.decode(model, ref["dec.input"], vae.Settings(temporal_chunk=2), opts=off),
+                               expected_dec, atol=2e-5, rtol=0)
+    torch.testing.assert_close(vae.encode(model, ref["video"], vae.Settings(temporal_chunk=2), opts=off), expected_enc,
+                               atol=2e-5, rtol=0)
 
 
 def test_straightforward_path_matches_reference(model, ref):

@@ -49,28 +49,31 @@ def fixture_latent(family):
 @pytest.fixture(scope="module")
 def untiled(model):
     video, z = fixture_video(model.family), fixture_latent(model.family)
-    return vae.encode(model, video, temporal_chunk=1), vae.decode(model, z, temporal_chunk=1)
+    one = vae.Settings(temporal_chunk=1)
+    return vae.encode(model, video, one), vae.decode(model, z, one)
 
 
 @pytest.mark.parametrize("tile,overlap", TILES, ids=str)
 def test_exact_tiled_encode_equals_untiled(model, untiled, tile, overlap):
-    got = vae.encode(model, fixture_video(model.family), temporal_chunk=2, tile_size=tile, tile_overlap=overlap, opts=TILE_ALL)
+    got = vae.encode(model, fixture_video(model.family),
+                     vae.Settings(temporal_chunk=2, tile_size=tile, tile_overlap=overlap), opts=TILE_ALL)
     assert (got - untiled[0]).abs().max() <= EXACT_ATOL
 
 
 @pytest.mark.parametrize("tile,overlap", TILES, ids=str)
 def test_exact_tiled_decode_equals_untiled(model, untiled, tile, overlap):
-    got = vae.decode(model, fixture_latent(model.family), temporal_chunk=2, tile_size=tile, tile_overlap=overlap, opts=TILE_ALL)
+    got = vae.decode(model, fixture_latent(model.family),
+                     vae.Settings(temporal_chunk=2, tile_size=tile, tile_overlap=overlap), opts=TILE_ALL)
     assert (got - untiled[1]).abs().max() <= EXACT_ATOL
 
 
 def test_33_frames_in_one_frame_chunks_equal_the_whole_clip(model):
     g = torch.Generator().manual_seed(3)
     z = torch.randn(1, model.latent_channels, 9, 4, 3, generator=g)
-    whole = vae.decode(model, z, temporal_chunk=9)
+    whole = vae.decode(model, z, vae.Settings(temporal_chunk=9))
     assert whole.shape[2] == 33
-    torch.testing.assert_close(vae.decode(model, z, temporal_chunk=1), whole, atol=1e-5, rtol=0)
-    tiled = vae.decode(model, z, temporal_chunk=1, tile_size=2 * model.spatial_factor, opts=TILE_ALL)
+    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1)), whole, atol=1e-5, rtol=0)
+    tiled = vae.decode(model, z, vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor), opts=TILE_ALL)
     assert (tiled - whole).abs().max() <= EXACT_ATOL
 
 
@@ -79,9 +82,9 @@ def test_fast_mode_reproduces_the_community_seedvr2_node():
     m = load_tiny("seedvr2")
     ref = tensors("seedvr2", "tiny_outputs.safetensors")
     video = tensors("seedvr2", "tiny_inputs.safetensors")["video"]
-    decoded = vae.decode(m, ref["dec.input"], tile_size=32, tile_overlap=16, tiling="fast")
+    decoded = vae.decode(m, ref["dec.input"], vae.Settings(tile_size=32, tile_overlap=16, tiling="fast"))
     torch.testing.assert_close(decoded, ref["tiled_dec.video"], atol=1e-4, rtol=1e-4)
-    mean, logvar = vae.encode(m, video, tile_size=32, tile_overlap=16, tiling="fast", return_logvar=True)
+    mean, logvar = vae.encode(m, video, vae.Settings(tile_size=32, tile_overlap=16, tiling="fast"), return_logvar=True)
     torch.testing.assert_close(torch.cat([mean, logvar], 1), ref["tiled_enc.moments"], atol=1e-4, rtol=1e-4)
 
 
@@ -90,7 +93,8 @@ def test_fast_mode_error_is_measured_and_bounded(model, untiled):
     mode's, yet smaller than the signal itself."""
     z = fixture_latent(model.family)
     sf = model.spatial_factor
-    errors = [(vae.decode(model, z, tile_size=4 * sf if sf == 8 else 48, tile_overlap=ov, tiling="fast") - untiled[1]).abs().mean().item()
+    tile = 4 * sf if sf == 8 else 48
+    errors = [(vae.decode(model, z, vae.Settings(tile_size=tile, tile_overlap=ov, tiling="fast")) - untiled[1]).abs().mean().item()
               for ov in (sf, 2 * sf)]
     signal = untiled[1].abs().mean().item()
     assert all(1e-3 < e < signal for e in errors), (errors, signal)
@@ -98,8 +102,9 @@ def test_fast_mode_error_is_measured_and_bounded(model, untiled):
 
 def _between_tiled_and_untiled(m, shape) -> int:
     """A budget below the untiled one-frame-chunk peak that the smallest exact tile fits."""
-    untiled = memory.estimate(m, "decode", shape, 1, None)
-    tiled = memory.estimate(m, "decode", shape, 1, 4 * m.spatial_factor)
+    clip = vae.planning.clip_of(m, "decode", shape)
+    untiled = memory.estimate(m, clip, 1, None)
+    tiled = memory.estimate(m, clip, 1, 4 * m.spatial_factor)
     assert tiled < untiled
     return (tiled + untiled) // 2
 
@@ -107,13 +112,15 @@ def _between_tiled_and_untiled(m, shape) -> int:
 def test_budget_picks_untiled_when_it_fits_and_tiles_when_not():
     m = load_tiny("seedvr2")
     shape = (1, 16, 3, 32, 48)
-    roomy = vae.plan(m, "decode", shape, memory_budget=2**40)
+    roomy = vae.plan(m, "decode", shape, vae.Settings(memory_budget=2**40))
     assert roomy.tile_size is None and roomy.temporal_chunk == 3 and roomy.fits
     # caches kept on the device: a budget would offload them first (tests/test_causal_cache.py)
-    tight = vae.plan(m, "decode", shape, memory_budget=_between_tiled_and_untiled(m, shape), cache_offload="none")
+    tight = vae.plan(m, "decode", shape,
+                     vae.Settings(memory_budget=_between_tiled_and_untiled(m, shape), cache_offload="none"))
     assert tight.tile_size is not None and tight.fits and tight.peak_bytes <= tight.budget_bytes
     assert min(tight.tile_size) >= 4 * m.spatial_factor
-    fast = vae.plan(m, "decode", shape, tiling="fast", tile_overlap=64, memory_budget=tight.budget_bytes, cache_offload="none")
+    fast_tiles = vae.Settings(tiling="fast", tile_overlap=64, memory_budget=tight.budget_bytes, cache_offload="none")
+    fast = vae.plan(m, "decode", shape, fast_tiles)
     assert fast.tile_size is None or min(fast.tile_size) > 2 * 64
 
 
@@ -122,8 +129,9 @@ def test_decode_under_a_budget_equals_untiled():
     z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
     whole = vae.decode(m, z)
     budget = _between_tiled_and_untiled(m, tuple(z.shape))
-    assert vae.plan(m, "decode", tuple(z.shape), memory_budget=budget, cache_offload="none").tile_size is not None
-    assert (vae.decode(m, z, memory_budget=budget, cache_offload="none", opts=TILE_ALL) - whole).abs().max() <= EXACT_ATOL
+    settings = vae.Settings(memory_budget=budget, cache_offload="none")
+    assert vae.plan(m, "decode", tuple(z.shape), settings).tile_size is not None
+    assert (vae.decode(m, z, settings, opts=TILE_ALL) - whole).abs().max() <= EXACT_ATOL
 
 
 def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
@@ -132,7 +140,7 @@ def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
     ones); the full-resolution convs stay tiled; the result equals untiled."""
     m = load_tiny("seedvr2")
     z = torch.randn(1, 16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    whole = vae.decode(m, z, temporal_chunk=1)
+    whole = vae.decode(m, z, vae.Settings(temporal_chunk=1))
     chunks, widths = [], {}
     conv5d, decode_chunk = CausalConv3d.conv5d, m.decode_chunk
 
@@ -142,7 +150,7 @@ def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
 
     monkeypatch.setattr(CausalConv3d, "conv5d", counted)
     monkeypatch.setattr(m, "decode_chunk", lambda zc, ctx: chunks.append(1) or decode_chunk(zc, ctx))
-    got = vae.decode(m, z, temporal_chunk=1, tile_size=128)
+    got = vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=128))
     assert (got - whole).abs().max() <= EXACT_ATOL
     last = {conv: w for (chunk, conv), w in widths.items() if chunk == 3}
     assert last[m.decoder.conv_in] == [34]  # latent resolution: one whole-frame call (32 px + 1 px halo a side)
@@ -160,12 +168,12 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
     equals the untiled decode. (Caches pinned to the device: with cache_offload "auto" the first
     retry offloads them, tests/test_causal_cache.py.)"""
     z = fixture_latent(model.family)
-    whole = vae.decode(model, z, temporal_chunk=1)
+    whole = vae.decode(model, z, vae.Settings(temporal_chunk=1))
     conv, forward = _last_causal_conv(model), _last_causal_conv(model).forward
     failures = []
 
     def flaky(x, ctx, *args, **kwargs):
-        if ctx.tiling is None and not ctx.first_chunk:
+        if ctx.execution is None and not ctx.first_chunk:
             failures.append(x.shape[2])
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return forward(x, ctx, *args, **kwargs)
@@ -176,7 +184,8 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
     monkeypatch.setattr(model, "decode_chunk", lambda zc, ctx: chunks.append(zc.shape[2]) or decode_chunk(zc, ctx))
     reports = []
     with caplog.at_level(logging.WARNING, logger="streamvae"):
-        got = vae.decode(model, z, temporal_chunk=1, cache_offload="none", progress=lambda d, t: reports.append((d, t)), opts=TILE_ALL)
+        got = vae.decode(model, z, vae.Settings(temporal_chunk=1, cache_offload="none"), progress=lambda d,
+                         t: reports.append((d, t)), opts=TILE_ALL)
     assert len(failures) == 1  # only chunk 1 failed; chunk 2 ran tiled straight away
     assert chunks == [1, 1, 1, 1, 1]  # chunk 0, chunk 1 failed, chunk 0 rebuilt its caches, chunk 1 redone, chunk 2
     assert (got - whole).abs().max() <= EXACT_ATOL
@@ -194,7 +203,7 @@ def test_out_of_memory_at_the_floor_says_what_was_tried(monkeypatch):
     monkeypatch.setattr(conv, "forward", always)
     z = torch.randn(1, 16, 3, 8, 8)
     with pytest.raises(recovery.OutOfMemory) as caught:
-        vae.decode(m, z, temporal_chunk=2)
+        vae.decode(m, z, vae.Settings(temporal_chunk=2))
     text = str(caught.value)
     assert "untiled, 2 latent frame(s)" in text and "tiles 16x16 px, 1 latent frame(s)" in text
     assert isinstance(caught.value, torch.OutOfMemoryError)
@@ -203,13 +212,15 @@ def test_out_of_memory_at_the_floor_says_what_was_tried(monkeypatch):
 def test_progress_counts_every_tile_and_cancel_stops_within_one(model):
     z = fixture_latent(model.family)
     reports = []
-    vae.decode(model, z, temporal_chunk=1, tile_size=32, progress=lambda d, t: reports.append((d, t)), opts=TILE_ALL)
+    vae.decode(model, z, vae.Settings(temporal_chunk=1, tile_size=32), progress=lambda d, t: reports.append((d, t)),
+               opts=TILE_ALL)
     totals = {t for _, t in reports}
     assert len(totals) == 1 and reports[-1][0] == reports[-1][1]
     assert [d for d, _ in reports] == sorted(d for d, _ in reports) and len(reports) > 3 * 4
     seen = []
     with pytest.raises(vae.Cancelled):
-        vae.decode(model, z, temporal_chunk=1, tile_size=32, progress=lambda d, t: seen.append(d), cancel=lambda: len(seen) >= 5, opts=TILE_ALL)
+        vae.decode(model, z, vae.Settings(temporal_chunk=1, tile_size=32), progress=lambda d, t: seen.append(d),
+                   cancel=lambda: len(seen) >= 5, opts=TILE_ALL)
     assert len(seen) == 5
 
 

@@ -48,10 +48,12 @@ def test_lossless_file_holds_exactly_the_decoded_frames(model, tmp_path, bit_dep
     that is not 4n+1: a frame dropped or repeated at a boundary would shift every later frame."""
     z = latent(model, frames=4)
     frames, height, width = 11, 30, 44  # 4 latent frames decode to 13 x 32 x 48; trimmed
-    path = vae.decode_to_file(model, z, tmp_path / "clip.mkv", codec="ffv1", pixel_format="rgb", bit_depth=bit_depth,
-                              fps=12, num_frames=frames, height=height, width=width, temporal_chunk=temporal_chunk)
+    path = vae.decode_to_file(model, z, tmp_path / "clip.mkv", vae.Settings(temporal_chunk=temporal_chunk),
+                              codec="ffv1", pixel_format="rgb", bit_depth=bit_depth, fps=12, num_frames=frames,
+                              height=height, width=width)
     assert path == tmp_path / "clip.mkv" and not (tmp_path / "clip.partial.mkv").exists()
-    expected = to_pixels(vae.decode(model, z, num_frames=frames, height=height, width=width, temporal_chunk=temporal_chunk),
+    expected = to_pixels(vae.decode(model, z, vae.Settings(temporal_chunk=temporal_chunk), num_frames=frames,
+                                    height=height, width=width),
                          int(bit_depth))
     info = probe(path)
     assert (info.frames, info.width, info.height, info.fps) == (frames, width, height, 12)
@@ -62,7 +64,7 @@ def test_lossless_file_holds_exactly_the_decoded_frames(model, tmp_path, bit_dep
 
 def test_clips_are_written_one_after_another(model, tmp_path):
     z = latent(model, frames=2, batch=2)
-    path = vae.decode_to_file(model, z, tmp_path / "two.mkv", codec="ffv1", temporal_chunk=1)
+    path = vae.decode_to_file(model, z, tmp_path / "two.mkv", vae.Settings(temporal_chunk=1), codec="ffv1")
     expected = np.concatenate([to_pixels(vae.decode(model, z[i:i + 1]), 8) for i in range(2)])
     np.testing.assert_array_equal(file_frames(path), expected)
 
@@ -106,7 +108,7 @@ def test_cancel_keeps_a_readable_partial_file(model, tmp_path):
     calls = []
     z = latent(model, frames=4)
     with pytest.raises(vae.Cancelled):
-        vae.decode_to_file(model, z, tmp_path / "clip.mkv", codec="ffv1", temporal_chunk=1,
+        vae.decode_to_file(model, z, tmp_path / "clip.mkv", vae.Settings(temporal_chunk=1), codec="ffv1",
                            cancel=lambda: calls.append(1) or len(calls) > 2)
     assert not (tmp_path / "clip.mkv").exists()  # nothing looks complete
     kept = file_frames(tmp_path / "clip.partial.mkv")
@@ -168,7 +170,7 @@ def test_full_disk_is_a_clear_error_and_keeps_what_was_written(tmp_path):
 def test_audio_is_muxed_alongside(model, tmp_path):
     rate, z = 8000, latent(model, frames=3)
     wave = np.sin(np.linspace(0, 200, rate * 3, dtype=np.float32))[None].repeat(2, 0)
-    path = vae.decode_to_file(model, z, tmp_path / "a.mp4", fps=9, audio=(wave, rate), temporal_chunk=1)
+    path = vae.decode_to_file(model, z, tmp_path / "a.mp4", vae.Settings(temporal_chunk=1), fps=9, audio=(wave, rate))
     with av.open(str(path)) as container:
         (audio,) = container.streams.audio
         assert audio.codec_context.name == "aac" and audio.channels == 2
@@ -181,8 +183,8 @@ def test_encode_from_file_equals_encode_of_the_same_frames(model, tmp_path):
     path = vae.decode_to_file(model, z, tmp_path / "in.mkv", codec="ffv1", fps=30)
     frames = torch.from_numpy(file_frames(path)) / 255.0  # as an IMAGE would hold them
     video = frames.permute(3, 0, 1, 2).unsqueeze(0).contiguous() * 2 - 1
-    got, clip = vae.encode_from_file(model, path, temporal_chunk=2)
-    torch.testing.assert_close(got, vae.encode(model, video, temporal_chunk=2), rtol=0, atol=0)
+    got, clip = vae.encode_from_file(model, path, vae.Settings(temporal_chunk=2))
+    torch.testing.assert_close(got, vae.encode(model, video, vae.Settings(temporal_chunk=2)), rtol=0, atol=0)
     assert (clip.frames, clip.height, clip.width, clip.fps) == (13, 32, 48, 30)
     # A frame range, every 2nd frame, resized: the chosen frames, 4n+1-padded like Encode pads.
     got, clip = vae.encode_from_file(model, path, start_frame=3, frame_count=4, every_nth=2, width=24,

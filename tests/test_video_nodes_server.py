@@ -55,7 +55,7 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
 
     model = models(FAMILY)
     z = vae.encode(model, video_of(clip))
-    expected = vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH, temporal_chunk=1)
+    expected = vae.decode(model, z, vae.Settings(temporal_chunk=1), num_frames=FRAMES, height=HEIGHT, width=WIDTH)
     path, info = written_file(comfy_server, entry, "4")
     assert path.name == "lossless_00001_.mkv" and info["frames"] == FRAMES
     meta = probe(path)

@@ -185,8 +185,8 @@ def test_bf16_compute_decodes_close_to_float32(family, ref):
 @pytest.fixture(scope="module")
 def whole_clip(model, clip):
     """Encode and decode of `clip` in one temporal chunk each."""
-    z = vae.encode(model, clip, temporal_chunk=1000)
-    return z, vae.decode(model, z, temporal_chunk=1000)
+    z = vae.encode(model, clip, vae.Settings(temporal_chunk=1000))
+    return z, vae.decode(model, z, vae.Settings(temporal_chunk=1000))
 
 
 def test_whole_clip_shapes(model, clip, whole_clip):
@@ -201,8 +201,8 @@ def test_whole_clip_shapes(model, clip, whole_clip):
 @pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5])
 def test_any_temporal_chunk_equals_whole_clip(model, clip, whole_clip, chunk):
     z, video = whole_clip
-    assert_same_result(vae.encode(model, clip, temporal_chunk=chunk), z)
-    assert_same_result(vae.decode(model, z, temporal_chunk=chunk), video)
+    assert_same_result(vae.encode(model, clip, vae.Settings(temporal_chunk=chunk)), z)
+    assert_same_result(vae.decode(model, z, vae.Settings(temporal_chunk=chunk)), video)
 
 
 # Switches that cannot act on a tiny model streamed untiled on the CPU: Triton needs CUDA, whole-frame
@@ -237,15 +237,16 @@ def test_each_optimization_switch_keeps_the_streamed_result(family, clip, whole_
     other, on, off = load_tiny(family), Optimizations(), Optimizations().with_(**{switch: False})
 
     def run(opts):
-        return vae.encode(other, clip, temporal_chunk=2, opts=opts), vae.decode(other, z, temporal_chunk=3, opts=opts)
+        return (vae.encode(other, clip, vae.Settings(temporal_chunk=2), opts=opts),
+                vae.decode(other, z, vae.Settings(temporal_chunk=3), opts=opts))
 
     encoded, decoded = run(off)
     assert_same_result(encoded, z)
     assert_same_result(decoded, video)
 
     def run_small(opts):  # the same code paths on a small clip in two chunks: the traces are slow
-        vae.encode(other, clip[:, :, :5, :32, :32], temporal_chunk=1, opts=opts)
-        vae.decode(other, z[:, :, :2, :2, :2], temporal_chunk=1, opts=opts)
+        vae.encode(other, clip[:, :, :5, :32, :32], vae.Settings(temporal_chunk=1), opts=opts)
+        vae.decode(other, z[:, :, :2, :2, :2], vae.Settings(temporal_chunk=1), opts=opts)
 
     run_small(on)  # warm-up: the traces below then see code paths, not first-call work
     run_small(off)

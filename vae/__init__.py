@@ -14,10 +14,12 @@ Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: cor
 returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
 are raw (the Wan latent format normalises inside the model). The node pack converts at its edges.
 
-How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is a plan,
-computed once: `vae.plan(m, "decode", z.shape, memory_budget="auto")` shows it, and
-`vae.decode(m, z, plan=p)` runs it (or pass the settings to `decode` and it plans itself). Kernel
-choices are explicit too: `vae.decode(m, z, opts=vae.Optimizations.straightforward())`.
+How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is asked for as
+`vae.Settings` and decided as a `vae.Plan`, computed once: `p = vae.plan(m, "decode", z.shape,
+vae.Settings(memory_budget="auto"))` shows it, and `vae.decode(m, z, p)` runs it (or pass the
+settings to `decode` and it plans itself). Kernel choices are explicit too:
+`vae.decode(m, z, opts=vae.Optimizations.straightforward())`. Several processes decode one clip
+together with `vae.decode(m, z, settings, bands=vae.RowBands(group))` (torch.distributed).
 
 `vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
@@ -26,9 +28,10 @@ from .engine import decode, encode
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
 from .optimizations import Optimizations
-from .planning import Plan, plan
+from .planning import Plan, Settings, plan
 from .progress import Cancelled
 from .seedvr2 import SeedVR2Config, SeedVR2VAE
+from .strategies.row_bands import RowBands
 from .wan21 import Wan21Config, Wan21VAE
 from .wan22 import Wan22Config, Wan22VAE
 
@@ -37,8 +40,10 @@ __all__ = [
     "CheckpointError",
     "Optimizations",
     "Plan",
+    "RowBands",
     "SeedVR2Config",
     "SeedVR2VAE",
+    "Settings",
     "VideoVAE",
     "Wan21Config",
     "Wan21VAE",

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from . import engine, load
+from .planning import Settings
 from .geometry import latent_frames
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
 from .video_reader import RESIZE_FILTERS, VideoReader
@@ -76,10 +77,10 @@ def load_model(args: argparse.Namespace):
     return model
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict:
+def settings(args: argparse.Namespace) -> Settings:
     budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
-    return dict(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
-                tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
+    return Settings(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
+                    tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
 
 
 def video_kwargs(args: argparse.Namespace, out: Path) -> dict:
@@ -102,7 +103,7 @@ def roundtrip(args: argparse.Namespace) -> None:
         video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,3,T,H,W in [-1, 1]
         print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
     t, h, w = video.shape[2:]
-    z = engine.encode(model, video, progress=Progress("encode"), **engine_kwargs(args))
+    z = engine.encode(model, video, settings(args), progress=Progress("encode"))
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
     expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,3 in 0..255
     squared = [0.0]
@@ -114,8 +115,8 @@ def roundtrip(args: argparse.Namespace) -> None:
     video_args = video_kwargs(args, out)
     if (h % 2 or w % 2) and args.pixel_format == "auto" and CODECS[video_args["codec"]].pixel_format == "yuv420":
         video_args["pixel_format"] = "yuv444"  # 4:2:0 needs even sizes; keep every pixel instead of cropping
-    decode_to_file(model, z, out, fps=fps, num_frames=t, height=h, width=w, observe=measure,
-                   progress=Progress("decode"), **video_args, **engine_kwargs(args))
+    decode_to_file(model, z, out, settings(args), fps=fps, num_frames=t, height=h, width=w, observe=measure,
+                   progress=Progress("decode"), **video_args)
     mse = squared[0] / expected.numel() / 255**2
     psnr = 10 * math.log10(1 / mse) if mse > 0 else float("inf")
     print(f"wrote {out}: {t} frames {h}x{w}; round-trip PSNR {psnr:.2f} dB vs the input")
@@ -127,9 +128,9 @@ def encode(args: argparse.Namespace) -> None:
     from .video_file import encode_from_file
 
     model = load_model(args)
-    z, clip = encode_from_file(model, args.input, start_frame=args.start, frame_count=args.count, every_nth=args.every,
-                               width=args.width, height=args.height, resize_filter=args.filter,
-                               progress=Progress("encode"), **engine_kwargs(args))
+    z, clip = encode_from_file(model, args.input, settings(args), start_frame=args.start, frame_count=args.count,
+                               every_nth=args.every, width=args.width, height=args.height, resize_filter=args.filter,
+                               progress=Progress("encode"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"streamvae_frames": str(clip.frames), "streamvae_size": f"{clip.height},{clip.width}",
@@ -151,8 +152,8 @@ def decode(args: argparse.Namespace) -> None:
     height, width = (int(v) for v in metadata["streamvae_size"].split(",")) if "streamvae_size" in metadata else (None, None)
     fps = args.fps or Fraction(metadata.get("fps", "24"))
     out = Path(args.out)
-    path = decode_to_file(model, z, out, fps=fps, num_frames=frames, height=height, width=width,
-                          progress=Progress("decode"), **video_kwargs(args, out), **engine_kwargs(args))
+    path = decode_to_file(model, z, out, settings(args), fps=fps, num_frames=frames, height=height, width=width,
+                          progress=Progress("decode"), **video_kwargs(args, out))
     print(f"wrote {path}")
 
 

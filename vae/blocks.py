@@ -1,8 +1,9 @@
 """Building blocks shared by the SeedVR2 and Wan families.
 
 Layout everywhere: video tensors are B,C,T,H,W. Every block takes the `StreamContext` of the
-encode/decode it is part of: it carries the optimization switches and the causal caches that let a
-clip be processed in temporal chunks with exactly the whole-clip result.
+encode/decode it is part of: it carries the run's optimization switches, the causal caches that let a
+clip be processed in temporal chunks with exactly the whole-clip result, and the execution strategy
+(`strategies.Execution`: exact tiles, row bands) its convs, norms and attention run under.
 """
 from typing import Callable
 
@@ -23,24 +24,25 @@ class StreamContext:
     module must remember between chunks (for causal convs: the input frames the next chunk still
     needs, unpadded). `first_chunk` is True while the chunk that holds frame 0 of the clip is
     processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
-    `tiling` is None, or the `tiling.ExactTiling` every conv then runs under.
+    `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
+    conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
     """
 
-    def __init__(self, opts: Optimizations, tiling=None, cache: CausalCache | None = None):
+    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None):
         self.opts = opts
         self.first_chunk = True
         self.cache = cache if cache is not None else CausalCache()
-        self.tiling = tiling
+        self.execution = execution
         # The Winograd filter-transform cache the convs use (None: Winograd off).
         self.winograd = filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None
 
     @property
     def eager_reason(self) -> str | None:
-        """Why a compiled block must run this step in Python, or None when it may be traced: exact
-        tiles loop over tiles and tick progress and cancellation per tile, and offloaded caches copy
-        to pinned memory or a file, none of which a traced graph may replay."""
-        if self.tiling is not None:
-            return "exact-tile steps"
+        """Why a compiled block must run this step in Python, or None when it may be traced: execution
+        strategies loop over tiles or exchange rows with other ranks, and offloaded caches copy to
+        pinned memory or a file, none of which a traced graph may replay."""
+        if self.execution is not None:
+            return self.execution.eager_reason
         if self.cache.offload != "none":
             return f"steps with caches offloaded to {self.cache.offload}"
         return None
@@ -127,11 +129,11 @@ class CausalConv3d(Conv3d):
     def forward(self, x: torch.Tensor, ctx: StreamContext, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         opts = ctx.opts
-        if ctx.tiling is not None:
+        if ctx.execution is not None:
             # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
-            stats = ctx.tiling.norm_stats(norm, x, ctx) if norm is not None else None
+            stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
             fill = _norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
-            return ctx.tiling.conv(self, ctx, x.shape, x, fill)
+            return ctx.execution.conv(self, ctx, x.shape, x, fill)
         if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):
             x, norm = norm.act(x, ctx), None
         if not opts.buffered_causal_pad:
@@ -175,8 +177,8 @@ class CausalConv3d(Conv3d):
         The buffer holds [head | new frames] plus any asymmetric spatial padding, so neither the cache
         nor the padding is ever concatenated onto the input (one write instead of write + copy).
         """
-        if ctx.tiling is not None:
-            return ctx.tiling.conv(self, ctx, shape, like, fill)
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, shape, like, fill)
         head, n_head = self.head(ctx)
         if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
                 and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0]):
@@ -281,8 +283,8 @@ class FrameConv2d(nn.Conv2d):
         return n
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        if ctx.tiling is not None:
-            return ctx.tiling.conv(self, ctx, x.shape, x, _copy_fill(x))
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, x.shape, x, _copy_fill(x))
         if not ctx.opts.buffered_causal_pad:
             # Straightforward path, as upstream: frames folded into the batch, F.pad, per-frame conv.
             b, c, t, h, w = x.shape
@@ -297,8 +299,8 @@ class FrameConv2d(nn.Conv2d):
 
     def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
-        if ctx.tiling is not None:
-            return ctx.tiling.conv(self, ctx, shape, like, fill)
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, shape, like, fill)
         return self._convolve(_padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
 
     def _convolve(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -312,8 +314,8 @@ class FrameConv2d(nn.Conv2d):
 
     def upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
-        if ctx.tiling is not None:
-            return ctx.tiling.local(self._upsampled, x, scale=2, halo=1)
+        if ctx.execution is not None:
+            return ctx.execution.local(self._upsampled, x, scale=2, halo=1)
         return self._upsampled(x)
 
     def _upsampled(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,38 +1,43 @@
-"""The engine: runs a whole clip through a `VideoVAE` in temporal chunks and spatial tiles, as a
-`planning.Plan` says.
+"""The engine: runs a whole clip through a `VideoVAE` in temporal chunks, as a `planning.Plan` says.
 
-    z = vae.encode(model, video)   # B,3,T,H,W in [-1, 1] -> raw posterior mean B,C,T',H/f,W/f
-    y = vae.decode(model, z)       # raw latent -> B,3,T'',H'',W'' (not clamped)
+    z = vae.encode(model, video)                          # B,3,T,H,W in [-1, 1] -> raw posterior mean
+    y = vae.decode(model, z, vae.Settings(tile_size=256))  # raw latent -> B,3,T'',H'',W'' (not clamped)
 
 The model says what the network does to one temporal chunk (`encode_chunk`/`decode_chunk`); the
-engine does the rest. The causal caches in the `StreamContext` make every chunking produce the
-whole-clip result (frames: `geometry.py`); chunks are written into a preallocated output
-(optionally on another device) or handed to a `sink` (a video file writer), and encode reads its
-input chunk by chunk (also from a video file), so memory does not grow with clip length beyond the
-output itself. Spatial tiling (`tiling.py`) composes with the chunking; the plan (`planning.py`) picks
-chunk, tiles and cache placement, computed once, or given by the caller; out-of-memory and fp16
-overflow are recovered from (`recovery.py`). `opts` (`optimizations.Optimizations`) chooses the
-kernels for this run only.
+engine does the rest, in one loop (`_stream`) whatever the strategy. The causal caches in the
+`StreamContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
+written into a preallocated output (optionally on another device) or handed to a `sink` (a video file
+writer), and encode reads its input chunk by chunk (also from a video file), so memory does not grow
+with clip length beyond the output itself.
+
+How the layers of a chunk cover the frame is the run's execution strategy (`strategies/`): whole
+frames, exact tiles, or row bands over the ranks of a process group (`bands=`, which also decides the
+part of every frame this process computes). Fast tiles are independent streams on overlapping tiles,
+blended afterwards. The plan (`planning.py`) picks chunk, tiles and cache placement from `Settings`,
+computed once, or given by the caller; out-of-memory and fp16 overflow are recovered from
+(`recovery.py`). `opts` (`optimizations.Optimizations`) chooses the kernels for this run only.
 """
 import dataclasses
 import logging
 import warnings
-from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from . import geometry, recovery
-from . import planning
+from . import geometry, planning, recovery
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 from .causal_cache import CausalCache
 from .devices import is_oom, same_device
 from .optimizations import Optimizations
+from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
-from .tiling import ExactTiling, decode_fast, encode_fast
+from .strategies import WHOLE_FRAME, Partition
+from .strategies.exact_tiles import ExactTiles
+from .strategies.fast_tiles import decode_fast, encode_fast
+from .strategies.row_bands import RowBands
 
-SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,3,k,H,W)
+SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
 NONFINITE_MODES = ("error", "zero")
 log = logging.getLogger("streamvae")
 
@@ -50,20 +55,21 @@ def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
     return x, image
 
 
-def _planned(model, op: str, shape, plan: planning.Plan | None, settings: dict, io_devices,
-             opts: Optimizations) -> planning.Plan:
-    """The plan to run: the caller's (which must be for this op and input), or one made here from
-    `settings` (the planning keyword arguments of `encode`/`decode`). `io_devices`: where the whole
-    input and output live."""
-    if plan is None:
-        io_on_device = tuple(same_device(d, model.device) for d in io_devices)
-        plan = planning.plan(model, op, tuple(shape), io_on_device=io_on_device, opts=opts, **settings)
+def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opts: Optimizations,
+             bands: RowBands | None) -> Plan:
+    """The plan to run: the caller's (which must be for this op and input), or one made here from the
+    caller's settings (default `Settings()`). `io_devices`: where the whole input and output live."""
+    if isinstance(how, Plan):
+        if how.op != op or tuple(how.input_shape[1:]) != tuple(shape[1:]):
+            raise ValueError(f"the plan is for {how.op} of {tuple(how.input_shape)}, not {op} of {tuple(shape)}")
+        plan = how
+    elif how is not None and not isinstance(how, Settings):
+        raise TypeError(f"{op} takes a vae.Plan or vae.Settings as its third argument, got {type(how).__name__}")
+    elif bands is not None:
+        plan = bands.plan(model, op, shape, how or Settings(), opts)
     else:
-        if any(value != _SETTING_DEFAULTS[name] for name, value in settings.items()):
-            raise ValueError(f"{op}: pass either plan= or the settings it is made from "
-                             f"({', '.join(sorted(_SETTING_DEFAULTS))}), not both")
-        if plan.op != op or tuple(plan.input_shape[1:]) != tuple(shape[1:]):
-            raise ValueError(f"the plan is for {plan.op} of {tuple(plan.input_shape)}, not {op} of {tuple(shape)}")
+        io_on_device = tuple(same_device(d, model.device) for d in io_devices)
+        plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
     if plan.fits is False:
         log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway (an "
                     "out-of-memory error shrinks it further). Exact tiles keep whole frames between layers: to "
@@ -74,84 +80,88 @@ def _planned(model, op: str, shape, plan: planning.Plan | None, settings: dict, 
     return plan
 
 
-_SETTING_DEFAULTS = {"temporal_chunk": None, "tile_size": None, "tile_overlap": 0, "tiling": "exact",
-                     "memory_budget": None, "cache_offload": "auto"}
-
-
-def _stream_plan(plan: planning.Plan, input_shape) -> planning.Plan:
+def _stream_plan(model, plan: Plan, input_shape) -> Plan:
     """The plan of one independent stream of a fast-tiled run: one tile, untiled, as the run's chunk."""
-    return dataclasses.replace(plan, input_shape=tuple(input_shape), tile_size=None, tiling="exact",
+    clip = planning.clip_of(model, plan.op, input_shape)
+    return dataclasses.replace(plan, input_shape=tuple(input_shape), clip=clip, tile_size=None, tiling="exact",
                                grid=(1, 1, plan.grid[2]))
 
 
-def _context(model, plan: planning.Plan, opts: Optimizations, steps: Steps, reference_hw, count: bool) -> StreamContext:
-    """A stream's context as `plan` says: its causal caches and exact tiling; counts its steps."""
-    ctx = StreamContext(opts)
-    _apply(model, ctx, plan, steps, reference_hw, count)
-    if count:
-        steps.replan(steps.chunks, steps.units_per_chunk(ctx.tiling))
-    return ctx
+def _steps(plan: Plan, progress: ProgressFn | None, cancel: CancelFn | None, partition: Partition, modules) -> Steps:
+    """Progress and cancellation of a run, cancellation agreed between the processes of a partition."""
+    return Steps(plan.grid[2], progress, lambda: partition.cancelled(bool(cancel and cancel())), _conv_count(modules))
 
 
-def _apply(model, ctx: StreamContext, plan: planning.Plan, steps: Steps, reference_hw, count: bool) -> None:
-    """Give the stream fresh causal caches where `plan` puts them and its exact tiling (None when one
-    tile covers the `reference_hw` frame). `count=False`: the stream is one tile of fast mode, counted
-    by its caller; its sub-tiles (after an out-of-memory retry) only check for cancellation."""
+def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Partition, chunks_left: int) -> None:
+    """Give the stream fresh causal caches where `plan` puts them and its execution strategy: the
+    partition's (row bands), exact tiles when the plan's tile is smaller than the (padded) frame, or
+    whole frames (None); recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
-    size = plan.tile_size
-    if size is None or (size[0] >= reference_hw[0] and size[1] >= reference_hw[1]):
-        ctx.tiling = None
+    ctx.first_chunk = True
+    frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
+    if isinstance(partition, RowBands):
+        ctx.execution = partition
+    elif tile is None or (tile[0] >= frame[0] and tile[1] >= frame[1]):
+        ctx.execution = None
     else:
-        ctx.tiling = ExactTiling(reference_hw, size, steps if count else steps.check)
+        ctx.execution = ExactTiles(frame, tile, steps)
+    steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
 
 
-def _stream(model, ctx: StreamContext, steps: Steps, plan: planning.Plan, n_lat: int, reference_hw, step,
-            count: bool) -> None:
-    """step(first, count, write) for consecutive runs of latent frames until done or step returns False.
+def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
+    """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames until
+    the clip is done or step returns False; the causal caches are closed at the end.
 
-    Out of memory inside a step makes a smaller plan (`recovery.smaller_plan`) and retries. No copy of
-    the causal caches is kept for that: it would double their memory, the largest part of a chunk's
-    peak. Instead the caches are rebuilt by running the finished latent frames again with the new
-    plan (`write=False`: their output is already written and stays). Every chunk after the first
-    has the same size, so an out-of-memory error nearly always comes in the second chunk and the
-    rebuild is the first chunk's single latent frame. The caches are closed at the end."""
+    Out of memory inside a step (where the partition allows it) goes on with a smaller plan, made by
+    `_recover`; the output written so far stays."""
+    n_lat, first = plan.clip.latent_frames, 0
+    _prepare(model, ctx, plan, steps, partition, plan.clip.chunks(plan.temporal_chunk))
     try:
-        lo, done = 0, 0  # caches hold frames [0, lo); output is written for [0, done)
-        while lo < n_lat:
-            replay = lo < done
-            n = min(plan.temporal_chunk, (done if replay else n_lat) - lo)
-            tiling, tile_step = ctx.tiling, None
-            if replay and tiling is not None:  # rebuilding: cancellable, but no progress to report
-                tile_step, tiling.step = tiling.step, steps.check
+        while first < n_lat:
+            n = min(plan.temporal_chunk, n_lat - first)
             try:
-                more = step(lo, n, not replay)
+                more = step(first, n, True)
             except (RuntimeError, MemoryError) as error:
-                if not is_oom(error):
+                if not (partition.recoverable and is_oom(error)):
                     raise
                 reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
             else:
                 ctx.first_chunk = False
-                lo += n
-                if replay:
-                    steps.check()
-                else:
-                    done = lo
-                    steps.chunk_done() if count else steps()
-                    if more is False:
-                        return
+                first += n
+                steps.chunk_done()
+                if more is False:
+                    return
                 continue
-            finally:
-                if tile_step is not None:
-                    tiling.step = tile_step
-            ctx.cache.close()
-            ctx.first_chunk, lo = True, 0
-            recovery.free_cached_memory(model.device)
-            plan = recovery.smaller_plan(model, plan, reason)
-            _apply(model, ctx, plan, steps, reference_hw, count)
-            if count:
-                steps.replan(-(-(n_lat - done) // plan.temporal_chunk), steps.units_per_chunk(ctx.tiling))
+            plan = _recover(model, ctx, steps, plan, partition, step, first, reason)
     finally:
         ctx.cache.close()  # the disk file of offloaded caches goes with it
+
+
+def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step, done: int,
+             reason: str) -> Plan:
+    """The plan to go on with after running out of memory with `plan` at latent frame `done`.
+
+    A smaller plan (`recovery.smaller_plan`: caches offloaded, then smaller exact tiles, then a shorter
+    chunk, up to its floor, where it raises), with the causal caches rebuilt by running latent frames
+    [0, done) again without writing them (their output is already written and stays). No copy of the
+    caches is kept for this: it would double their memory, the largest part of a chunk's peak. Every
+    chunk after the first has the same size, so an out-of-memory error nearly always comes in the
+    second chunk, and the rebuild is the first chunk's single latent frame."""
+    while True:
+        ctx.cache.close()
+        recovery.free_cached_memory(model.device)
+        plan = recovery.smaller_plan(model, plan, reason)
+        _prepare(model, ctx, plan, steps, partition, -(-(plan.clip.latent_frames - done) // plan.temporal_chunk))
+        try:
+            with steps.muted():  # cancellable, but no progress to report
+                for first in range(0, done, plan.temporal_chunk):
+                    step(first, min(plan.temporal_chunk, done - first), False)
+                    ctx.first_chunk = False
+            return plan
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            reason = str(error) or type(error).__name__
 
 
 def _with_half_fallback(model, op: str, run):
@@ -167,23 +177,9 @@ def _overflowed(y: torch.Tensor) -> bool:
     return y.dtype == torch.float16 and not bool(torch.isfinite(y).all())
 
 
-def encode(
-    model,
-    video: torch.Tensor,
-    temporal_chunk: int | None = None,
-    *,
-    tile_size=None,
-    tile_overlap=0,
-    tiling: str = "exact",
-    memory_budget=None,
-    cache_offload: str = "auto",
-    plan: planning.Plan | None = None,
-    opts: Optimizations | None = None,
-    return_logvar: bool = False,
-    out_device: torch.device | str | None = None,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-):
+def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
+           return_logvar: bool = False, out_device: torch.device | str | None = None, bands: RowBands | None = None,
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None):
     """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w.
 
     `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
@@ -192,14 +188,12 @@ def encode(
     Any T >= 1 is accepted: T is padded to the next 4n+1 by repeating the last frame and H, W to
     multiples of the spatial factor by edge replication, one chunk at a time (the padded clip is never
     materialised); `decode(model, z, num_frames=T, height=H, width=W)` undoes both.
-    How it runs is a `planning.Plan`: pass one (`plan=`), or the settings `planning.plan` makes it from:
-    `temporal_chunk` latent frames per step; `tile_size` and `tile_overlap` (pixels) tile the frame,
-    `tiling` "exact" (equals untiled) or "fast" (independent blended tiles); `memory_budget` (bytes or
-    "auto") picks the largest chunk and tile that fit, the given ones acting as upper limits;
-    `cache_offload` says where the causal caches wait between chunks: "none" (compute device),
-    "host" (pinned CPU memory, for GPUs), "disk", or "auto" (offloaded when a memory budget or an
-    out-of-memory retry needs it). Every setting gives the same result. `opts` chooses the kernels
-    (default: all optimizations on). With `return_logvar` the result is (mean, logvar).
+    How it runs is `how`: a `Plan` (from `vae.plan`), or the `Settings` the engine plans from itself
+    (default `Settings()`); every setting gives the same result. `opts` chooses the kernels (default:
+    all optimizations on). With `return_logvar` the result is (mean, logvar). `bands`
+    (`strategies.RowBands`): this process is one rank of a group that encodes the clip together, each
+    reading only its rows; rank 0 returns the result (or each rank its band: `RowBands(gather=False)`),
+    the others None.
     """
     video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
     b, c, t, h, w = video.shape
@@ -208,72 +202,84 @@ def encode(
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
     opts = opts or Optimizations()
-    out_device = video.device if out_device is None else torch.device(out_device)
-    settings = dict(temporal_chunk=temporal_chunk, tile_size=tile_size, tile_overlap=tile_overlap, tiling=tiling,
-                    memory_budget=memory_budget, cache_offload=cache_offload)
-    plan = _planned(model, "encode", video.shape, plan, settings, (video.device, out_device), opts)
     sf = model.spatial_factor
-    n_lat = geometry.latent_frames(t, model.temporal_factor)
+    partition = bands.start(-(-h // sf)) if bands is not None else WHOLE_FRAME
+    out_device = video.device if out_device is None else torch.device(out_device)
+    plan = _planned(model, "encode", video.shape, how, (video.device, out_device), opts, bands)
+    if bands is not None:
+        bands.agree((b, c, t, h, w, plan.temporal_chunk, int(bands.gather)), model.device, "video shapes or settings")
+    latent_h, latent_w = plan.clip.latent_hw
+    n_moments = 2 if return_logvar else 1
+    shape = (b, model.latent_channels, plan.clip.latent_frames, partition.output_rows(latent_h, 1), latent_w)
     out_dtype = video.dtype if video.dtype.is_floating_point else torch.float32
-    shape = (b, model.latent_channels, n_lat, -(-h // sf), -(-w // sf))
-    mean = torch.empty(shape, dtype=out_dtype, device=out_device)
-    logvar = torch.empty(shape, dtype=out_dtype, device=out_device) if return_logvar else None
+    outputs = [torch.empty(shape, dtype=out_dtype, device=out_device) for _ in range(n_moments)] \
+        if partition.delivers() else []
     grid = None
     if plan.tile_size and plan.tiling == "fast":
-        grid = geometry.fast_grid(shape[3], shape[4], plan.tile_size, plan.tile_overlap, sf)
+        grid = geometry.fast_grid(latent_h, latent_w, plan.tile_size, plan.tile_overlap, sf)
     if grid is not None and not isinstance(video, torch.Tensor):  # each tile would read the whole clip
         raise ValueError("fast tiling cannot stream from a frame source; use tiling='exact'")
 
     def run():
         if grid is None:
-            steps = Steps(plan.grid[2], progress, cancel, _conv_count(model.encode_modules()))
-            _encode_stream(model, video, mean, logvar, plan, opts, steps)
+            steps = _steps(plan, progress, cancel, partition, model.encode_modules())
+            _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition)
             return
         steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
 
         def encode_tile(pixels):
-            tile_shape = (b, model.latent_channels, n_lat, -(-pixels.shape[3] // sf), -(-pixels.shape[4] // sf))
-            m = torch.empty(tile_shape, dtype=out_dtype, device=out_device)
-            lv = torch.empty_like(m) if logvar is not None else None
-            _encode_stream(model, pixels, m, lv, _stream_plan(plan, pixels.shape), opts, steps, count=False)
-            return (m, lv) if lv is not None else (m,)
+            tile_plan = _stream_plan(model, plan, pixels.shape)
+            tile_h, tile_w = tile_plan.clip.latent_hw
+            parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
+            _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, Steps(tile_plan.grid[2], None, cancel),
+                           WHOLE_FRAME)
+            return parts
 
-        encode_fast(video, mean, logvar, grid, sf, encode_tile, steps.check)
+        encode_fast(video, outputs, grid, sf, encode_tile, steps.check)
 
     with torch.inference_mode():
         _with_half_fallback(model, "encode", run)
+    if not outputs:
+        return None
     if image:
-        mean = mean.squeeze(2)
-        logvar = logvar.squeeze(2) if logvar is not None else None
-    return (mean, logvar) if return_logvar else mean
+        outputs = [o.squeeze(2) for o in outputs]
+    return tuple(outputs) if return_logvar else outputs[0]
 
 
-def _encode_stream(model, video, mean, logvar, plan: planning.Plan, opts, steps: Steps, count: bool = True) -> None:
-    """Temporal chunks of `video` through the encoder into the preallocated `mean` (and `logvar`),
-    exactly tiled when the plan's tile is smaller than the (padded) frame."""
+def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
+                   partition: Partition) -> None:
+    """Temporal chunks of `video` (B,3,T,H,W, or a frame source) through the encoder into the
+    preallocated `outputs` (mean, then logvar; none on a process that delivers nothing), reading
+    the rows of the partition, padded as `encode` says."""
     t, h, w = video.shape[2:]
-    sf, tf = model.spatial_factor, model.temporal_factor
-    hp, wp = mean.shape[3] * sf, mean.shape[4] * sf
-    device, dtype = model.device, model.encode_dtype
-    ctx = _context(model, plan, opts, steps, (hp, wp), count)
+    clip = plan.clip
+    rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
+    real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
+    ctx = StreamContext(opts)
 
     def step(first, n, write):
-        start, stop = geometry.pixel_span(first, n, tf)
+        start, stop = geometry.pixel_span(first, n, clip.temporal_factor)
         # Frames past the end repeat the last real frame (T -> next 4n+1).
         index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
-        x = video.index_select(2, index).to(device=device, dtype=dtype)
-        if hp != h or wp != w:
-            x = F.pad(x, (0, wp - w, 0, hp - h, 0, 0), mode="replicate")
-        m, lv = model.encode_chunk(x, ctx)
-        if _overflowed(m):
+        if isinstance(video, torch.Tensor):
+            x = video[..., real[0]:real[1], :].index_select(2, index)
+        else:  # a frame source reads whole frames
+            x = video.index_select(2, index)[..., real[0]:real[1], :]
+        x = x.to(device=model.device, dtype=model.encode_dtype)
+        pad_rows, pad_cols = rows[1] - real[1], clip.width - w
+        if pad_rows or pad_cols:  # edge replication, B,3,t,rows,W -> B,3,t,rows+pad_rows,W+pad_cols
+            x = F.pad(x, (0, pad_cols, 0, pad_rows, 0, 0), mode="replicate")
+        moments = model.encode_chunk(x, ctx)
+        if _overflowed(moments[0]):
             raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
         if not write:
             return
-        mean[:, :, first:first + m.shape[2]] = m
-        if logvar is not None:
-            logvar[:, :, first:first + lv.shape[2]] = lv
+        for i, part in enumerate(moments[:n_moments]):
+            whole = partition.collect(part, 1)
+            if whole is not None:
+                outputs[i][:, :, first:first + whole.shape[2]] = whole
 
-    _stream(model, ctx, steps, plan, mean.shape[2], (hp, wp), step, count)
+    _stream(model, ctx, steps, plan, partition, step)
 
 
 def _nonfinite_frames(z: torch.Tensor) -> list[int]:
@@ -284,42 +290,8 @@ def _nonfinite_frames(z: torch.Tensor) -> list[int]:
     return torch.nonzero(~finite).flatten().tolist()
 
 
-def decode(
-    model,
-    z: torch.Tensor,
-    temporal_chunk: int | None = None,
-    *,
-    num_frames: int | None = None,
-    height: int | None = None,
-    width: int | None = None,
-    tile_size=None,
-    tile_overlap=0,
-    tiling: str = "exact",
-    memory_budget=None,
-    cache_offload: str = "auto",
-    plan: planning.Plan | None = None,
-    opts: Optimizations | None = None,
-    nonfinite: str = "error",
-    out: torch.Tensor | None = None,
-    out_device: torch.device | str | None = None,
-    out_dtype: torch.dtype | None = None,
-    sink: SinkFn | None = None,
-    progress: ProgressFn | None = None,
-    cancel: CancelFn | None = None,
-) -> torch.Tensor | None:
-    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
-
-    `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
-    are written straight into a preallocated buffer (`out`, or a new one on `out_device`), or, with
-    `sink`, handed over as they are decoded: `sink(first, frames)` gets frames B,3,k,H,W (on the
-    compute device, not clamped, to be copied before it returns) starting at frame `first`, and
-    decode returns None. A rerun (fp16 overflow) starts again at frame 0; only exact tiling streams.
-    `plan` or the settings it is made from (`tile_size` / `tile_overlap` in output pixels), and
-    `opts`, as in `encode`.
-    A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
-    values are then replaced by 0 (with a warning) and the clip is decoded.
-    """
-    z, image = _as_video(z, "decode input")
+def _checked_latent(model, z: torch.Tensor, nonfinite: str) -> torch.Tensor:
+    """z (B,C,T',h,w) after the checks `decode` documents; NaN/Inf set to 0 with nonfinite="zero"."""
     b, c, n_lat, h, w = z.shape
     if c != model.latent_channels:
         raise ValueError(
@@ -337,77 +309,111 @@ def decode(
     if bad:
         message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
         log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
         z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
+    return z
+
+
+def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
+           num_frames: int | None = None, height: int | None = None, width: int | None = None,
+           nonfinite: str = "error", out: torch.Tensor | None = None, out_device: torch.device | str | None = None,
+           out_dtype: torch.dtype | None = None, sink: SinkFn | None = None, bands: RowBands | None = None,
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> torch.Tensor | None:
+    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
+
+    `how` and `opts` as in `encode` (tiles in output pixels). `num_frames`, `height`, `width` trim
+    the output (to undo `encode`'s padding); the decoded chunks are written straight into a
+    preallocated buffer (`out`, or a new one on `out_device`), or, with `sink`, handed over as they are
+    decoded: `sink(first, frames)` gets frames B,3,k,H,W (on the compute device, not clamped, to be
+    copied before it returns) starting at frame `first`, and decode returns None. A rerun (fp16
+    overflow) starts again at frame 0; only exact tiling streams.
+    A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
+    values are then replaced by 0 (with a warning) and the clip is decoded. `bands` as in `encode`:
+    each rank decodes its rows, rank 0 receives whole frames (or each rank its band of output rows,
+    cut at `height`), the others return None.
+    """
+    z, image = _as_video(z, "decode input")
+    z = _checked_latent(model, z, nonfinite)
+    b, c, n_lat, h, w = z.shape
     opts = opts or Optimizations()
-    where_out = out.device if out is not None else (z.device if out_device is None else out_device)
-    settings = dict(temporal_chunk=temporal_chunk, tile_size=tile_size, tile_overlap=tile_overlap, tiling=tiling,
-                    memory_budget=memory_budget, cache_offload=cache_offload)
-    plan = _planned(model, "decode", z.shape, plan, settings, (z.device, where_out), opts)
     sf = model.spatial_factor
-    full_t, full_h, full_w = geometry.pixel_frames(n_lat, model.temporal_factor), h * sf, w * sf
-    t_out = full_t if num_frames is None else num_frames
-    h_out = full_h if height is None else height
-    w_out = full_w if width is None else width
-    for name, value, limit in (("num_frames", t_out, full_t), ("height", h_out, full_h), ("width", w_out, full_w)):
+    partition = bands.start(h) if bands is not None else WHOLE_FRAME
+    where_out = out.device if out is not None else (z.device if out_device is None else out_device)
+    plan = _planned(model, "decode", z.shape, how, (z.device, where_out), opts, bands)
+    clip = plan.clip
+    t_out = clip.frames if num_frames is None else num_frames
+    h_out = clip.height if height is None else height
+    w_out = clip.width if width is None else width
+    for name, value, limit in (("num_frames", t_out, clip.frames), ("height", h_out, clip.height),
+                               ("width", w_out, clip.width)):
         if not 1 <= value <= limit:
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
-    shape = (b, 3, t_out, h_out, w_out)
+    if bands is not None:
+        bands.agree((b, c, n_lat, h, w, plan.temporal_chunk, int(bands.gather)), model.device,
+                    "latent shapes or settings")
+    shape = (b, 3, t_out, partition.output_rows(h_out, sf), w_out)
     grid = None
     if plan.tile_size and plan.tiling == "fast":
         grid = geometry.fast_grid(h, w, plan.tile_size, plan.tile_overlap, sf)
     if sink is not None and (out is not None or grid is not None):  # fast: each tile spans the clip
         raise ValueError("decode takes out or sink, not both, and streams to a sink with tiling='exact' only")
-    if out is None and sink is None:
+    if out is None and sink is None and partition.delivers():
         dtype = out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32)
         out = torch.empty(shape, dtype=dtype, device=z.device if out_device is None else out_device)
     elif out is not None and tuple(out.shape) != shape:
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    deliver = sink or (lambda first, frames: _write_into(out, first, frames))
 
     def run():
         if grid is None:
-            steps = Steps(plan.grid[2], progress, cancel, _conv_count(model.decode_modules()))
-            _decode_stream(model, z, shape[2:], sink or partial(_write_into, out), plan, opts, steps)
+            steps = _steps(plan, progress, cancel, partition, model.decode_modules())
+            _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition)
             return
         steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
 
         def decode_tile(zt):
-            tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
-            _decode_stream(model, zt, tile_out.shape[2:], partial(_write_into, tile_out), _stream_plan(plan, zt.shape),
-                           opts, steps, count=False)
+            tile_plan = _stream_plan(model, plan, zt.shape)
+            tile_out = torch.empty((b, 3, t_out, tile_plan.clip.height, tile_plan.clip.width), dtype=out.dtype,
+                                   device=out.device)
+            _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
+                           tile_plan, opts, Steps(tile_plan.grid[2], None, cancel), WHOLE_FRAME)
             return tile_out
 
         decode_fast(model, z, out, grid, decode_tile, steps.check)
 
     with torch.inference_mode():
         _with_half_fallback(model, "decode", run)
-    return None if sink is not None else out.squeeze(2) if image else out
+    if out is None or sink is not None:
+        return None
+    return out.squeeze(2) if image else out
 
 
 def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
     out[:, :, first:first + frames.shape[2]] = frames
 
 
-def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: planning.Plan, opts, steps: Steps,
-                   count: bool = True) -> None:
-    """Temporal chunks of `z` through the decoder, cropped to `size_thw` (frames, height, width) and
-    handed to `deliver(first, frames)`, exactly tiled when the plan's tile is smaller than the frame."""
+def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition) -> None:
+    """Temporal chunks of `z` (B,C,T',h,w: the partition's rows of it) through the decoder, cropped to
+    `size_thw` (frames, height, width: rows of the partition's output) and handed to
+    `deliver(first, frames)` where the partition delivers."""
     t_out, h_out, w_out = size_thw
-    reference = (z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor)
-    device, dtype = model.device, model.decode_dtype
-    ctx = _context(model, plan, opts, steps, reference, count)
+    rows = partition.rows(1)
+    part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
+    ctx = StreamContext(opts)
     pos = 0
 
     def step(first, n, write):
         nonlocal pos
-        y = model.decode_chunk(z[:, :, first:first + n].to(device=device, dtype=dtype), ctx)
+        y = model.decode_chunk(part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype), ctx)
         if _overflowed(y):
             raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
         if not write:
             return True
-        k = min(y.shape[2], t_out - pos)
-        deliver(pos, y[:, :, :k, :h_out, :w_out])
+        k = max(0, min(y.shape[2], t_out - pos))
+        frames = partition.collect(y[:, :, :k, :, :w_out], plan.clip.spatial_factor)  # every rank takes part
+        if frames is not None and k:
+            deliver(pos, frames[..., :h_out, :])
         pos += k
         return pos < t_out
 
-    _stream(model, ctx, steps, plan, z.shape[2], reference, step, count)
+    _stream(model, ctx, steps, plan, partition, step)

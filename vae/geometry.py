@@ -4,6 +4,7 @@ engine and out-of-memory recovery share, so that each rule has one home.
 Frames: pixel frames and latent frames correspond as 0 <-> 0 and latent i <-> pixels 4i-3..4i
 (temporal factor 4), so a clip of T pixel frames is padded to the next 4n+1 and has (T-1)/4 + 1
 latent frames. Sizes: a frame is padded to a multiple of the spatial factor f (8; 16 for Wan2.2).
+A run derives these once from its input shape, as a `Clip`, which its plan carries.
 
 Tiles are given in pixels of the video side (decode output, encode input), an int or an (h, w) pair.
 Exact tiles cut every layer along the same grid (`exact_cuts`, mapped per layer by `layer_spans`);
@@ -11,6 +12,8 @@ fast tiles are overlapping latent tiles blended afterwards (`fast_grid`). One ru
 are valid (`tiling_error`): at least MIN_TILE_CELLS latent cells a side, and an overlap smaller than
 the tile.
 """
+from dataclasses import dataclass
+
 TILING_MODES = ("exact", "fast")
 # The smallest tile, in latent cells a side. Smaller exact tiles cost far more time than they save
 # (each conv's halo becomes most of the tile); fast tiles of fewer cells are mostly overlap.
@@ -49,14 +52,36 @@ def padded(size: int, factor: int) -> int:
     return -(-size // factor) * factor
 
 
-def frame_size(op: str, input_shape, spatial_factor: int, temporal_factor: int = 4) -> tuple[int, int, int]:
-    """(latent frames, video height, video width) of an engine input (encode: pixels B,3,T,H,W;
-    decode: a latent B,C,T',h,w), the video padded to whole latent cells."""
-    if op == "decode":
-        _, _, n_lat, h, w = input_shape
-        return n_lat, h * spatial_factor, w * spatial_factor
-    _, _, frames, height, width = input_shape
-    return latent_frames(frames, temporal_factor), padded(height, spatial_factor), padded(width, spatial_factor)
+@dataclass(frozen=True)
+class Clip:
+    """The frames and sizes of one encode/decode, derived once from its engine input (encode: pixels
+    B,3,T,H,W; decode: a latent B,C,T',h,w) and carried by its plan, so nothing derives them again."""
+
+    op: str
+    batch: int
+    frames: int         # pixel frames: the encode input's T (before 4n+1 padding), or what a decode makes
+    latent_frames: int
+    height: int         # video rows and columns, padded to whole latent cells
+    width: int
+    spatial_factor: int
+    temporal_factor: int
+
+    @classmethod
+    def of(cls, op: str, input_shape, spatial_factor: int, temporal_factor: int = 4) -> "Clip":
+        b, _, t, h, w = input_shape
+        if op == "decode":
+            return cls(op, b, pixel_frames(t, temporal_factor), t, h * spatial_factor, w * spatial_factor,
+                       spatial_factor, temporal_factor)
+        return cls(op, b, t, latent_frames(t, temporal_factor), padded(h, spatial_factor), padded(w, spatial_factor),
+                   spatial_factor, temporal_factor)
+
+    @property
+    def latent_hw(self) -> Pair:
+        return self.height // self.spatial_factor, self.width // self.spatial_factor
+
+    def chunks(self, temporal_chunk: int) -> int:
+        """Steps of `temporal_chunk` latent frames over the clip."""
+        return -(-self.latent_frames // temporal_chunk)
 
 
 def input_shape(op: str, frames: int, height: int, width: int, latent_channels: int, spatial_factor: int,
@@ -100,16 +125,6 @@ def tiling_error(tile_size, tile_overlap=0, tiling: str = "exact", spatial_facto
         return (f"tile_overlap {tile_overlap!r} must be smaller than tile_size {tile_size!r} (and not negative): a "
                 f"quarter of the tile is typical (exact tiles need none)")
     return None
-
-
-def check_tiling(tile_size, tile_overlap, tiling: str, spatial_factor: int) -> tuple[Pair | None, Pair | None]:
-    """(size, overlap) as pairs, or (None, None) untiled; ValueError with `tiling_error`'s message."""
-    error = tiling_error(tile_size, tile_overlap, tiling, spatial_factor)
-    if error is not None:
-        raise ValueError(error)
-    if not tile_size:
-        return None, None
-    return as_pair(tile_size), as_pair(tile_overlap or 0)
 
 
 def exact_cuts(reference: int, tile: int) -> list[int]:

@@ -107,7 +107,7 @@ class FrameSelfAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        return ctx.tiling.attention(self, x, ctx) if ctx.tiling is not None else self.attend(x, ctx)
+        return ctx.execution.attention(self, x, ctx) if ctx.execution is not None else self.attend(x, ctx)
 
     def attend(self, x: torch.Tensor, ctx: StreamContext, rows: slice = slice(None)) -> torch.Tensor:
         """x (B,C,T,H,W, whole frames) + attention output, for the query positions in `rows` only

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .blocks import StreamContext
-from .geometry import as_pair, frame_size, pixel_frames
+from .geometry import Clip, as_pair, pixel_frames
 from .optimizations import Optimizations, conv as opt_conv, winograd
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
@@ -102,20 +102,18 @@ def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
     return min(total, winograd.filter_cache(opts.winograd_cache_bytes).limit_bytes)
 
 
-def _geometry(model, op: str, shape):
-    """(batch, latent frames, video height, video width, (input, output) buffer elements)."""
-    n_lat, height, width = frame_size(op, shape, model.spatial_factor, model.temporal_factor)
-    frames = pixel_frames(n_lat, model.temporal_factor) if op == "decode" else shape[2]
-    b = shape[0]
-    video = b * 3 * frames * height * width
-    latent = b * model.latent_channels * n_lat * (height // model.spatial_factor) * (width // model.spatial_factor)
-    return b, n_lat, height, width, (latent, video) if op == "decode" else (video, latent)
+def _io_elements(model, clip: Clip) -> tuple[int, int]:
+    """Elements of the whole (input, output) of the op: pixels and latent."""
+    video = clip.batch * 3 * clip.frames * clip.height * clip.width
+    h, w = clip.latent_hw
+    latent = clip.batch * model.latent_channels * clip.latent_frames * h * w
+    return (latent, video) if clip.op == "decode" else (video, latent)
 
 
-def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
+def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
              cache_offload: str = "none", io_on_device: tuple[bool, bool] = (True, True),
              opts: Optimizations | None = None) -> int:
-    """Predicted peak bytes on the compute device for one encode/decode with these settings.
+    """Predicted peak bytes on the compute device for one encode/decode of `clip` with these settings.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
@@ -126,10 +124,10 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     """
     opts = opts or Optimizations()
     device = torch.device(device) if device is not None else model.device
+    op, b, n_lat, height, width = clip.op, clip.batch, clip.latent_frames, clip.height, clip.width
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     elem = torch.finfo(dtype).bits // 8
-    b, n_lat, height, width, io_elements = _geometry(model, op, shape)
-    buffers = sum(n for n, here in zip(io_elements, io_on_device) if here)
+    buffers = sum(n for n, here in zip(_io_elements(model, clip), io_on_device) if here)
     frames = model.temporal_factor * min(temporal_chunk, n_lat)  # pixel frames of a full chunk
     tile_pixels = 0
     if tile_size is not None:

@@ -1,10 +1,11 @@
 """The plan of one encode/decode, computed once: temporal chunk, tile grid, where the causal caches
 wait between chunks, and the predicted peak memory on the compute device.
 
-`plan()` is the one place these are decided. The nodes call it once per run, show it, reserve memory
-with it and hand it to the engine (`engine.encode/decode(plan=...)`); the web preview calls it for
-its readout; the engine calls it itself when it is given settings instead of a plan. A `Plan` is
-immutable: out-of-memory recovery makes a smaller one (`recovery.smaller_plan`).
+What a caller asks for is a `Settings` value (the user's knobs, validated once); `plan()` turns it
+into a `Plan` and is the one place these are decided. The nodes call it once per run, show it,
+reserve memory with it and hand it to the engine (`engine.encode/decode(model, x, plan)`); the web
+preview calls it for its readout; the engine calls it itself when it is given settings instead of a
+plan. Both are immutable: out-of-memory recovery makes a smaller plan (`recovery.smaller_plan`).
 
 With a memory budget the largest settings that fit are chosen, the given ones acting as upper
 limits: untiled with the largest temporal chunk, then untiled with the causal caches offloaded,
@@ -15,11 +16,13 @@ no calibration for gets the given settings and no peak.
 import dataclasses
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 from . import geometry, memory
 from .causal_cache import check_offload
+from .geometry import Clip
 from .devices import host_free
 from .optimizations import Optimizations, kernel_choice
 
@@ -32,20 +35,55 @@ log = logging.getLogger("streamvae")
 
 
 @dataclass(frozen=True)
+class Settings:
+    """How to run one encode/decode, as a caller asks for it; `plan()` turns it into a `Plan`.
+
+    `temporal_chunk`: latent frames per step (None: the most that fit the budget, else 1).
+    `tile_size` / `tile_overlap`: pixels of the video side, an int or (h, w); None or 0 = untiled.
+    `tiling`: "exact" (equals untiled) or "fast" (independent blended tiles). `memory_budget`: bytes,
+    "auto" (free memory minus a margin) or None (no limit): the largest settings that fit are chosen,
+    the given ones acting as upper limits. `cache_offload`: where the causal caches wait between
+    chunks, "none" (compute device), "host" (pinned CPU memory, for GPUs), "disk", or "auto"
+    (offloaded when a budget or an out-of-memory retry needs it). Every setting gives the same
+    result. Values are checked here, with what to do; the family's smallest tile when planning.
+    """
+
+    temporal_chunk: int | None = None
+    tile_size: geometry.Pair | None = None
+    tile_overlap: geometry.Pair = (0, 0)
+    tiling: str = "exact"
+    memory_budget: int | str | None = None
+    cache_offload: str = "auto"
+
+    def __post_init__(self):
+        check_chunk(self.temporal_chunk)
+        check_offload(self.cache_offload)
+        check_budget(self.memory_budget)
+        error = geometry.tiling_error(self.tile_size, self.tile_overlap, self.tiling)
+        if error is not None:
+            raise ValueError(error)
+        # normalised: tiles as (h, w) pairs or None
+        object.__setattr__(self, "tile_size", geometry.as_pair(self.tile_size) if self.tile_size else None)
+        object.__setattr__(self, "tile_overlap", geometry.as_pair(self.tile_overlap or 0))
+
+
+@dataclass(frozen=True)
 class Plan:
     """How one encode/decode runs and what it is predicted to cost on the compute device.
 
-    `input_shape`: the engine input (pixels B,3,T,H,W for encode, a latent B,C,T',h,w for decode).
-    Tiles are in pixels of the video side. `cache_offload` is where the causal caches wait between
-    chunks ("none": the compute device, "host", "disk"); `offload_fallback` where an out-of-memory
-    retry may move them (None: the user chose). `peak_bytes` and `fits` are None where the memory
-    model has no calibration; `tried` lists the settings that ran out of memory before this plan.
-    `kernel_choice` is how each layer's exact kernel is picked ("measure": the fastest measured on this
-    machine, `kernels_on_record` layer shapes of which are measured already; "defaults": fixed rules).
+    `input_shape`: the engine input (pixels B,3,T,H,W for encode, a latent B,C,T',h,w for decode),
+    `clip` its frames and sizes. Tiles are in pixels of the video side. `cache_offload` is where the
+    causal caches wait between chunks ("none": the compute device, "host", "disk"); `offload_fallback`
+    where an out-of-memory retry may move them (None: the user chose). `peak_bytes` and `fits` are None
+    where the memory model has no calibration; `tried` lists the settings that ran out of memory before
+    this plan. `kernel_choice` is how each layer's exact kernel is picked ("measure": the fastest
+    measured on this machine, `kernels_on_record` layer shapes of which are measured already;
+    "defaults": fixed rules).
     """
 
     op: str
     input_shape: tuple[int, ...]
+    clip: Clip
     temporal_chunk: int
     tile_size: geometry.Pair | None
     tile_overlap: geometry.Pair
@@ -117,14 +155,17 @@ def budget_from_free(free: int) -> int:
     return max(0, free - max(int(free * AUTO_MARGIN), AUTO_MARGIN_MIN))
 
 
+def check_budget(memory_budget) -> None:
+    if memory_budget not in (None, "auto") and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
+                                                or memory_budget <= 0):
+        raise ValueError(f"memory_budget must be None, 'auto' or a positive number of bytes, got {memory_budget!r}")
+
+
 def resolve_budget(memory_budget, device) -> int | None:
     """None (no limit), bytes, or "auto" (free memory minus a margin) -> bytes or None."""
-    if memory_budget is None:
-        return None
+    check_budget(memory_budget)
     if memory_budget == "auto":
         return budget_from_free(free_memory(device))
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be None, 'auto' or a positive number of bytes, got {memory_budget!r}")
     return memory_budget
 
 
@@ -141,64 +182,70 @@ def check_chunk(temporal_chunk) -> None:
         raise ValueError(f"temporal_chunk must be a positive number of latent frames, got {temporal_chunk!r}")
 
 
-def grid(model, op: str, input_shape, temporal_chunk: int, tile_size, tile_overlap, tiling: str) -> tuple[int, int, int]:
-    n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
-    rows, cols = geometry.tile_grid(height, width, tile_size, tile_overlap, tiling, model.spatial_factor)
-    return rows, cols, -(-n_lat // temporal_chunk)
+def grid(clip: Clip, temporal_chunk: int, tile_size, tile_overlap, tiling: str) -> tuple[int, int, int]:
+    rows, cols = geometry.tile_grid(clip.height, clip.width, tile_size, tile_overlap, tiling, clip.spatial_factor)
+    return rows, cols, clip.chunks(temporal_chunk)
 
 
-def plan(model, op: str, input_shape, *, temporal_chunk=None, tile_size=None, tile_overlap=0, tiling="exact",
-         memory_budget=None, device=None, cache_offload="auto", io_on_device=(True, True),
-         opts: Optimizations | None = None) -> Plan:
-    """The plan for `op` ("encode"/"decode") of an input of `input_shape` on `device` (default: the
-    model's). Without a budget the given settings are kept (temporal_chunk None -> 1, cache_offload
-    "auto" -> on the device, offloaded by an out-of-memory retry); with one (bytes or "auto"), the
-    largest that fit, the given ones acting as upper limits. `io_on_device`: whether the whole input
-    and the whole output live on the compute device (`memory.estimate`). Raises ValueError for
-    invalid settings, with what to do."""
+def clip_of(model, op: str, input_shape) -> Clip:
+    """The frames and sizes of `op` on an engine input of `input_shape` for `model`'s family."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    check_offload(cache_offload)
-    check_chunk(temporal_chunk)
-    given_tile, overlap = geometry.check_tiling(tile_size, tile_overlap, tiling, model.spatial_factor)
-    overlap = overlap or (0, 0)
+    return Clip.of(op, tuple(input_shape), model.spatial_factor, model.temporal_factor)
+
+
+def plan(model, op: str, input_shape, settings: Settings | None = None, *, device=None, io_on_device=(True, True),
+         opts: Optimizations | None = None) -> Plan:
+    """The plan for `op` ("encode"/"decode") of an input of `input_shape` on `device` (default: the
+    model's), as `settings` (default `Settings()`) ask. Without a budget the given settings are kept
+    (temporal_chunk None -> 1, cache_offload "auto" -> on the device, offloaded by an out-of-memory
+    retry); with one, the largest that fit. `io_on_device`: whether the whole input and the whole
+    output live on the compute device (`memory.estimate`). Raises ValueError for settings this family
+    cannot run, with what to do."""
+    settings = settings or Settings()
+    clip = clip_of(model, op, input_shape)
+    error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)
+    if error is not None:
+        raise ValueError(error)
+    given_tile, overlap, tiling = settings.tile_size, settings.tile_overlap, settings.tiling
     device = torch.device(device) if device is not None else model.device
     opts = opts or Optimizations()
-    budget = resolve_budget(memory_budget, device)
-    n_lat, height, width = geometry.frame_size(op, input_shape, model.spatial_factor, model.temporal_factor)
+    budget = resolve_budget(settings.memory_budget, device)
     target = offload_target(device)
     weights = memory.weight_bytes(model)
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
+    cache_offload = settings.cache_offload
 
     def make(chunk, tile, offload, peak=None):
         fallback = target if cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
-        return Plan(op, tuple(input_shape), chunk, tile, overlap, tiling, offload, fallback,
-                    grid(model, op, input_shape, chunk, tile, overlap, tiling), peak, budget, fits, weights,
+        return Plan(op, tuple(input_shape), clip, chunk, tile, overlap, tiling, offload, fallback,
+                    grid(clip, chunk, tile, overlap, tiling), peak, budget, fits, weights,
                     kernel_choice=opts.kernel_choice, kernels_on_record=on_record)
 
     def estimated(chunk, tile, offload):
-        peak = memory.estimate(model, op, input_shape, chunk, tile, tiling, device, offload, io_on_device, opts)
+        peak = memory.estimate(model, clip, chunk, tile, tiling, device, offload, io_on_device, opts)
         return make(chunk, tile, offload, peak)
 
     offloads = ["none"] if cache_offload == "auto" else [cache_offload]
     if cache_offload == "auto" and memory.cache_calibrated(model, op, device.type):
         offloads.append(target)
+    n_lat = clip.latent_frames
     try:
         if budget is None:
-            return estimated(min(temporal_chunk or 1, n_lat), given_tile, offloads[0])
-        return _fit(model, estimated, offloads, n_lat, (height, width), temporal_chunk, given_tile, overlap, tiling)
+            return estimated(min(settings.temporal_chunk or 1, n_lat), given_tile, offloads[0])
+        return _fit(model, estimated, offloads, clip, settings.temporal_chunk, given_tile, overlap, tiling)
     except KeyError as missing:  # no calibration for this family/op/mode/device
         why = missing.args[0] if missing.args else missing
         if budget is not None:
             _warn_once(f"StreamVAE {op}: memory budget ignored ({why}); an out-of-memory error still shrinks the run")
-        return make(min(temporal_chunk or 1, n_lat), given_tile, offloads[0])
+        return make(min(settings.temporal_chunk or 1, n_lat), given_tile, offloads[0])
 
 
-def _fit(model, estimated, offloads, n_lat, frame_hw, temporal_chunk, given_tile, overlap, tiling) -> Plan:
+def _fit(model, estimated, offloads, clip: Clip, temporal_chunk, given_tile, overlap, tiling) -> Plan:
     """The first plan that fits the budget, in the order of the module docstring; if none does, the
     fastest of the smallest ones within NEAR_LOWEST of the lowest peak (marked fits=False)."""
-    height, width = frame_hw
+    height, width, n_lat = clip.height, clip.width, clip.latent_frames
     max_chunk = min(temporal_chunk or n_lat, n_lat)
     chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
 
@@ -225,10 +272,7 @@ def _fit(model, estimated, offloads, n_lat, frame_hw, temporal_chunk, given_tile
     return next(candidate for candidate in smallest_plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
 
 
-_warned: set[str] = set()
-
-
+@lru_cache(maxsize=64)
 def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        log.warning(message)
+    """Log `message` the first time (a bounded cache of what was said: the planner runs per preview)."""
+    log.warning(message)

@@ -1,6 +1,7 @@
 """Progress and cancellation of an encode/decode: the engine counts units of work (tile x chunk),
 reports (done, total) to a callback and stops when a cancel callback says so.
 """
+import contextlib
 from typing import Callable
 
 ProgressFn = Callable[[int, int], None]
@@ -14,23 +15,32 @@ class Cancelled(RuntimeError):
 class Steps:
     """Counts units of work (tile x chunk), reports (done, total) and honours cancellation.
 
-    A chunk is `per_chunk` units: one per tile of every tiled conv under exact tiling (`convs`
-    tiled convs per chunk; `chunk_done` realigns the count at the end of each chunk), else one.
+    A chunk is `per_chunk` units: one per step of every conv under a strategy that steps per tile
+    (`convs` convs per chunk; `chunk_done` realigns the count at the end of each chunk), else one.
+    While `muted` (work that is redone, or that a caller counts itself) units only check cancellation.
     """
 
     def __init__(self, chunks: int, progress: ProgressFn | None, cancel: CancelFn | None, convs: int = 0):
         self.chunks, self.chunks_done, self.per_chunk, self.done, self.convs = chunks, 0, 1, 0, convs
         self.progress, self.cancel = progress, cancel
+        self.silent = False
 
     @property
     def total(self) -> int:
         return self.chunks * self.per_chunk
 
-    def units_per_chunk(self, tiling) -> int:
-        if tiling is None:
-            return 1
-        rows, cols = tiling.grid
-        return max(1, self.convs * rows * cols)
+    def units_per_chunk(self, execution) -> int:
+        """Units of one chunk under `execution` (a strategies.Execution, or None: whole frames)."""
+        return 1 if execution is None else max(1, self.convs * execution.steps_per_conv())
+
+    @contextlib.contextmanager
+    def muted(self):
+        """Within the block, units and chunks report nothing; cancellation is still checked."""
+        silent, self.silent = self.silent, True
+        try:
+            yield
+        finally:
+            self.silent = silent
 
     def replan(self, chunks_left: int, per_chunk: int) -> None:
         """Settings changed mid-stream (out-of-memory retry): recount what is left."""
@@ -48,12 +58,18 @@ class Steps:
     def __call__(self) -> None:
         """One unit done (a tile of a conv, or a chunk of a fast-mode tile), then check cancellation.
         Under exact tiling the last unit of a chunk is left for `chunk_done`, as the estimate may be high."""
+        if self.silent:
+            self.check()
+            return
         if self.done % self.per_chunk != self.per_chunk - 1 or self.per_chunk == 1:
             self.done = min(self.done + 1, self.total)
             self._report()
         self.check()
 
     def chunk_done(self) -> None:
+        if self.silent:
+            self.check()
+            return
         self.chunks_done += 1
         self.done = self.chunks_done * self.per_chunk
         self._report()

@@ -6,8 +6,8 @@
   finished frames again without writing them (see `engine._stream`). Exact tiling gives the
   untiled result, so a retry never changes the output.
 - fp16 overflow (non-finite output from finite input, the "black frames" complaint): the op is rerun
-  in bf16 where the device computes it natively, else in float32, and the model stays there; said
-  once per model.
+  in bf16 where the device computes it natively, else in float32, and the model stays there (said
+  when it happens: a model that fell back no longer computes in fp16, so it happens once).
 """
 import dataclasses
 import gc
@@ -44,9 +44,9 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     user left that open: `Plan.offload_fallback`), else exact tiles of half the size down to the
     smallest valid tile (`geometry.min_tile`), else half the temporal chunk. Raises OutOfMemory at the
     floor, listing what was tried. `reason`: the out-of-memory message."""
-    n_lat, height, width = geometry.frame_size(plan.op, plan.input_shape, model.spatial_factor, model.temporal_factor)
+    frame = (plan.clip.height, plan.clip.width)
     floor = geometry.min_tile(model.spatial_factor)
-    current = tuple(min(side, full) for side, full in zip(plan.tile_size or (height, width), (height, width)))
+    current = tuple(min(side, full) for side, full in zip(plan.tile_size or frame, frame))
     chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
     if fallback is not None:
         offload, fallback = fallback, None
@@ -62,13 +62,10 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
             f"Last error: {reason.splitlines()[0]}")
     smaller = dataclasses.replace(
         plan, temporal_chunk=chunk, tile_size=tile, tiling="exact", cache_offload=offload, offload_fallback=fallback,
-        grid=grid(model, plan.op, plan.input_shape, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
+        grid=grid(plan.clip, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
         fits=None, tried=(*plan.tried, plan.settings()))
     log.warning("StreamVAE: out of memory; retrying the chunk with %s", smaller.settings())
     return smaller
-
-
-_half_fallbacks_reported: set[int] = set()
 
 
 def half_fallback_dtype(device: torch.device) -> torch.dtype:
@@ -77,13 +74,11 @@ def half_fallback_dtype(device: torch.device) -> torch.dtype:
 
 
 def fall_back_from_half(model, op: str) -> torch.dtype:
-    """Switch the model's `op` ("encode"/"decode") compute from fp16 to the fallback dtype; warns once per model."""
+    """Switch the model's `op` ("encode"/"decode") compute from fp16 to the fallback dtype, and say so."""
     dtype = half_fallback_dtype(model.device)
     model.set_dtypes(**{op: dtype})
-    if id(model) not in _half_fallbacks_reported:
-        _half_fallbacks_reported.add(id(model))
-        message = (f"StreamVAE: fp16 {op} overflowed (Inf/NaN output from a finite input); "
-                   f"rerunning in {str(dtype).removeprefix('torch.')} and keeping that precision for this model")
-        log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    message = (f"StreamVAE: fp16 {op} overflowed (Inf/NaN output from a finite input); "
+               f"rerunning in {str(dtype).removeprefix('torch.')} and keeping that precision for this model")
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
     return dtype

@@ -60,7 +60,7 @@ class FileSink:
         return partial(self, offset=offset)
 
 
-def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264", crf: int = 19,
+def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str = "h264", crf: int = 19,
                    pixel_format: str = "auto", bit_depth="auto", num_frames: int | None = None,
                    height: int | None = None, width: int | None = None, audio=None, metadata: dict | None = None,
                    observe=None, progress=None, cancel=None, **decode_kwargs) -> Path:
@@ -69,8 +69,9 @@ def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264",
 
     `codec`, `pixel_format`, `bit_depth`, `crf` and `fps` as in `video_codecs.resolve`; `num_frames`,
     `height`, `width` trim every clip as in `engine.decode`; `audio` = (waveform C,S, sample_rate)
-    is muxed alongside; `observe(first, pixels)` sees every chunk as written. Other keyword arguments (tiling, temporal_chunk, memory_budget, ...) go to
-    `engine.decode`, whose chunks are encoded while the next ones decode. On failure or cancel
+    is muxed alongside; `observe(first, pixels)` sees every chunk as written. `how` (a `Plan` or
+    `Settings`) and the other keyword arguments (`opts`, ...) go to `engine.decode`, whose chunks are
+    encoded while the next ones decode. On failure or cancel
     the frames written so far stay in `<name>.partial.<ext>` and the error is raised.
     """
     encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
@@ -81,19 +82,20 @@ def decode_to_file(model, z: torch.Tensor, path, *, fps=24, codec: str = "h264",
     with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata) as writer:
         sink = FileSink(writer, observe)
         for i in range(clips):
-            engine.decode(model, video[i:i + 1], num_frames=frames, height=size[0], width=size[1],
+            engine.decode(model, video[i:i + 1], how, num_frames=frames, height=size[0], width=size[1],
                              sink=sink.at(i * frames), progress=progress, cancel=cancel, **decode_kwargs)
         return writer.finish()
 
 
-def encode_from_file(model, source, *, start_frame: int = 0, frame_count: int = 0, every_nth: int = 1, width: int = 0,
-                     height: int = 0, resize_filter: str = "bicubic", **encode_kwargs) -> tuple[torch.Tensor, VideoReader]:
+def encode_from_file(model, source, how=None, *, start_frame: int = 0, frame_count: int = 0, every_nth: int = 1,
+                     width: int = 0, height: int = 0, resize_filter: str = "bicubic",
+                     **encode_kwargs) -> tuple[torch.Tensor, VideoReader]:
     """Encode frames of the video file `source` (a path or a file object) to a raw latent 1,C,T',h,w,
     reading only the frames each chunk needs (selection and resize as in `VideoReader`).
 
     Returns the latent and the (closed) reader, whose `frames`, `height`, `width` and `fps` say what
     was encoded; `decode(z, num_frames=reader.frames, height=reader.height, width=reader.width)`
-    gives those frames back. Other keyword arguments go to `engine.encode`.
+    gives those frames back. `how` and the other keyword arguments go to `engine.encode`.
     """
     with VideoReader(source, start_frame, frame_count, every_nth, width, height, resize_filter) as reader:
-        return engine.encode(model, reader, **encode_kwargs), reader
+        return engine.encode(model, reader, how, **encode_kwargs), reader

@@ -1,4 +1,5 @@
-"""One worker process per device, together one torch.distributed group running `vae.distributed`, for a
+"""One worker process per device, together one torch.distributed group running the engine
+with row bands (`strategies.RowBands`), for a
 caller that is a single process (ComfyUI): `RankWorkers(model, ["cuda:0", "cuda:1"]).decode(z)`.
 
 The workers are plain subprocesses (`python -m vae.workers`, the repository root on the path), so a host
@@ -177,7 +178,7 @@ class RankWorkers:
 
     def decode(self, z: torch.Tensor, *, temporal_chunk=None, num_frames=None, height=None, width=None, out=None,
                sink=None, out_dtype=None, progress=None, cancel=None) -> torch.Tensor | None:
-        """Raw latent B,C,T',h,w -> pixels B,3,T,H,W, as `vae.distributed.decode` (gather=True): written
+        """Raw latent B,C,T',h,w -> pixels B,3,T,H,W, as `vae.decode` with `bands=RowBands()`: written
         into `out` (or a new tensor on z's device) chunk by chunk as rank 0 announces them, or handed to
         `sink(first, frames)`. `progress(done, total)` per chunk; `cancel()` stops the workers."""
         b, _, n_lat, h, w = z.shape
@@ -203,8 +204,8 @@ class RankWorkers:
         return out
 
     def encode(self, video: torch.Tensor, *, temporal_chunk=None, return_logvar=False, progress=None, cancel=None):
-        """Pixels B,3,T,H,W in [-1, 1] -> raw posterior mean (and logvar), as `vae.distributed.encode`
-        (gather=True); the video is written once into a shared file and every rank reads its rows."""
+        """Pixels B,3,T,H,W in [-1, 1] -> raw posterior mean (and logvar), as `vae.encode` with
+        `bands=RowBands()`; the video is written once into a shared file and every rank reads its rows."""
         dtype = video.dtype if video.dtype.is_floating_point else torch.float32
         self._shared("video", tuple(video.shape), dtype).copy_(video)
         result = {}
@@ -268,7 +269,11 @@ def _build(setup: dict, device: torch.device):
 
 def _serve(conn: Connection, model, opts: Optimizations, job: dict, rank: int) -> dict:
     """Run one job on this rank; the "done" message (rank 0 of an encode: with the result)."""
-    from . import distributed
+    from .engine import decode, encode
+    from .planning import Settings
+    from .strategies.row_bands import RowBands
+
+    settings = Settings(temporal_chunk=job["temporal_chunk"])
 
     def progress(done, total):
         if rank == 0:
@@ -281,13 +286,12 @@ def _serve(conn: Connection, model, opts: Optimizations, job: dict, rank: int) -
             frames[:, :, first:first + part.shape[2]].copy_(part)
             _send(conn, {"kind": "chunk", "first": first, "count": part.shape[2]})
 
-        distributed.decode(model, job["z"], temporal_chunk=job["temporal_chunk"], num_frames=job["num_frames"],
-                           height=job["height"], width=job["width"], sink=sink if rank == 0 else None, progress=progress,
-                           opts=opts)
+        decode(model, job["z"], settings, num_frames=job["num_frames"], height=job["height"], width=job["width"],
+               sink=sink if rank == 0 else None, bands=RowBands(), progress=progress, opts=opts)
         return {"kind": "done"}
     video = _mapped(job["video"], job["shape"], getattr(torch, job["dtype"]))
-    moments = distributed.encode(model, video, temporal_chunk=job["temporal_chunk"], return_logvar=job["return_logvar"],
-                                 progress=progress, opts=opts)
+    moments = encode(model, video, settings, return_logvar=job["return_logvar"], bands=RowBands(), progress=progress,
+                     opts=opts)
     if rank:
         return {"kind": "done"}
     return {"kind": "done", "result": list(moments) if job["return_logvar"] else [moments]}

@@ -219,8 +219,8 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
     eager = _eager_forward(module)
 
     def forward(*args, **kwargs):
-        ctx = next((a for a in (*args, *kwargs.values()) if hasattr(a, "eager_reason")), None)
-        if ctx is not None and ctx.eager_reason is not None:
+        ctx = kwargs["ctx"] if "ctx" in kwargs else args[1]  # every block is forward(x, ctx, ...)
+        if ctx.eager_reason is not None:
             report.eager_steps.add(ctx.eager_reason)
             return eager(*args, **kwargs)
         try:
@@ -229,7 +229,7 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
             if mark_step is not None:
                 mark_step()
             # The causal-cache frames the block stores are graph outputs too: copied like its output.
-            with ctx.cache.copying_new_entries() if ctx is not None else contextlib.nullcontext():
+            with ctx.cache.copying_new_entries():
                 return _owned(compiled(*args, **kwargs))
         except Exception as error:
             if type(error).__name__ in LIMIT_HIT_ERRORS:

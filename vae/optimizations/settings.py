@@ -2,8 +2,9 @@
 
 Every optimization StreamVAE applies inside the network has a flag here, so the straightforward
 path (what the upstream reference code does) can be timed against it side by side and tests can
-prove both give the same numbers. A model carries one `Optimizations` instance; the engine hands it
-to every block through the execution context.
+prove both give the same numbers. An `Optimizations` value belongs to one run, not to a model: the
+caller passes it to `vae.encode`/`vae.decode` (`opts=`), and the engine hands it to every block
+through the run's `StreamContext`.
 """
 from dataclasses import dataclass, fields, replace
 
