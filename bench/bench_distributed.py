@@ -21,14 +21,13 @@ low resolution). Memory per GPU: the memory model's untiled peak for a band-size
 import argparse
 import json
 import platform
-import subprocess
 from collections import defaultdict
 from functools import lru_cache
 
 import torch
 
-from bench import families
-from bench.common import REPO
+from bench import models
+from bench.common import git_commit
 from vae import memory
 from vae.blocks import StreamContext
 from vae.causal_cache import CausalCache
@@ -95,9 +94,7 @@ class TrafficCount(BandExecution):
 def chunk_traffic(family: str, height: int, width: int, world: int, chunk: int = 1):
     """(bytes per steady latent chunk sent by the busiest rank, exchanges per chunk, bytes per layer)
     for a decode on `world` GPUs, measured on meta tensors of the released config in bf16."""
-    family_cls, cfg = getattr(families, family)()
-    with torch.device("meta"):
-        model = family_cls(cfg).to(torch.bfloat16)
+    model = models.meta_model(family).to(torch.bfloat16)
     h, w = height // model.spatial_factor, width // model.spatial_factor
     bands, rank = Bands.split(h, world), world // 2
     names = {m: n for n, m in model.named_modules()}
@@ -131,18 +128,11 @@ def predict(workload, world: int, link: str) -> dict:
             "exchanges_per_chunk": exchanges, "peak_gib_per_gpu": round(peak / 2**30, 1)}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", choices=["seedvr2", "wan21", "wan22"], help="bytes per layer of one chunk, 720p, 4 GPUs")
     args = parser.parse_args()
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {_commit()}; "
+    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {git_commit() or 'unknown'}; "
           "times PREDICTED (no multi-GPU run), T1 from bench/RESULTS.md section 0 (one H100, bf16)")
     if args.layers:
         sent, exchanges, layers, _ = chunk_traffic(args.layers, 720, 1280, 4)
@@ -156,9 +146,7 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(GPUS) + "---|---|")
     rows = []
     for workload in WORKLOADS:
-        family_cls, cfg = getattr(families, workload[1])()
-        with torch.device("meta"):
-            single = family_cls(cfg).to(torch.bfloat16)
+        single = models.meta_model(workload[1]).to(torch.bfloat16)
         sf = single.spatial_factor
         one_gpu = memory.estimate(single, "decode", (1, single.latent_channels, (workload[2] - 1) // 4 + 1,
                                                      workload[3] // sf, workload[4] // sf), 1, None, device="cuda",

@@ -17,4 +17,4 @@ python -m bench.gpu_check --parts tests --part-budget 150 --out "$out" | tail -4
 #    kernels, core's VAE with the same weights, then torch.compile (its "first s" includes compiling;
 #    last, since it may not finish within the part's budget).
 python -m bench.gpu_check --parts decode --families wan21 --part-budget 330 --out "$out" \
-    --variants reference bf16 bf16-kernels-defaults core-bf16 bf16-compile
+    --variants reference bf16 bf16-kernels_defaults bf16-core_0.3.75 bf16-compile
