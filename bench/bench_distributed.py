@@ -21,18 +21,18 @@ low resolution). Memory per GPU: the memory model's untiled peak for a band-size
 import argparse
 import json
 import platform
-import subprocess
 from collections import defaultdict
 from functools import lru_cache
 
 import torch
 
-from bench import families
-from bench.common import REPO
+from bench import models
+from bench.common import git_commit
 from vae import memory
 from vae.blocks import StreamContext
 from vae.causal_cache import CausalCache
-from vae.distributed import BandExecution, Bands
+from vae.planning import clip_of
+from vae.strategies.row_bands import Bands, RowBands
 from vae.layers import FrameGroupNorm
 from vae.optimizations import Optimizations
 
@@ -50,12 +50,12 @@ PEERS = "xDiT DistVAE / SGLang / FastVAE, Wan2.1 720p decode on A800s: 9.26 / 5.
 GPUS = (2, 4, 8)
 
 
-class TrafficCount(BandExecution):
-    """`BandExecution` of `rank` of `world` without a process group: every exchange is counted (bytes
-    this rank sends, per layer) and replaced by uninitialised tensors of the right shape (meta device)."""
+class TrafficCount(RowBands):
+    """`RowBands` of `rank` of `world` without a process group: every exchange is counted (bytes this
+    rank sends, per layer) and replaced by uninitialised tensors of the right shape (meta device)."""
 
     def __init__(self, bands: Bands, rank: int, world: int, names: dict):
-        self.bands, self.group, self.rank, self.world = bands, None, rank, world
+        self.bands, self.group, self.rank, self.world, self.gather = bands, None, rank, world, True
         self.peers, self.sent_bytes, self.names = list(range(world)), 0, names
         self.layer, self.per_layer, self.exchanges = "", defaultdict(int), 0
 
@@ -85,7 +85,7 @@ class TrafficCount(BandExecution):
             self._count(2 * b * norm.num_groups * t * 4 * (self.world - 1))
         return norm.stats(x, ctx)
 
-    def all_rows(self, x, scale):
+    def _all_rows(self, x, scale):
         self.layer = "attention (all-gather)"
         self._count(x.numel() * x.element_size() * (self.world - 1))
         return x.new_empty(x.shape[:-2] + (scale * self.bands.latent_rows, x.shape[-1]))
@@ -95,9 +95,7 @@ class TrafficCount(BandExecution):
 def chunk_traffic(family: str, height: int, width: int, world: int, chunk: int = 1):
     """(bytes per steady latent chunk sent by the busiest rank, exchanges per chunk, bytes per layer)
     for a decode on `world` GPUs, measured on meta tensors of the released config in bf16."""
-    family_cls, cfg = getattr(families, family)()
-    with torch.device("meta"):
-        model = family_cls(cfg).to(torch.bfloat16)
+    model = models.meta_model(family).to(torch.bfloat16)
     h, w = height // model.spatial_factor, width // model.spatial_factor
     bands, rank = Bands.split(h, world), world // 2
     names = {m: n for n, m in model.named_modules()}
@@ -124,25 +122,18 @@ def predict(workload, world: int, link: str) -> dict:
     comm = chunks * (exchanges * fixed + sent / bandwidth) + out_bytes * (world - 1) / world / bandwidth
     band_shape = (1, model.latent_channels, chunks, max(1, round(share * height / model.spatial_factor)),
                   width // model.spatial_factor)
-    peak = memory.estimate(model, "decode", band_shape, 1, None, device="cuda", io_on_device=(False, False))
+    peak = memory.estimate(model, clip_of(model, "decode", band_shape), 1, None, device="cuda", io_on_device=(False, False))
     return {"workload": name, "gpus": world, "link": link, "t1_s": round(t1, 2), "t1_source": t1_source,
             "compute_s": round(t1 * share, 3), "comm_s": round(comm, 3), "predicted_s": round(t1 * share + comm, 2),
             "speedup": round(t1 / (t1 * share + comm), 2), "sent_per_chunk_mb": round(sent / 1e6, 1),
             "exchanges_per_chunk": exchanges, "peak_gib_per_gpu": round(peak / 2**30, 1)}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", choices=["seedvr2", "wan21", "wan22"], help="bytes per layer of one chunk, 720p, 4 GPUs")
     args = parser.parse_args()
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {_commit()}; "
+    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {git_commit() or 'unknown'}; "
           "times PREDICTED (no multi-GPU run), T1 from bench/RESULTS.md section 0 (one H100, bf16)")
     if args.layers:
         sent, exchanges, layers, _ = chunk_traffic(args.layers, 720, 1280, 4)
@@ -156,12 +147,10 @@ def main() -> None:
     print("|---|---|---|" + "---|" * len(GPUS) + "---|---|")
     rows = []
     for workload in WORKLOADS:
-        family_cls, cfg = getattr(families, workload[1])()
-        with torch.device("meta"):
-            single = family_cls(cfg).to(torch.bfloat16)
+        single = models.meta_model(workload[1]).to(torch.bfloat16)
         sf = single.spatial_factor
-        one_gpu = memory.estimate(single, "decode", (1, single.latent_channels, (workload[2] - 1) // 4 + 1,
-                                                     workload[3] // sf, workload[4] // sf), 1, None, device="cuda",
+        shape = (1, single.latent_channels, (workload[2] - 1) // 4 + 1, workload[3] // sf, workload[4] // sf)
+        one_gpu = memory.estimate(single, clip_of(single, "decode", shape), 1, None, device="cuda",
                                   io_on_device=(False, False))
         for link in LINKS:
             cells = [predict(workload, n, link) for n in GPUS]

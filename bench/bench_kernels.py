@@ -1,21 +1,22 @@
 """Measured kernel choice against the fixed defaults, the straightforward path, ComfyUI core and `auto`
 precision: full released configs, decode, timed in interleaved rounds in one process.
 
-    python bench/bench_kernels.py --families seedvr2 wan21 wan22 --frames 5 --size 256x256 --rounds 3
+    python -m bench.bench_kernels --families seedvr2 wan21 wan22 --frames 5 --size 256x256 --rounds 3
 
-On a shared, loaded machine, rows timed minutes apart in separate processes (bench/bench_vae.py) see
+On a shared, loaded machine, rows timed minutes apart in separate processes (bench.bench_vae) see
 different load; here every round runs each variant once, one after another, so load changes hit all
-of them alike and the median over rounds gives the ratios. Variants per family (same random seeded
-weights, same latent): "straightforward" (every switch off, default kernels: upstream's behaviour),
-"defaults" (every switch on, fixed default kernels), "measured" (every switch on, kernels measured on
-this machine: StreamVAE's default), "auto" (measured, in the precision `decode_dtype: auto` gives this
-CPU: bf16 with AVX-512 BF16/AMX; not run where that is fp32, as it is "measured" then) and, for Wan,
-"core" (ComfyUI core's WanVAE, fp32).
+of them alike and the median over rounds gives the ratios. Rows per family (same random seeded
+weights, same latent; names from the variant table, bench/variants.py): "straightforward" (every
+switch off, default kernels: upstream's behaviour), "kernels_defaults" (every switch on, fixed default
+kernels), "optimized" (every switch on, kernels measured on this machine: StreamVAE's default),
+"bf16-optimized" (optimized in the precision `decode_dtype: auto` gives this CPU: bf16 with AVX-512
+BF16/AMX; not run where that is fp32, as it is "optimized" then) and, for Wan, "core_0.3.75"
+(ComfyUI core's WanVAE, fp32).
 
 Before the rounds, the tuning overhead: the first measured decode with an empty kernel cache (it
 tunes every new layer shape and computes the Winograd filter transforms) and the first one after the
 in-memory state is dropped (choices read back from the disk cache, transforms recomputed), next to the
-steady median. Peak memory per variant is bench/bench_vae.py's (one process per row); this script
+steady median. Peak memory per variant is bench.bench_vae's (one process per row); this script
 reports time and error only. Results: a table per family and, with --json, a file with the machine
 (CPU model and flags, torch, commit), the kernel choices of every layer shape and all times.
 """
@@ -28,19 +29,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
+from bench import models
+from bench.common import machine_summary, print_table, psnr
+from bench.core_vae import TREES
+from bench.variants import options, parse_row
+from vae import devices
+from vae.optimizations import kernel_choice, winograd
 
-from bench.common import machine_summary, print_table, psnr, random_state_dict  # noqa: E402
-from bench.core_vae import CORE_WAN, core_model  # noqa: E402
-from bench.families import FULL_CONFIGS, make_input  # noqa: E402
-from vae.optimizations import Optimizations, kernel_choice, winograd  # noqa: E402
-import vae  # noqa: E402
-from vae import devices  # noqa: E402
-
-OPTIONS = {"straightforward": Optimizations.straightforward(), "defaults": Optimizations(kernel_choice="defaults"),
-           "measured": Optimizations(kernel_choice="measure")}
+CORE = "0.3.75"  # the core whose VAE gets a row (one ComfyUI per process)
+VARIANTS = ("straightforward", "kernels_defaults", "optimized")
 
 
 def timed(fn) -> tuple[float, torch.Tensor]:
@@ -49,35 +48,31 @@ def timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def decoder(model, opts: Optimizations, z: torch.Tensor):
-    """A zero-argument decode of z by `model` with `opts`."""
-    return lambda: vae.decode(model, z, opts=opts)
+def decoder(model, variant: str, z: torch.Tensor):
+    """A zero-argument decode of z by `model` with `variant`'s optimizations."""
+    return lambda: models.run(model, "decode", z, opts=options(variant))
 
 
 def bench_family(family: str, args) -> dict:
-    family_cls, cfg = FULL_CONFIGS[family]()
-    with torch.device("meta"):
-        meta = family_cls(cfg)
-    state = random_state_dict(meta)
-    z = make_input(meta, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
+    z = models.make_input(family, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
     auto = devices.auto_dtype("cpu", "decode")
-    fp32 = vae.load(state, dtype=torch.float32)
-    runs = {name: decoder(fp32, opts, z) for name, opts in OPTIONS.items()}
-    if auto != torch.float32:  # else "auto" is "measured"
-        runs["auto"] = decoder(vae.load(state, dtype=auto), OPTIONS["measured"], z)
-    if family in CORE_WAN:
-        core = core_model(family, cfg, state, torch.float32)
-        runs["core"] = lambda: core.decode(z)
+    fp32 = models.build(family, torch.float32)
+    runs = {name: decoder(fp32, name, z) for name in VARIANTS}
+    if auto != torch.float32:  # else `auto` is "optimized"
+        runs[f"{devices.dtype_name(auto)}-optimized"] = decoder(models.build(family, auto), "optimized", z)
+    if family in TREES[CORE].modules:
+        core = models.build(family, torch.float32, core=CORE)
+        runs[f"core_{CORE}"] = lambda: core.decode(z)
 
     with torch.inference_mode():
         # Tuning overhead: an empty cache, then the disk cache alone (in-memory choices and transforms
         # dropped). In-memory state is dropped before the family too, so its summary counts its own shapes.
         kernel_choice._choices_for.cache_clear()
-        first, _ = timed(runs["measured"])
+        first, _ = timed(runs["optimized"])
         tuning = kernel_choice.choices_for("cpu").summary()
         kernel_choice._choices_for.cache_clear()
         winograd.filter_cache().clear()
-        cached_first, _ = timed(runs["measured"])
+        cached_first, _ = timed(runs["optimized"])
         for name, run in runs.items():  # warm-up: every variant's transforms and oneDNN primitives
             run()
         times, outputs = {name: [] for name in runs}, {}
@@ -89,22 +84,22 @@ def bench_family(family: str, args) -> dict:
     medians = {name: statistics.median(t) for name, t in times.items()}
     reference = outputs["straightforward"].float()
     rows = [dict(family=family, variant=name, time=medians[name], times=times[name],
-                 vs_straight=medians["straightforward"] / medians[name], vs_defaults=medians["defaults"] / medians[name],
-                 vs_measured=medians["measured"] / medians[name],
+                 vs_straight=medians["straightforward"] / medians[name],
+                 vs_defaults=medians["kernels_defaults"] / medians[name], vs_measured=medians["optimized"] / medians[name],
                  max_err=(outputs[name].float() - reference).abs().max().item(),
                  psnr=psnr(outputs[name].float(), reference) if name != "straightforward" else None,
-                 dtype=str(auto).removeprefix("torch.") if name == "auto" else "float32")
+                 dtype=parse_row(name)[0])
             for name in runs]
-    if "core" in medians:
+    if f"core_{CORE}" in medians:
         for row in rows:
-            row["vs_core"] = medians["core"] / row["time"]
+            row["vs_core"] = medians[f"core_{CORE}"] / row["time"]
     return dict(rows=rows, tuning=dict(first_run_s=first, cached_first_run_s=cached_first,
-                                       steady_s=medians["measured"], **tuning))
+                                       steady_s=medians["optimized"], **tuning))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=sorted(FULL_CONFIGS))
+    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=models.FAMILIES)
     parser.add_argument("--frames", type=int, default=5, help="pixel frames (1 + 4k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--rounds", type=int, default=3)
@@ -121,8 +116,8 @@ def main():
     rows = [row for result in results.values() for row in result["rows"]]
     print_table(rows, [("family", "family", "s"), ("variant", "variant", "s"), ("dtype", "dtype", "s"),
                        ("time", "median s", ".2f"), ("vs_straight", "vs straightforward", ".2f"),
-                       ("vs_core", "vs core", ".2f"), ("vs_defaults", "vs defaults", ".2f"),
-                       ("vs_measured", "vs measured", ".2f"), ("max_err", "max err", ".1e"), ("psnr", "PSNR dB", ".1f")])
+                       ("vs_core", "vs core", ".2f"), ("vs_defaults", "vs kernels_defaults", ".2f"),
+                       ("vs_measured", "vs optimized", ".2f"), ("max_err", "max err", ".1e"), ("psnr", "PSNR dB", ".1f")])
     print()
     for family, result in results.items():
         t = result["tuning"]

@@ -1,6 +1,6 @@
 """Per-frame GroupNorm (+SiLU) on the CPU: the pack's blockwise kernels against torch's, side by side.
 
-    python bench/bench_norms.py --json bench/results/norms_cpu.json
+    python -m bench.bench_norms --json bench/results/norms_cpu.json
 
 Shapes are the SeedVR2 decoder's norm inputs for 5 output frames of 256x256 (B,C,T,H,W; 32 groups).
 For each shape and dtype, interleaved rounds (every variant once per round, median of the rounds):
@@ -18,13 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from bench.common import machine_summary, print_table  # noqa: E402
-from vae.optimizations import norm_act  # noqa: E402
+from bench.common import machine_summary, print_table
+from vae.optimizations import norm_act
 
 SHAPES = [(128, 256), (256, 128), (512, 64), (512, 32)]  # (channels, side)
 FRAMES, GROUPS = 5, 32

@@ -1,45 +1,44 @@
 """Quality and speed of bf16 decode against fp32 on the tiny reference checkpoints (`auto` precision).
 
-    python bench/bench_precision.py
+    python -m bench.bench_precision [results.json]
 
 For each family: the tiny checkpoint of ../shared/reference/<family>/ (the upstream fixtures'
 weights) decodes its fixture latent (SeedVR2: the latent of its fixture video, encoded in fp32) in
 fp32 and in bf16, both optimized; PSNR of the bf16 output against the fp32 one over the [-1, 1]
-range, and the median time of 3 runs. Full-size configs: bench/bench_vae.py's bf16 rows (PSNR column).
+range, and the median time of 3 runs. Full-size configs: bench.bench_vae's bf16 rows (PSNR column).
 Whether `auto` decodes in bf16 here is vae.devices.auto_dtype's answer for this CPU.
 """
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import vae  # noqa: E402
-from bench.common import machine_summary, median_time, print_table, psnr  # noqa: E402
-from tests.reference import load_tiny, tensors  # noqa: E402
-from vae import devices  # noqa: E402
+from bench import models
+from bench.common import machine_summary, median_time, print_table, psnr
+from tests.reference import tensors
+from vae import devices
+from vae.devices import DTYPES
 
 
 def latent(family: str, model) -> torch.Tensor:
     """The family's fixture latent; SeedVR2's is its fixture video encoded by `model`."""
     if family == "seedvr2":
         with torch.inference_mode():
-            return vae.encode(model, tensors(family, "tiny_inputs.safetensors")["video"])
+            return models.run(model, "encode", tensors(family, "tiny_inputs.safetensors")["video"])
     return tensors(family, "reference_io.safetensors")["dec_in_z_raw"]
 
 
 def main():
     rows = []
-    for family in ("seedvr2", "wan21", "wan22"):
-        models = {"fp32": load_tiny(family), "bf16": load_tiny(family, decode_dtype=torch.bfloat16)}
-        z = latent(family, models["fp32"])
+    for family in models.FAMILIES:
+        by_dtype = {name: models.build(family, DTYPES[name], tiny=True) for name in ("fp32", "bf16")}
+        z = latent(family, by_dtype["fp32"])
         outputs = {}
-        for name, model in models.items():
+        for name, model in by_dtype.items():
             with torch.inference_mode():
-                median, _ = median_time(lambda: vae.decode(model, z), repeats=3)
-                outputs[name] = vae.decode(model, z).float()
+                median, _ = median_time(lambda: models.run(model, "decode", z), repeats=3)
+                outputs[name] = models.run(model, "decode", z).float()
             rows.append(dict(family=family, dtype=name, time=median,
                              psnr=psnr(outputs[name], outputs["fp32"]) if name != "fp32" else None))
     auto = devices.auto_dtype("cpu", "decode")

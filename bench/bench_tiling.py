@@ -1,14 +1,14 @@
 """Tiling: time, peak memory and error of untiled vs exact-tiled vs fast-tiled decoding, side by side.
 
-    python bench/bench_tiling.py                      # SeedVR2 decode 9x256x384 fp32, tiles 128 / overlap 32
-    python bench/bench_tiling.py --long-frames 65     # + 65 vs 9 frames untiled at --long-size (peak check)
-    python bench/bench_tiling.py --modes --long-frames 65 --skip-timing   # only the clip-length peak check
-    python bench/bench_tiling.py --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
-    python bench/bench_tiling.py --cache-report       # only: what the causal caches hold between chunks
-    python bench/bench_tiling.py --modes untiled exact exact-offload untiled-offload   # + caches on disk
+    python -m bench.bench_tiling                      # SeedVR2 decode 9x256x384 fp32, tiles 128 / overlap 32
+    python -m bench.bench_tiling --long-frames 65     # + 65 vs 9 frames untiled at --long-size (peak check)
+    python -m bench.bench_tiling --modes --long-frames 65 --skip-timing   # only the clip-length peak check
+    python -m bench.bench_tiling --quick              # smoke run: 5x128x192, tiles 64 / overlap 16, 1 run
+    python -m bench.bench_tiling --cache-report       # only: what the causal caches hold between chunks
+    python -m bench.bench_tiling --modes untiled exact exact-offload untiled-offload   # + caches on disk
 
-Every row runs in its own processes: time in one (bench/worker.py: full released config, random seeded
-weights, warm-up, then the median of --repeats), memory in another (bench/memory_worker.py: glibc's mmap
+Every row runs in its own processes: time in one (bench.worker: full released config, random seeded
+weights, warm-up, then the median of --repeats), memory in another (bench.memory_worker: glibc's mmap
 threshold fixed so RSS follows the live tensors, the Winograd cache filled by a tiny warm-up, one decode
 into a preallocated output): "act" is the peak above what was resident just before the decode (the
 activations, output excluded), "total" the peak above the process before the model existed (weights,
@@ -20,20 +20,16 @@ this CPU to a temporary file, which only the page cache holds; on a GPU to pinne
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from safetensors.torch import load_file
 
-import statistics  # noqa: E402
-
-from safetensors.torch import load_file  # noqa: E402
-
-import torch  # noqa: E402
-
-from bench.common import build_random_model, machine_summary, print_table, run_worker, scratch_dir  # noqa: E402
-from bench.families import FULL_CONFIGS  # noqa: E402
-from vae import memory, planning  # noqa: E402
+from bench import models
+from bench.common import machine_summary, print_table, run_worker, scratch_dir
+from vae import memory, planning
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
            ("time_ratio", "time vs first row", ".2f"), ("act_gib", "act GiB", ".3f"),
@@ -68,7 +64,7 @@ def relative_to(row: dict, first: dict) -> None:
 
 def causal_cache_report(args) -> None:
     """Bytes of causal cache per layer resolution after two decode chunks of one latent frame (fp32)."""
-    model = build_random_model(*FULL_CONFIGS[args.family](), torch.float32)
+    model = models.build(args.family, torch.float32)
     sf = model.spatial_factor
     by_size = {}
     for shape, nbytes in memory.steady_cache_sizes(model, "decode", (args.height // sf, args.width // sf)):
@@ -85,7 +81,7 @@ def causal_cache_report(args) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="seedvr2", choices=["seedvr2", "wan21", "wan22"])
+    parser.add_argument("--family", default="seedvr2", choices=models.FAMILIES)
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--size", default="256x384", help="HxW in pixels")
     parser.add_argument("--tile", type=int, default=128, help="tile size, pixels")

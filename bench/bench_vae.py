@@ -1,18 +1,18 @@
 """Speed, memory and error of the full released VAE configs: every optimization, one row each.
 
-    python bench/bench_vae.py                                   # SeedVR2 decode 9x256x256, fp32 + bf16
-    python bench/bench_vae.py --families seedvr2 wan21 wan22    # + Wan (and ComfyUI core's Wan VAE)
-    python bench/bench_vae.py --quick                           # smoke run: 5x64x64, 1 run, few rows
-    python bench/bench_vae.py --json out/bench.json             # also write the table
+    python -m bench.bench_vae                                   # SeedVR2 decode 9x256x256, fp32 + bf16
+    python -m bench.bench_vae --families seedvr2 wan21 wan22    # + Wan (and ComfyUI core's Wan VAE)
+    python -m bench.bench_vae --quick                           # smoke run: 5x64x64, 1 run, few rows
+    python -m bench.bench_vae --json out/bench.json             # also write the table
 
-Rows per family, op and shape (bench/variants.py): "straightforward" (every switch off: upstream's
-behaviour) and "optimized" (every switch on) in each of --dtypes; in each of --toggle-dtypes one
-"no-<switch>" row per switch (the optimized path with that switch alone off: the switch's effect),
-the extras (kernels_defaults: the fixed default kernels instead of the measured ones; kernels_cached:
-the optimized row again in a new process that reads the kernel choices the optimized row measured;
-channels_last_3d, the Winograd cache without its cap, torch.compile with --compile) and, for Wan,
-ComfyUI core's VAE with the same weights and input. Kernel choices go to a fresh cache folder per
-invocation (unless STREAMVAE_KERNEL_CACHE is set): "1st run s" is the first (untimed) run of each
+Rows per family, op and shape (the variant table, bench/variants.py): "straightforward" (every switch
+off: upstream's behaviour) and "optimized" (every switch on) in each of --dtypes; in each of
+--toggle-dtypes one "no-<switch>" row per switch (the optimized path with that switch alone off: the
+switch's effect), the extras (kernels_defaults: the fixed default kernels instead of the measured ones;
+kernels_cached: the optimized row again in a new process that reads the kernel choices the optimized
+row measured; channels_last_3d, the Winograd cache without its cap, torch.compile with --compile) and
+ComfyUI core's VAE with the same weights and input (--core: its version; 0.3.75 has Wan's only).
+Kernel choices go to a fresh cache folder per invocation (unless STREAMVAE_KERNEL_CACHE is set): "1st run s" is the first (untimed) run of each
 row, which pays for kernel tuning where the "kernel tuning" column says so. Every row runs in
 its own process: the model is built with random seeded weights, warmed up (--warmup runs), then run
 --repeats times; the median is reported. Speed-up and error (max abs, PSNR over the [-1, 1] range)
@@ -29,16 +29,15 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from safetensors.torch import load_file
 
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-
-from bench.common import ceilings, machine_summary, print_table, psnr, run_worker, scratch_dir  # noqa: E402
-from bench.core_vae import CORE_WAN  # noqa: E402
-from bench.families import FULL_CONFIGS  # noqa: E402
-from bench.variants import NOT_MEASURED, SWITCHES, describe, verdict  # noqa: E402
-from vae.optimizations import kernel_choice  # noqa: E402
+from bench.common import ceilings, machine_summary, print_table, psnr, run_worker, scratch_dir
+from bench.core_vae import TREES
+from bench.models import FAMILIES
+from bench.variants import NOT_MEASURED, SWITCHES, VARIANTS, is_extra, variant, verdict
+from vae.devices import DTYPES
+from vae.optimizations import kernel_choice
 
 BASELINE = ("fp32", "straightforward")
 DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped")
@@ -53,19 +52,20 @@ COLUMNS = [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s")
 def variants_for(family: str, args) -> list[tuple[str, str]]:
     """(dtype, variant) in run order, the fp32 straightforward baseline first."""
     toggles = [f"no-{s}" for s in SWITCHES if s != "triton_norm" or torch.cuda.is_available()]
+    core = f"core_{args.core}" if args.core else None
     out = [BASELINE]
     if args.only:
         # core's VAE runs in fp32 only (in half precision it would take a CPU's reference kernels); as
         # without --only, toggles and extras run in --toggle-dtypes only
         return out + [(d, v) for d in args.dtypes for v in args.only
-                      if (d, v) != BASELINE and (v != "core" or d == "fp32")
-                      and (v in ("straightforward", "optimized", "core") or d in args.toggle_dtypes)]
+                      if (d, v) != BASELINE and (variant(v).core is None or d == "fp32")
+                      and (v in ("straightforward", "optimized") or variant(v).core or d in args.toggle_dtypes)]
     for dtype in args.dtypes:
         names = ["straightforward", "optimized"]
         if dtype in args.toggle_dtypes:
             names += toggles + list(args.extras)
-        if dtype == "fp32" and family in CORE_WAN and args.core:
-            names.append("core")
+        if dtype == "fp32" and core and family in TREES[args.core].modules:
+            names.append(core)
         out += [(dtype, v) for v in names if (dtype, v) != BASELINE]
     return out
 
@@ -74,34 +74,34 @@ def bench_workload(family: str, op: str, frames: int, height: int, width: int, a
     spec = dict(family=family, op=op, frames=frames, height=height, width=width, repeats=args.repeats,
                 warmup=args.warmup, temporal_chunk=args.temporal_chunk)
     notes, rows, baseline, fastest, upstream = [], [], None, {}, None
-    for dtype, variant in variants_for(family, args):
-        out = scratch_dir() / f"{family}-{op}-{frames}x{height}x{width}-{dtype}-{variant}.safetensors"
+    for dtype, name in variants_for(family, args):
+        out = scratch_dir() / f"{family}-{op}-{frames}x{height}x{width}-{dtype}-{name}.safetensors"
         try:
-            result = run_worker("bench.worker", dict(spec, dtype=dtype, variant=variant, out=str(out),
+            result = run_worker("bench.worker", dict(spec, dtype=dtype, variant=name, out=str(out),
                                                      count_flops=upstream is None))
         except RuntimeError as error:
-            notes.append(f"{family} {dtype} {variant}: failed, no row ({str(error).strip().splitlines()[-1][:200]})")
-            print(f"  {family} {op} {dtype} {variant}: FAILED", file=sys.stderr, flush=True)
+            notes.append(f"{family} {dtype} {name}: failed, no row ({str(error).strip().splitlines()[-1][:200]})")
+            print(f"  {family} {op} {dtype} {name}: FAILED", file=sys.stderr, flush=True)
             continue
         output, median = load_file(str(out))["out"], statistics.median(result["times_s"])
         if baseline is None:
             baseline, upstream = (median, output), result["flops"]
             notes.append(f"{family} {op} {frames}x{height}x{width}: {upstream / 1e12:.3f} TFLOP as upstream computes it")
-        if variant == "optimized":
+        if name == "optimized":
             fastest[dtype] = median
-        row = dict(family=family, op=op, shape=f"{frames}x{height}x{width}", dtype=dtype, variant=variant,
-                   what=describe(variant), time=median, fastest=min(result["times_s"]), times=result["times_s"],
+        row = dict(family=family, op=op, shape=f"{frames}x{height}x{width}", dtype=dtype, variant=name,
+                   what=variant(name).what, time=median, fastest=min(result["times_s"]), times=result["times_s"],
                    speedup=baseline[0] / median, tflops=upstream / median / 1e12,
                    pct_gemm=100 * upstream / median / gemm[dtype], peak_gib=result["peak_activation"] / 2**30,
                    retained_gib=result["retained"] / 2**30, weights_gib=result["weight_bytes"] / 2**30,
                    max_err=(output - baseline[1]).abs().max().item())
         row["psnr"] = psnr(output, baseline[1]) if row["max_err"] > 0 else None
         row["first_s"], row["tuning"] = result.get("first_run_s"), tuning_text(result.get("kernels"))
-        row["verdict"] = verdict(variant, median, fastest.get(dtype))
+        row["verdict"] = verdict(name, median, fastest.get(dtype))
         if result.get("compile"):  # e.g. blocks that ran past the recompile limit, or eager tile steps
             row["verdict"] += f"; {result['compile']}"
         rows.append(row)
-        print(f"  {family} {op} {row['shape']} {dtype} {variant}: median {median:.2f} s of "
+        print(f"  {family} {op} {row['shape']} {dtype} {name}: median {median:.2f} s of "
               f"{[round(t, 2) for t in result['times_s']]}", file=sys.stderr, flush=True)
     return rows, notes
 
@@ -115,20 +115,20 @@ def tuning_text(kernels: dict | None) -> str | None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=sorted(FULL_CONFIGS))
+    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=FAMILIES)
     parser.add_argument("--ops", nargs="+", default=["decode"], choices=["encode", "decode"])
     parser.add_argument("--frames", nargs="+", type=int, default=[9], help="pixel frames (1 + 4k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES))
     parser.add_argument("--toggle-dtypes", nargs="*", default=["fp32"],
                         help="dtypes that get the per-switch and extra rows (others: optimized + straightforward)")
-    parser.add_argument("--extras", nargs="*", default=list(DEFAULT_EXTRAS),
-                        choices=["kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped", "compile"])
+    parser.add_argument("--extras", nargs="*", default=list(DEFAULT_EXTRAS), choices=[v for v in VARIANTS if is_extra(v)])
     parser.add_argument("--compile", action="store_true", help="add the torch.compile (inductor) row")
-    parser.add_argument("--no-core", dest="core", action="store_false", help="skip ComfyUI core's VAE rows")
-    parser.add_argument("--only", nargs="+", metavar="VARIANT",
+    parser.add_argument("--core", default="0.3.75", choices=list(TREES), help="the ComfyUI core whose VAE gets a row")
+    parser.add_argument("--no-core", dest="core", action="store_const", const=None, help="skip ComfyUI core's VAE rows")
+    parser.add_argument("--only", nargs="+", metavar="VARIANT", choices=list(VARIANTS),
                         help="run just these variants per dtype (after the fp32 straightforward baseline; toggles "
-                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv channels_last_3d core")
+                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv channels_last_3d core_0.3.75")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")

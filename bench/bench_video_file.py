@@ -1,12 +1,12 @@
 """Decode to a video file vs decode to an IMAGE: peak host RAM against clip length, and what writing costs.
 
-    python bench/bench_video_file.py                 # both tables (tiny Wan2.2; ~25 min on 2 cores)
-    python bench/bench_video_file.py --skip-timing    # only the RAM table
-    python bench/bench_video_file.py --skip-memory --threads 2 --repeats 7 --name video_file_timing_2_threads
-    python bench/bench_video_file.py --frames 17 65 --timing-frames 17 --repeats 1 --name smoke   # a smoke run
+    python -m bench.bench_video_file                 # both tables (tiny Wan2.2; ~25 min on 2 cores)
+    python -m bench.bench_video_file --skip-timing    # only the RAM table
+    python -m bench.bench_video_file --skip-memory --threads 2 --repeats 7 --name video_file_timing_2_threads
+    python -m bench.bench_video_file --frames 17 65 --timing-frames 17 --repeats 1 --name smoke   # a smoke run
 
 RAM: every row is a fresh process (glibc's mmap threshold fixed at 1 MiB so RSS follows the live
-tensors, as in bench/memory_worker.py) that loads the tiny test model, makes a random latent, warms the
+tensors, as in bench.memory_worker) that loads the tiny test model, makes a random latent, warms the
 decode up on two latent frames (so per-size caches exist in every row), then decodes once: into a video file
 (`vae.decode_to_file`, H.264) or into a preallocated IMAGE-sized tensor (fp32 and fp16, what StreamVAE
 Decode's `output_dtype` chooses). "peak" is the process's peak RSS (VmHWM); "run peak" is that peak
@@ -29,24 +29,21 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import vae  # noqa: E402
-from bench.common import (machine_summary, peak_rss_bytes, print_table, reset_peak_rss,  # noqa: E402
-                          rss_bytes, run_worker)
-from bench.memory_worker import fixed_mmap_threshold  # noqa: E402
-from tests.reference import load_tiny  # noqa: E402
+import vae
+from bench import models
+from bench.common import machine_summary, peak_rss_bytes, print_table, reset_peak_rss, rss_bytes, run_worker
+from bench.memory_worker import fixed_mmap_threshold
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 2**30
 
 
-def random_latent(model, frames: int, height: int, width: int) -> torch.Tensor:
-    shape = (1, model.latent_channels, (frames - 1) // model.temporal_factor + 1,
-             height // model.spatial_factor, width // model.spatial_factor)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+def tiny_model_and_latent(spec: dict):
+    """The family's tiny test model and a random latent that decodes to spec's frames x height x width."""
+    model = models.build(spec["family"], torch.float32, tiny=True)
+    return model, models.make_input(spec["family"], dict(spec, op="decode"))
 
 
 def decode_runs(model, z, folder: Path) -> dict:
@@ -54,13 +51,14 @@ def decode_runs(model, z, folder: Path) -> dict:
     t, h, w = vae.geometry.pixel_frames(z.shape[2]), z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor
 
     def to_image(dtype):
-        return lambda: vae.decode(model, z, temporal_chunk=1, out=torch.empty(1, 3, t, h, w, dtype=dtype))
+        return lambda: models.run(model, "decode", z, dict(temporal_chunk=1), out=torch.empty(1, 3, t, h, w, dtype=dtype))
 
     return {
-        "decode, frames dropped": lambda: vae.decode(model, z, temporal_chunk=1, sink=lambda first, frames: None),
-        "file, h264 (.mp4)": lambda: vae.decode_to_file(model, z, folder / "bench.mp4", temporal_chunk=1),
-        "file, ffv1 (.mkv, lossless)": lambda: vae.decode_to_file(model, z, folder / "bench.mkv", codec="ffv1",
-                                                                  temporal_chunk=1),
+        "decode, frames dropped": lambda: models.run(model, "decode", z, dict(temporal_chunk=1),
+                                                     sink=lambda first, frames: None),
+        "file, h264 (.mp4)": lambda: vae.decode_to_file(model, z, folder / "bench.mp4", vae.Settings(temporal_chunk=1)),
+        "file, ffv1 (.mkv, lossless)": lambda: vae.decode_to_file(model, z, folder / "bench.mkv",
+                                                                  vae.Settings(temporal_chunk=1), codec="ffv1"),
         "IMAGE fp32": to_image(torch.float32),
         "IMAGE fp16": to_image(torch.float16),
     }
@@ -72,8 +70,7 @@ TIMING_MODES = ("decode, frames dropped", "file, h264 (.mp4)", "file, ffv1 (.mkv
 
 def memory_worker(spec: dict) -> dict:
     fixed_mmap_threshold(1 << 20)  # 1 MiB: tensors still come and go with mmap, small objects do not
-    model = load_tiny(spec["family"])
-    z = random_latent(model, spec["frames"], spec["height"], spec["width"])
+    model, z = tiny_model_and_latent(spec)
     with tempfile.TemporaryDirectory() as folder:
         runs = decode_runs(model, z, Path(folder))
         decode_runs(model, z[:, :, :2], Path(folder))[spec["mode"]]()  # warm-up
@@ -85,8 +82,7 @@ def memory_worker(spec: dict) -> dict:
 
 def timing_worker(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
-    model = load_tiny(spec["family"])
-    z = random_latent(model, spec["frames"], spec["height"], spec["width"])
+    model, z = tiny_model_and_latent(spec)
     wall: dict[str, list[float]] = {name: [] for name in TIMING_MODES}
     cpu: dict[str, list[float]] = {name: [] for name in TIMING_MODES}
     with tempfile.TemporaryDirectory() as folder:
@@ -164,7 +160,7 @@ def main() -> None:
     args.timing_height, args.timing_width = (int(v) for v in args.timing_size.lower().split("x"))
     machine = machine_summary()
     header = (f"tiny {args.family} decode to file vs IMAGE, {args.height}x{args.width}, 1 latent frame per chunk; "
-              f"{machine['cpu_model']['model']} ({', '.join(machine['cpu_model']['flags'])}), {machine['threads']} threads, "
+              f"{machine['cpu_model']['cpu']} ({', '.join(machine['cpu_model']['flags'])}), {machine['threads']} threads, "
               f"torch {machine['torch']}, commit {machine['commit']}")
     print(header, flush=True)
     result = {"machine": machine, "settings": vars(args)}

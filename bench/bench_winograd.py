@@ -1,8 +1,8 @@
 """Winograd F(m x m, 3 x 3) conv3d against oneDNN, per layer shape, side by side in one process.
 
-    python bench/bench_winograd.py                 # decoder layers + channel sweep, F(2), F(4), F(6)
-    python bench/bench_winograd.py --layers quick  # a few smaller layers
-    python bench/bench_winograd.py --threads 1     # per-core efficiency (a noisy machine hurts less)
+    python -m bench.bench_winograd                 # decoder layers + channel sweep, F(2), F(4), F(6)
+    python -m bench.bench_winograd --layers quick  # a few smaller layers
+    python -m bench.bench_winograd --threads 1     # per-core efficiency (a noisy machine hurts less)
 
 Per layer (x B,Cin,T,H,W -> Cout, kernel kt x 3 x 3, stride 1, padding (0, 1, 1)): median time of
 oneDNN (the dispatch's path with the switch off) and of each Winograd tile size, timed in
@@ -14,16 +14,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from bench.common import print_table  # noqa: E402
-from vae.optimizations.conv import conv3d  # noqa: E402
-from vae.optimizations.winograd import FilterCache, winograd_conv3d  # noqa: E402
+from bench.common import print_table
+from vae.optimizations.conv import conv3d
+from vae.optimizations.winograd import FilterCache, winograd_conv3d
 
 CACHE = FilterCache(1 << 34)  # every transform stays: the timings compare kernels, not cache misses
 

@@ -1,11 +1,11 @@
 """Calibrate the memory model (vae/memory_calibration.json) by measuring peak memory.
 
-    python bench/calibrate_memory.py                    # all families, CPU (peak RSS) or CUDA
-    python bench/calibrate_memory.py --families seedvr2 --check
-    python bench/calibrate_memory.py --modes caches      # only the causal-cache profiles (seconds)
+    python -m bench.calibrate_memory                    # all families, CPU (peak RSS) or CUDA
+    python -m bench.calibrate_memory --families seedvr2 --check
+    python -m bench.calibrate_memory --modes caches      # only the causal-cache profiles (seconds)
 
 On the CPU each measurement runs one encode/decode of the full released config (random weights,
-float32) in a fresh process (bench/memory_worker.py) and records the activation peak of the call
+float32) in a fresh process (bench.memory_worker) and records the activation peak of the call
 after a warm-up (which leaves the CPU Winograd filter cache resident; `vae.memory` computes that
 from the weights): peak RSS of live tensors (VmHWM reset after the model, buffers and warm-up). On
 CUDA one process per family measures every point (the allocator's statistics are exact per call):
@@ -19,18 +19,15 @@ stored model with fresh measurements at other sizes instead.
 """
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
+from bench import models
+from bench.common import run_worker
+from vae import memory
+from vae.devices import DTYPES
 
-from bench.common import build_random_model, run_worker  # noqa: E402
-from bench.families import FULL_CONFIGS  # noqa: E402
-from vae import memory  # noqa: E402
-
-FAMILIES = ("seedvr2", "wan21", "wan22")
+FAMILIES = models.FAMILIES
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured
 # peak is that of a steady 4-frame chunk.
 FIT_POINTS = {
@@ -60,11 +57,10 @@ class Measurer:
         spec = point_spec(self.family, op, size, tile, mode, self.device)
         if torch.device(self.device).type != "cuda":
             return run_worker("bench.memory_worker", spec)
-        from bench.common import DTYPES
         from bench.memory_worker import measure
 
         if self.model is None:
-            self.model = build_random_model(*FULL_CONFIGS[self.family](), torch.float32, device=self.device)
+            self.model = models.build(self.family, torch.float32, self.device)
         self.model.set_dtypes(**{op: DTYPES[CUDA_DTYPES[op]]})
         result = measure(self.model, spec)
         result["peak_bytes"] += memory.weight_bytes(self.model)  # resident before `measure` began
@@ -113,7 +109,7 @@ def main():
     cuda = device_type == "cuda"
     for family in args.families:
         if "caches" in args.modes and not args.check:
-            model = build_random_model(*FULL_CONFIGS[family](), torch.float32, device=args.device)
+            model = models.build(family, torch.float32, args.device)
             for op in args.ops:
                 save(device_type, family, op, "caches", memory.cache_profile(model, op))
             del model

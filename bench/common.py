@@ -1,4 +1,4 @@
-"""Shared benchmark machinery: random full-size models, isolated timed runs, ceilings, tables.
+"""Shared benchmark machinery: isolated timed runs, peak memory, ceilings, machine records, tables.
 
 Benchmarks print ratio tables; they are never tests. Each measured variant runs in its own
 subprocess so that its peak memory is its own (Linux VmHWM, reset after the model is built), and
@@ -16,38 +16,10 @@ from pathlib import Path
 
 import torch
 
+from vae.devices import DTYPES
+from vae.optimizations import conv3d, cpu_has_native, kernel_choice
+
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-import vae  # noqa: E402
-from vae.optimizations import cpu_has_native  # noqa: E402
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic weights for a model built on the meta device: conv and linear weights
-    N(0,1)/sqrt(fan_in), norm scales 1, biases 0 (keeps activations O(1) through the depth)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for module_name, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            key = f"{module_name}.{name}" if module_name else name
-            if isinstance(module, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear)) and name == "weight":
-                out[key] = torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5
-            elif name in ("weight", "gamma"):
-                out[key] = torch.ones(p.shape)
-            else:
-                out[key] = torch.zeros(p.shape)
-    return out
-
-
-def build_random_model(family_cls, cfg, dtype: torch.dtype, device: str = "cpu", seed: int = 0):
-    """A full-size model of `family_cls(cfg)` with random weights, loaded through `vae.load`."""
-    with torch.device("meta"):
-        meta = family_cls(cfg)
-    return vae.load(random_state_dict(meta, seed), device=device, dtype=dtype)
 
 
 def reset_peak_rss() -> None:
@@ -115,8 +87,6 @@ def ceilings(dtypes=("fp32", "bf16"), seconds: float = 2.0) -> dict[str, float]:
         x = torch.randn(1, 256, 6, 64, 64, dtype=dtype)
         w = torch.randn(256, 256, 3, 3, 3, dtype=dtype)
         flops = 2 * 256 * 256 * 27 * 4 * 64 * 64
-        from vae.optimizations import conv3d
-
         result[f"conv3d_{name}"] = _rate(lambda: conv3d(x, w, None, (1, 1, 1), (0, 1, 1)), flops, seconds)
     return result
 
@@ -159,24 +129,11 @@ def git_commit() -> str | None:
     return f"{commit}+dirty" if commit and dirty else commit
 
 
-def cpu_model() -> dict:
-    """CPU name and the vector-instruction flags that decide conv speed (Linux /proc/cpuinfo)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"model": platform.processor() or platform.machine(), "flags": []}
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-    return {"model": fields.get("model name", platform.machine()),
-            "flags": [f for f in wanted if f in fields.get("flags", "").split()], "cores": os.cpu_count()}
-
-
 def machine_summary() -> dict:
     """What a result was measured on and with: CPU (model and flags), torch, GPU, and the commit."""
     return {
         "cpu": platform.processor() or platform.machine(),
-        "cpu_model": cpu_model(),
+        "cpu_model": dict(kernel_choice.cpu_identity(), cores=os.cpu_count()),  # model ("cpu"), vector flags
         "commit": git_commit(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "native_bf16_conv": cpu_has_native(torch.bfloat16),

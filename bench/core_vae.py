@@ -1,54 +1,150 @@
-"""ComfyUI core's own VAE of a family, built from the same state dict as StreamVAE's, for comparison.
+"""ComfyUI core's own VAE of a family, loaded with the same state dict as StreamVAE's, for comparison.
 
-Core's Wan VAEs (comfy/ldm/wan/vae.py, vae2_2.py) use the checkpoint's key names, which are also
-StreamVAE's native ones, so one random state dict loads into both. Their `decode` takes the raw
-latent and returns unclamped pixels in [-1, 1], as StreamVAE's does; `encode` returns the raw mean.
-The ComfyUI checkout is found as the tests find it (STREAMVAE_COMFYUI, default .cache/ComfyUI).
+Two cores (`TREES`), each a ComfyUI source tree found as below:
+- "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan only
+  (comfy/ldm/wan/vae.py, vae2_2.py).
+- "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
+  through its native VAE (comfy/ldm/seedvr/vae.py). This core imports comfy-kitchen and comfy-aimdo; they
+  come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
+  bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
+  0.6.0, what core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
+
+Core's VAEs use the checkpoint's key names, which are StreamVAE's native ones. Core's Wan `decode`
+takes the raw latent and returns unclamped pixels in [-1, 1], as StreamVAE's does; `encode` returns
+the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling factor), so it
+is wrapped to take the raw latent (`RawLatentDecode`). A process holds one ComfyUI: its tree and
+packages go at the end of the import path (after the benchmark's own modules are imported, since a
+tree's `tests`, `utils` and `app` packages would shadow others), and ComfyUI reads its command line on
+import: --cpu unless the model is to run on CUDA.
 """
+import importlib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-COMFYUI = Path(os.environ.get("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI")).resolve()
-
-# family -> the core module with its WanVAE
-CORE_WAN = {"wan21": "comfy.ldm.wan.vae", "wan22": "comfy.ldm.wan.vae2_2"}
 
 
-def _import_core(module: str, cpu: bool = True):
-    """Import a ComfyUI module (its model_management reads the command line on import: --cpu
-    unless a GPU run is wanted)."""
-    if not (COMFYUI / "comfy").is_dir():
-        raise RuntimeError(f"ComfyUI not found at {COMFYUI} (set STREAMVAE_COMFYUI)")
-    if str(COMFYUI) not in sys.path:
-        sys.path.insert(0, str(COMFYUI))
-    import importlib
+@dataclass(frozen=True)
+class CoreTree:
+    env: str  # the variable that overrides where the tree is
+    default: Path
+    modules: dict  # family -> the core module with its VAE
+    site_venv: Path | None = None  # a venv whose site-packages hold the core's own packages (CPU builds)
 
+    @property
+    def path(self) -> Path:
+        return Path(os.environ.get(self.env, self.default)).resolve()
+
+    def sites(self) -> list[Path]:
+        """Folders with the core's own packages (comfy-kitchen, comfy-aimdo), appended to the import path."""
+        if os.environ.get("STREAMVAE_CORE_SITE"):
+            return [Path(os.environ["STREAMVAE_CORE_SITE"]).resolve()]
+        if self.site_venv is None:
+            return []
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"  # compiled parts must match
+        return [p for p in [self.site_venv / "lib" / version / "site-packages"] if p.is_dir()]
+
+
+WAN = {"wan21": "comfy.ldm.wan.vae", "wan22": "comfy.ldm.wan.vae2_2"}
+TREES = {
+    "0.3.75": CoreTree("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI", WAN),
+    "0.33.0": CoreTree("STREAMVAE_COMFYUI_033", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI",
+                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae"}, REPO / ".cache" / "venv-comfy-0.33.0"),
+}
+# The core packages whose versions a row records.
+CORE_PACKAGES = ("comfy_kitchen", "comfy_aimdo")
+
+
+def _import_core(version: str, module: str, cpu: bool):
+    tree = TREES[version]
+    if not (tree.path / "comfy").is_dir():
+        raise RuntimeError(f"ComfyUI {version} not found at {tree.path} (set {tree.env}, or run .ci/setup; on a "
+                           "GPU machine bench/prepare_gpu_carry.sh copies it)")
+    loaded = sys.modules.get("comfy")
+    if loaded is not None and Path(next(iter(loaded.__path__))).resolve().parent != tree.path:
+        raise RuntimeError(f"this process already imported ComfyUI from {next(iter(loaded.__path__))}: one core per process")
+    for folder in [tree.path, *tree.sites()]:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
     import comfy.options
 
     comfy.options.enable_args_parsing()
     argv, sys.argv = sys.argv, [sys.argv[0], *(["--cpu"] if cpu else [])]
     try:
         return importlib.import_module(module)
+    except ImportError as error:
+        raise RuntimeError(f"ComfyUI {version} cannot import {module} ({error}); its own packages come from "
+                           f"STREAMVAE_CORE_SITE or {tree.site_venv} (see bench/core_vae.py)") from error
     finally:
         sys.argv = argv
 
 
-def core_model(family: str, cfg, state_dict: dict, dtype: torch.dtype, cpu: bool = True) -> torch.nn.Module:
-    """Core's VAE of `family` for StreamVAE config `cfg` (a Wan21Config / Wan22Config), with
-    `state_dict` loaded (strict), in `dtype`, eval mode, on the CPU (ComfyUI imported with --cpu
-    unless `cpu` is False)."""
-    if family not in CORE_WAN:
-        raise ValueError(f"no ComfyUI core VAE to compare for {family!r} (have {sorted(CORE_WAN)})")
-    core = _import_core(CORE_WAN[family], cpu)
-    kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
-                  attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
-    if hasattr(cfg, "dec_dim"):
-        kwargs["dec_dim"] = cfg.dec_dim
+def package_versions() -> dict:
+    """Versions of the core packages this process imported (comfy-kitchen, comfy-aimdo), where known."""
+    from importlib import metadata
+
+    versions = {}
+    for name in CORE_PACKAGES:
+        if name in sys.modules:
+            try:
+                versions[name] = metadata.version(name.replace("_", "-"))
+            except metadata.PackageNotFoundError:
+                versions[name] = getattr(sys.modules[name], "__version__", "unknown")
+    return versions
+
+
+class RawLatentDecode(torch.nn.Module):
+    """Core's SeedVR2 VAE with StreamVAE's latent convention: `decode` takes the raw latent."""
+
+    def __init__(self, core: torch.nn.Module, scaling_factor: float):
+        super().__init__()
+        self.core, self.scaling_factor = core, scaling_factor
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.core.decode(z * self.scaling_factor)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.core.encode(x)
+
+
+def _seedvr2(core, cfg) -> torch.nn.Module:
+    """Core's SeedVR2 wrapper; for a config other than the released one (the tiny test checkpoint's
+    channel widths and groups, which core fixes as constants) its own classes with those values."""
+    released = tuple(cfg.block_out_channels) == tuple(core.BYTEDANCE_BLOCK_OUT_CHANNELS) and cfg.norm_num_groups == 32
+    if released:
+        return core.VideoAutoencoderKLWrapper()
+    wrapper = core.VideoAutoencoderKLWrapper
+    model = wrapper.__new__(wrapper)  # what wrapper.__init__ does, with the config's widths and groups
+    model.spatial_downsample_factor, model.temporal_downsample_factor = 8, 4
+    saved, core.BYTEDANCE_BLOCK_OUT_CHANNELS = core.BYTEDANCE_BLOCK_OUT_CHANNELS, tuple(cfg.block_out_channels)
+    try:
+        core.VideoAutoencoderKL.__init__(model, norm_num_groups=cfg.norm_num_groups)
+    finally:
+        core.BYTEDANCE_BLOCK_OUT_CHANNELS = saved
+    model.set_memory_limit(core.BYTEDANCE_VAE_CONV_MEM_GIB, core.BYTEDANCE_VAE_NORM_MEM_GIB)
+    return model
+
+
+def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dtype, device="cpu") -> torch.nn.Module:
+    """Core `version`'s VAE of `family` for StreamVAE config `cfg`, with `state_dict` loaded (strict),
+    in `dtype` on `device`, eval mode; `decode` takes the raw latent, as StreamVAE's."""
+    tree = TREES[version]
+    if family not in tree.modules:
+        raise ValueError(f"ComfyUI {version} has no VAE to compare for {family!r} (has {sorted(tree.modules)})")
+    core = _import_core(version, tree.modules[family], cpu=torch.device(device).type != "cuda")
     with torch.device("meta"):
-        model = core.WanVAE(**kwargs)
+        if family == "seedvr2":
+            model = _seedvr2(core, cfg)
+        else:
+            kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
+                          attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
+            if hasattr(cfg, "dec_dim"):
+                kwargs["dec_dim"] = cfg.dec_dim
+            model = core.WanVAE(**kwargs)
     model.load_state_dict(state_dict, strict=True, assign=True)
-    return model.to(dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return RawLatentDecode(model, cfg.scaling_factor) if family == "seedvr2" else model

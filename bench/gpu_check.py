@@ -3,40 +3,40 @@
     python -m bench.gpu_check                       # every part on the CUDA device
     python -m bench.gpu_check --parts tests decode  # some parts
     python -m bench.gpu_check --device cpu          # dry run on the CPU with the tiny models (CI)
+    python -m bench.gpu_check --parts decode --families wan21 --variants reference bf16 bf16-core_0.33.0
 
 Parts, each planned to end within `--part-budget` seconds (8 minutes by default, so each fits a remote
 machine that stops a command at 10):
 - tests: the CUDA tests (`pytest -m gpu`).
-- decode / encode: for every family, realistic clips (full released configs, random weights) in
-  fp32 and bf16: the reference (fp32, every switch off, TF32 off), the optimized default, each GPU
-  switch flipped, exact tiles and a memory budget. Each case runs in its own process, so its peak
-  memory (`torch.cuda.max_memory_allocated`) is its own and a crash costs one row. Recorded: median
-  time, peak against the memory model's prediction, max error and PSNR against the reference.
-- calibrate: the CUDA memory calibration (bench/calibrate_memory.py on this device: fit, then a
+- decode / encode: for every family, realistic clips (full released configs, random weights), one row
+  per --variants name (the variant table, bench/variants.py: `<dtype>-<variant>`, e.g. `reference`,
+  `bf16`, `bf16-no-triton_norm`, `bf16-tiles`, `bf16-core_0.33.0` for ComfyUI 0.33.0 core's own VAE with
+  the same weights). Each case runs in its own process, so its peak memory
+  (`torch.cuda.max_memory_allocated`) is its own and a crash costs one row. Recorded: median time, peak
+  against the memory model's prediction, max error and PSNR against the reference row (fp32, every
+  switch off, TF32 off), and for core rows the versions of its comfy-kitchen and comfy-aimdo.
+- calibrate: the CUDA memory calibration (bench.calibrate_memory on this device: fit, then a
   check at other sizes); the calibration file is copied into `--out`.
-- profile: where the time of one decode goes, per kernel and per kind (bench/gpu_profile.py).
+- profile: where the time of one decode goes, per kernel and per kind (bench.gpu_profile).
 
 Results go to `--out` (default bench/results/gpu/) as JSON lines, one per case as it finishes, plus
 a table printed at the end; the machine (GPU, driver, torch, Triton, cuDNN, commit) heads each file.
 """
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-
-from bench.common import git_commit, print_table, psnr  # noqa: E402
+from bench import models
+from bench.common import REPO, git_commit, print_table, psnr
+from bench.variants import parse_row, prepared, variant
+from vae.devices import DTYPES
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
 WORKLOADS = {
@@ -45,28 +45,9 @@ WORKLOADS = {
     "wan22": [(81, 704, 1280)],
 }
 DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)]}
+DRY_TILE, DRY_OVERLAP = 32, 8  # the dry run's frames are smaller than a real tile
 
-# Variants per workload: name -> what differs from the optimized default.
-VARIANTS = {
-    "reference": dict(dtype="fp32", opts="straightforward", backend=dict(tf32=False)),
-    "fp32": dict(dtype="fp32"),
-    "bf16": dict(dtype="bf16"),
-    "bf16-no-triton": dict(dtype="bf16", opts="no-triton_norm"),
-    "bf16-no-fused": dict(dtype="bf16", opts="no-fused_norm_act"),
-    "bf16-kernels-defaults": dict(dtype="bf16", opts="kernels_defaults"),  # fixed kernels instead of measured
-    "bf16-cudnn-benchmark": dict(dtype="bf16", backend=dict(cudnn_benchmark=True)),
-    "bf16-channels-last": dict(dtype="bf16", channels_last=True),
-    "bf16-tiles": dict(dtype="bf16", tile=512),
-    "bf16-budget-12g": dict(dtype="bf16", budget=12 * 2**30),
-    "bf16-auto": dict(dtype="bf16", budget="auto"),  # what the nodes run by default
-    "bf16-fast-tiles": dict(dtype="bf16", tile=512, tiling="fast", overlap=64),
-    # torch.compile (inductor) of every block; "first s" includes the compile, the status is recorded.
-    "bf16-compile": dict(dtype="bf16", compile="default"),
-    "bf16-compile-cudagraphs": dict(dtype="bf16", compile="reduce-overhead"),
-    "core-bf16": dict(dtype="bf16", core=True),
-    "core-fp32": dict(dtype="fp32", core=True),
-}
-DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels-defaults", "bf16-no-triton", "bf16-tiles"]
+DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels_defaults", "bf16-no-triton_norm", "bf16-tiles"]
 
 
 def machine() -> dict:
@@ -96,96 +77,64 @@ def machine() -> dict:
 # --- one case, in its own process ------------------------------------------------------------------
 
 def _build(spec: dict):
-    import vae
-    from bench.common import random_state_dict
-    from bench.families import FULL_CONFIGS, make_input
-    from bench.variants import options
-    from tests.reference import TINY_CONFIG_OVERRIDES, tiny_checkpoint
-
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
-    if spec.get("core"):  # ComfyUI core's own VAE with the same weights (bench/core_vae.py)
-        from bench.core_vae import core_model
-
-        family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-        with torch.device("meta"):
-            meta = family_cls(cfg)
-        model = core_model(spec["family"], cfg, random_state_dict(meta), dtype, cpu=spec["device"] == "cpu")
-        model = model.to(spec["device"])
-        x = make_input(meta, spec).to(spec["device"], dtype)
+    """(model, input, plan settings, run(opts)) of a case: StreamVAE's model run by the engine, or None,
+    None and ComfyUI core's own VAE with the same weights called directly (bench/core_vae.py)."""
+    dtype_name, name = parse_row(spec["variant"])
+    dtype, core = DTYPES[dtype_name], variant(name).core
+    model = models.build(spec["family"], dtype, spec["device"], tiny=spec["tiny"], core=core)
+    x = models.make_input(spec["family"], spec).to(spec["device"])
+    if core is not None:
+        x = x.to(dtype)
         op = model.encode if spec["op"] == "encode" else model.decode
-        return None, (lambda: op(x).to("cpu")), x
-    if spec["tiny"]:
-        model = vae.load(tiny_checkpoint(spec["family"]), config=TINY_CONFIG_OVERRIDES[spec["family"]],
-                         device=spec["device"], dtype=dtype)
-    else:
-        family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-        with torch.device("meta"):
-            meta = family_cls(cfg)
-        model = vae.load(random_state_dict(meta), device=spec["device"], dtype=dtype)
-    x = make_input(model, spec).to(spec["device"])
+        return None, x, None, lambda opts: op(x).to("cpu")
     if spec["op"] == "encode":
         x = x.to(dtype)
-    kwargs = dict(temporal_chunk=spec.get("chunk"))
-    if spec.get("tile"):
-        kwargs.update(tile_size=spec["tile"], tiling=spec.get("tiling", "exact"), tile_overlap=spec.get("overlap", 0))
-    if spec.get("budget"):
-        kwargs["memory_budget"] = spec["budget"]
-    if spec["op"] == "decode":
-        kwargs["out_device"] = "cpu"  # as the nodes do: frames go to host memory chunk by chunk
-    kwargs["opts"] = options(spec.get("opts", "optimized"))
-    op = vae.encode if spec["op"] == "encode" else vae.decode
-    return model, (lambda: op(model, x, **kwargs)), x
+    settings = dict(temporal_chunk=spec.get("chunk"), **variant(name).settings)
+    if settings.get("tile_size") and spec["tiny"]:
+        settings.update(tile_size=DRY_TILE, tile_overlap=min(settings.get("tile_overlap", 0), DRY_OVERLAP))
+    io = dict(out_device="cpu") if spec["op"] == "decode" else {}  # as the nodes do: frames to host memory
+    return model, x, settings, lambda opts: models.run(model, spec["op"], x, settings, opts, **io)
 
 
 def run_case(spec: dict) -> dict:
-    import vae
-    from bench.variants import options
-    from vae.optimizations.backend import BackendFlags, applied, to_channels_last_3d
-    from vae.optimizations.compile import CompileSettings, compile_blocks, dynamo_limits, run_with_fallback
+    from bench.core_vae import package_versions
+    from vae.optimizations.compile import run_with_fallback
 
     device = torch.device(spec["device"])
-    model, op, x = _build(spec)
-    if spec.get("channels_last"):
-        to_channels_last_3d(model)
-    compiled, limits = None, contextlib.nullcontext
-    if spec.get("compile"):
-        settings = CompileSettings(mode=spec["compile"])
-        compiled, limits = compile_blocks(model, settings), partial(dynamo_limits, settings)
-    flags = BackendFlags(**spec.get("backend", {}))
+    model, x, settings, call = _build(spec)
     cuda = device.type == "cuda"
+    result = dict(spec, predicted_peak_gib=None)
+    with prepared(model, parse_row(spec["variant"])[1]) as setup:
+        if model is not None:  # what the engine plans for these settings (peak unknown where uncalibrated)
+            plan = models.plan(model, spec["op"], tuple(x.shape), settings, setup.opts)
+            result["plan"] = plan.describe()
+            result["predicted_peak_gib"] = None if plan.peak_bytes is None else plan.peak_bytes / 2**30
 
-    def once():
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        with applied(flags), limits(), torch.inference_mode():
-            y = run_with_fallback(op)
-        if cuda:
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start, y
+        def once():
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            with setup.per_run(), torch.inference_mode():
+                y = run_with_fallback(call, setup.opts)
+            if cuda:
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - start, y
 
-    result = dict(spec)
-    predicted = None
-    if model is not None:  # what the engine plans for these settings (peak unknown where uncalibrated)
-        plan = vae.plan(model, spec["op"], tuple(x.shape), temporal_chunk=spec.get("chunk"), tile_size=spec.get("tile"),
-                        tiling=spec.get("tiling", "exact"), tile_overlap=spec.get("overlap", 0),
-                        memory_budget=spec.get("budget"), opts=options(spec.get("opts", "optimized")))
-        predicted = plan.peak_bytes
-        result["plan"] = plan.describe()
-    result["predicted_peak_gib"] = None if predicted is None else predicted / 2**30
-    # The fp32 reference runs once: it is only the yardstick for the error columns.
-    warm = once()[0] if spec["variant"] != "reference" else None
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    times, y = [], None
-    for _ in range(1 if spec["variant"] == "reference" else spec.get("repeats", 2)):
-        y = None
-        t, y = once()
-        times.append(t)
+        # The fp32 reference runs once: it is only the yardstick for the error columns.
+        warm = once()[0] if spec["variant"] != "reference" else None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        times, y = [], None
+        for _ in range(1 if spec["variant"] == "reference" else spec.get("repeats", 2)):
+            y = None
+            t, y = once()
+            times.append(t)
     result.update(first_s=warm, times_s=times, median_s=statistics.median(times))
-    if compiled is not None:
-        result["compile"] = compiled.status
+    if setup.compile_report is not None:
+        result["compile"] = setup.compile_report.status
+    if model is None:
+        result["core_packages"] = package_versions()
     if cuda:
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30  # what the memory model predicts
@@ -235,16 +184,14 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
     scratch.mkdir(parents=True, exist_ok=True)
     for family, frames, height, width in workloads(args):
         key = f"{family}-{op}-{frames}x{height}x{width}"
-        for variant in args.variants:
+        for row_name in args.variants:
             left = args.part_budget - (time.monotonic() - start)
             if left < 20:
-                rows.append(dict(family=family, op=op, variant=variant, key=key, error="skipped: part budget spent"))
+                rows.append(dict(family=family, op=op, variant=row_name, key=key, error="skipped: part budget spent"))
                 continue
-            spec = dict(VARIANTS[variant], family=family, op=op, frames=frames, height=height, width=width,
-                        variant=variant, key=key, device=args.device, tiny=args.device == "cpu",
-                        repeats=args.repeats, scratch=str(scratch), reference=args.reference)
-            if spec.get("tile") and spec["tiny"]:
-                spec["tile"] = 32  # the dry run's frames are smaller than a real tile
+            spec = dict(family=family, op=op, frames=frames, height=height, width=width, variant=row_name, key=key,
+                        device=args.device, tiny=args.device == "cpu", repeats=args.repeats, scratch=str(scratch),
+                        reference=args.reference)
             row = _case_process(spec, timeout=left)
             rows.append(row)
             with out_file.open("a") as f:
@@ -252,7 +199,7 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
             compiled = f", compile: {row['compile']}" if row.get("compile") else ""
             status = row.get("error") or (f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, "
                                           f"err {row.get('max_err', 0):.2e}{compiled}")
-            print(f"[gpu_check] {key} {variant}: {status}", flush=True)
+            print(f"[gpu_check] {key} {row_name}: {status}", flush=True)
     return rows
 
 
@@ -288,7 +235,7 @@ def calibrate(args, out: Path) -> None:
     from vae import memory
 
     start = time.monotonic()
-    tool = [sys.executable, "bench/calibrate_memory.py", "--device", args.device, "--families", *args.families]
+    tool = [sys.executable, "-m", "bench.calibrate_memory", "--device", args.device, "--families", *args.families]
     _logged_run(tool, args.part_budget)
     left = args.part_budget - (time.monotonic() - start)
     if left > 30:
@@ -303,6 +250,14 @@ COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "
            ("max_err", "max err", ".1e"), ("psnr_db", "PSNR dB", ".1f"), ("error", "error", "s")]
 
 
+def _row_name(name: str) -> str:
+    try:
+        parse_row(name)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -310,11 +265,13 @@ def main():
                         choices=["tests", "calibrate", "decode", "encode", "profile"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--families", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, type=_row_name, metavar="ROW",
+                        help="rows: <dtype>-<variant> of bench/variants.py's table, a bare dtype (its optimized row) "
+                             "or a bare variant (fp32)")
     parser.add_argument("--sizes", type=int, default=1, help="how many of each family's workload sizes (smallest first)")
     parser.add_argument("--workloads", nargs="+", metavar="FAMILY:FxHxW",
                         help="run these clips instead, e.g. seedvr2:81x720x1248")
-    parser.add_argument("--reference", default="reference", choices=list(VARIANTS),
+    parser.add_argument("--reference", default="reference", type=_row_name,
                         help="the variant whose output the error columns compare with (run it first)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--part-budget", type=float, default=480.0, help="seconds per part")

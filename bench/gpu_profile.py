@@ -8,20 +8,15 @@ nodes do. Kinds are read from kernel names (cuDNN/CUTLASS convolution kernels, o
 kernels, SDPA kernels, copy and fill kernels); the table says how much fell in none of them.
 """
 import argparse
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
-import vae  # noqa: E402
-
-from bench.common import DTYPES, build_random_model, machine_summary  # noqa: E402
-from bench.families import FULL_CONFIGS, make_input  # noqa: E402
+from bench import models
+from bench.common import machine_summary
+from vae.devices import DTYPES
 
 KINDS = [  # (kind, substrings of kernel names), first match wins
     ("norm", ("_gn_partial_kernel", "_center_scale_act_kernel", "_rms_act_kernel", "group_norm", "GroupNorm", "norm_kernel")),
@@ -38,7 +33,7 @@ def kind_of(name: str) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="wan21", choices=sorted(FULL_CONFIGS))
+    parser.add_argument("--family", default="wan21", choices=models.FAMILIES)
     parser.add_argument("--size", default="81x480x832", help="pixel frames x height x width")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--device", default="cuda")
@@ -46,11 +41,11 @@ def main():
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     frames, height, width = (int(v) for v in args.size.lower().split("x"))
-    model = build_random_model(*FULL_CONFIGS[args.family](), DTYPES[args.dtype], device=args.device)
-    z = make_input(model, dict(op="decode", frames=frames, height=height, width=width)).to(args.device)
+    model = models.build(args.family, DTYPES[args.dtype], args.device)
+    z = models.make_input(args.family, dict(op="decode", frames=frames, height=height, width=width)).to(args.device)
 
     def decode():
-        vae.decode(model, z, out_device="cpu")
+        models.run(model, "decode", z, out_device="cpu")
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 

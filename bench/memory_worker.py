@@ -7,7 +7,7 @@ with kernels chosen by measurement (spec "kernel_choice", default "measure" as a
 call runs once untimed so that each layer shape's one-time kernel timing is not part of the measured peak.
 Prints one JSON line: retained_bytes (what the warm-up left resident), activation_bytes (peak during
 the measured op minus what was resident just before it), peak_bytes (peak minus the process's
-footprint before the model existed) and predicted_bytes (`vae.memory.estimate` for the same
+footprint before the model existed) and predicted_bytes (the peak of `vae.plan` for the same
 settings, if calibrated). `measure` does the same for a model already built (the CUDA calibration
 measures every point in one process: the allocator's statistics are exact there).
 """
@@ -15,16 +15,15 @@ import ctypes
 import json
 import math
 import sys
-from functools import partial
 
 import torch
 
 import vae
 
-from bench.common import DTYPES, build_random_model, peak_rss_bytes, reset_peak_rss, rss_bytes
-from bench.families import FULL_CONFIGS, make_input
+from bench import models
+from bench.common import peak_rss_bytes, reset_peak_rss, rss_bytes
+from vae.devices import DTYPES
 from vae.optimizations.conv import WINOGRAD_MIN_FRAME_PIXELS
-from vae import memory
 
 
 def fixed_mmap_threshold(threshold: int = 1 << 16) -> None:
@@ -41,8 +40,7 @@ def run(spec: dict) -> dict:
     device = torch.device(spec.get("device", "cpu"))
     measure_now = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else rss_bytes
     start = measure_now()
-    family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-    model = build_random_model(family_cls, cfg, DTYPES[spec.get("dtype", "fp32")], device=str(device))
+    model = models.build(spec["family"], DTYPES[spec.get("dtype", "fp32")], device)
     result = measure(model, spec)
     result["peak_bytes"] += result.pop("base_bytes") - start
     return result
@@ -62,27 +60,26 @@ def measure(model, spec: dict) -> dict:
         torch.cuda.empty_cache()
     measure_now = (lambda: torch.cuda.memory_reserved(device)) if cuda else rss_bytes
     base = measure_now()
-    x = make_input(model, spec).to(device)
+    x = models.make_input(model.family, spec).to(device)
     if spec["op"] == "encode":
         x = x.to(model.encode_dtype)
-    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
-                  tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"), opts=opts)
-    run = vae.decode if spec["op"] == "decode" else vae.encode
-    op = partial(run, model)
+    settings = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
+                    tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
+    io = {}
     if spec["op"] == "decode":
-        out = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
-                           x.shape[3] * model.spatial_factor, x.shape[4] * model.spatial_factor), device=device)
-        kwargs["out"] = out
+        io["out"] = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
+                                 x.shape[3] * model.spatial_factor, x.shape[4] * model.spatial_factor), device=device)
     # Warm up on the smallest latent whose frames every layer runs by Winograd (8x8 cells: 64 pixels, the
     # dispatch's floor): fills what persists between calls (the Winograd filter cache). With kernels
     # chosen by measurement, the measured call once more: each new layer shape is timed on its first use
     # (kernel_choice.py), which belongs to the warm-up, not to the steady-state peak being measured.
     before_warmup = measure_now()
     cells = math.isqrt(WINOGRAD_MIN_FRAME_PIXELS - 1) + 1
-    warm = make_input(model, dict(spec, height=cells * model.spatial_factor, width=cells * model.spatial_factor)).to(device)
-    op(warm.to(model.encode_dtype) if spec["op"] == "encode" else warm, temporal_chunk=1, opts=opts)
+    warm = models.make_input(model.family, dict(spec, height=cells * model.spatial_factor,
+                                                width=cells * model.spatial_factor)).to(device)
+    models.run(model, spec["op"], warm.to(model.encode_dtype) if spec["op"] == "encode" else warm, dict(temporal_chunk=1), opts)
     if opts.kernel_choice == "measure":
-        op(x, **kwargs)
+        models.run(model, spec["op"], x, settings, opts, **io)
     del warm
     if cuda:
         torch.cuda.synchronize(device)
@@ -92,11 +89,10 @@ def measure(model, spec: dict) -> dict:
         reset_peak_rss()
     retained = measure_now() - before_warmup
     before = measure_now()
-    op(x, **kwargs)
+    models.run(model, spec["op"], x, settings, opts, **io)
     peak = torch.cuda.max_memory_reserved(device) if cuda else peak_rss_bytes()
     try:
-        predicted = memory.estimate(model, spec["op"], tuple(x.shape), spec.get("temporal_chunk") or 1,
-                                    spec.get("tile_size"), spec.get("tiling", "exact"), device, kwargs["cache_offload"])
+        predicted = models.plan(model, spec["op"], tuple(x.shape), settings, opts).peak_bytes
     except KeyError:
         predicted = None
     return {"activation_bytes": peak - before, "retained_bytes": retained, "peak_bytes": peak - base,

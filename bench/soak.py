@@ -1,9 +1,10 @@
 """Soak run (not part of CI): many mixed StreamVAE prompts of random small sizes through a real ComfyUI
 server, with interrupts and injected out-of-memory errors sprinkled in.
 
-    .venv/bin/python bench/soak.py [--prompts 200] [--seed 0] [--timeout 180]
+    PYTHONPATH=tests .venv/bin/python -m bench.soak [--prompts 200] [--seed 0] [--timeout 180]
 
-Needs what the server tests need (.ci/setup: ComfyUI in .cache/ComfyUI, the shared tiny checkpoints).
+Needs what the server tests need (.ci/setup: ComfyUI in .cache/ComfyUI, the shared tiny checkpoints), and
+their harness: the tests' folder on the import path, as pytest puts it there (tests/conftest.py).
 Each prompt is an encode (IMAGE -> SaveLatent), a decode (LoadLatent -> PreviewImage) or a round trip,
 on a random family, clip (1-9 frames, 16-96 px, any size) and tiling (untiled / 64 px exact / fast,
 any temporal chunk). One prompt in eight is interrupted after its first progress step and one in eight
@@ -31,19 +32,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import vae
 from PIL import Image
 from safetensors.torch import save_file
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from bench import models
 
-from comfy_support.server import ComfyServer, build_base_directory  # noqa: E402
-from reference import load_tiny  # noqa: E402
-from test_bad_inputs_server import interrupt_at_first_step  # noqa: E402
-from test_nodes_server import as_uint8, node, saved_images, saved_latent, vae_file, video_of  # noqa: E402
+try:  # the tests' ComfyUI harness, imported as pytest imports it (top-level names from tests/)
+    from comfy_support.server import ComfyServer, build_base_directory
+    from test_bad_inputs_server import interrupt_at_first_step
+    from test_nodes_server import as_uint8, node, saved_images, saved_latent, vae_file, video_of
+except ModuleNotFoundError as error:
+    raise SystemExit(f"bench.soak drives the tests' ComfyUI harness ({error}): run it from the repository root as "
+                     "`PYTHONPATH=tests .venv/bin/python -m bench.soak`") from None
 
-FAMILIES = ("seedvr2", "wan21", "wan22")
+FAMILIES = models.FAMILIES
 CHANNELS = {"seedvr2": 16, "wan21": 16, "wan22": 48}
 SPATIAL = {"seedvr2": 8, "wan21": 8, "wan22": 16}
 MEMORY_TOLERANCE = 0.05
@@ -62,7 +64,7 @@ class Soak:
         self.server, self.rng, self.timeout, self.fault_file = server, rng, timeout, fault_file
         self.client = server.client()
         self.info = self.client.object_info()
-        self.models = {f: load_tiny(f) for f in FAMILIES}
+        self.models = {f: models.build(f, torch.float32, tiny=True) for f in FAMILIES}
         self.counts: Counter = Counter()
         self.failures: list[str] = []
         self.serial = 0
@@ -102,7 +104,7 @@ class Soak:
                       "2": node(self.info, "StreamVAELoader", vae_name=vae_file(family)),
                       "3": node(self.info, "StreamVAEDecode", vae=["2", 0], samples=["1", 0], **settings),
                       "4": node(self.info, "PreviewImage", images=["3", 0])}
-            expected = as_uint8(vae.decode(model, z, **lib))
+            expected = as_uint8(models.run(model, "decode", z, lib))
             return prompt, "3", lambda entry: self.compare_images(entry, "4", expected)
         frames = self.rng.randint(1, 9)
         height, width = self.rng.randint(16, 96), self.rng.randint(16, 96)
@@ -110,13 +112,13 @@ class Soak:
         prompt = {"1": node(self.info, "LoadImage", image=self.upload_clip(clip)),
                   "2": node(self.info, "StreamVAELoader", vae_name=vae_file(family)),
                   "3": node(self.info, "StreamVAEEncode", vae=["2", 0], image=["1", 0], **settings)}
-        z = vae.encode(model, video_of(clip), **lib)
+        z = models.run(model, "encode", video_of(clip), lib)
         if kind == "encode":
             prompt["4"] = node(self.info, "SaveLatent", samples=["3", 0], filename_prefix="soak")
             return prompt, "3", lambda entry: self.compare_latent(entry, "4", z)
         prompt["5"] = node(self.info, "StreamVAEDecode", vae=["2", 0], samples=["3", 0], **settings)
         prompt["6"] = node(self.info, "PreviewImage", images=["5", 0])
-        expected = as_uint8(vae.decode(model, z, num_frames=frames, height=height, width=width, **lib))
+        expected = as_uint8(models.run(model, "decode", z, dict(lib, num_frames=frames, height=height, width=width)))
         return prompt, self.rng.choice(["3", "5"]), lambda entry: self.compare_images(entry, "6", expected)
 
     def compare_images(self, entry, node_id, expected):

@@ -1,18 +1,23 @@
-"""What each benchmark row runs, and the verdicts for the optimizations a CPU cannot measure.
+"""The one variant table: what each benchmark row runs, and verdicts for what a CPU cannot measure.
 
-A variant name is one of
-- "optimized": every switch of `Optimizations` on (StreamVAE's default, kernels measured on this machine);
-- "straightforward": every switch off (what the upstream reference code does);
+A row is a precision (`vae.devices.DTYPES`: fp32, bf16, fp16) and a variant of `VARIANTS`, named
+`<dtype>-<variant>` ("bf16-tiles", "fp32-no-winograd_conv"); a bare precision is its optimized row
+("bf16"), a bare variant runs in fp32 ("reference"). Variants:
+- "optimized": StreamVAE's default (every switch of `Optimizations` on, kernels measured on this machine);
+- "straightforward": every switch off (what the upstream reference code does); "reference": the same
+  with TF32 off, the yardstick of the error columns;
 - "no-<switch>": the optimized path with that one switch off, so its row shows that switch's effect;
-- an extra in EXTRAS: the optimized path plus one thing that is not a switch (a weight layout, a
-  compiler, a weight format, a cache setting), or "core": ComfyUI core's own VAE of the family.
+- the others: the optimized path plus one thing that is not a switch (fixed kernels, a weight layout, a
+  backend flag, a compiler, engine settings such as tiles or a memory budget), or ComfyUI core's own VAE
+  of a version ("core_0.3.75", "core_0.33.0", bench/core_vae.py) with the same weights and input.
+bench.bench_vae crosses --dtypes with variants; bench.gpu_check and bench.bench_kernels take row names.
 """
 import contextlib
-from dataclasses import fields
-from functools import partial
+from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
-from vae.optimizations import Optimizations
+from vae.devices import DTYPES
+from vae.optimizations import BackendFlags, Optimizations
 
 SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))
 
@@ -30,22 +35,51 @@ SWITCH_NOTES = {
     "whole_frame_small_convs": "exact tiles: low-resolution convs run on the whole frame once tiles are larger",
 }
 
-# Extras run on the optimized path. Each maps to a context manager factory (model -> context).
-EXTRA_NOTES = {
-    "channels_last_3d": "conv weights stored NDHWC (backend.to_channels_last_3d)",
-    "compile": "torch.compile (inductor) per block, eager fallback",
-    "winograd_uncapped": "Winograd filter-transform cache without its byte cap",
-    "kernels_defaults": "fixed default kernels (kernel_choice=defaults) instead of measured ones",
-    "kernels_cached": "optimized again in a new process: the kernel choices come from the disk cache",
-    "core": "ComfyUI core's VAE, same weights and input",
+
+@dataclass(frozen=True)
+class Variant:
+    """What a row runs, as its differences from StreamVAE's default."""
+
+    what: str
+    opts: Optimizations = Optimizations()
+    backend: BackendFlags = BackendFlags()  # process-wide torch switches around each run
+    settings: dict = field(default_factory=dict)  # the engine's plan settings (tiles, budget), bench.models.run
+    channels_last: bool = False  # conv weights stored NDHWC
+    compile: str | None = None  # torch.compile mode of every block
+    core: str | None = None  # ComfyUI core's VAE of this version instead of StreamVAE's
+
+
+VARIANTS = {
+    "optimized": Variant("all switches on (StreamVAE's default), kernels measured on this machine"),
+    "straightforward": Variant("all switches off (upstream behaviour)", Optimizations.straightforward()),
+    "reference": Variant("all switches off, TF32 off: the yardstick of the error columns",
+                         Optimizations.straightforward(), BackendFlags(tf32=False)),
+    **{f"no-{name}": Variant(f"off: {SWITCH_NOTES.get(name, name)}", Optimizations().with_(**{name: False}))
+       for name in SWITCHES},
+    "kernels_defaults": Variant("fixed default kernels (kernel_choice=defaults) instead of measured ones",
+                                Optimizations(kernel_choice="defaults")),
+    "kernels_cached": Variant("optimized again in a new process: the kernel choices come from the disk cache"),
+    "winograd_uncapped": Variant("Winograd filter-transform cache without its byte cap",
+                                 Optimizations().with_(winograd_cache_bytes=1 << 62)),
+    "channels_last_3d": Variant("conv weights stored NDHWC (backend.to_channels_last_3d)", channels_last=True),
+    "cudnn_benchmark": Variant("cuDNN times its conv algorithms per shape", backend=BackendFlags(cudnn_benchmark=True)),
+    "compile": Variant("torch.compile (inductor) per block, eager fallback", compile="default"),
+    "compile_cudagraphs": Variant("torch.compile per block, CUDA graphs (reduce-overhead)", compile="reduce-overhead"),
+    "tiles": Variant("exact tiles of 512 px", settings=dict(tile_size=512)),
+    "fast_tiles": Variant("fast (blended) tiles of 512 px, overlap 64", settings=dict(tile_size=512, tiling="fast",
+                                                                                     tile_overlap=64)),
+    "budget_12g": Variant("a 12 GiB memory budget", settings=dict(memory_budget=12 * 2**30)),
+    "budget_auto": Variant("memory budget 'auto' (what the nodes run)", settings=dict(memory_budget="auto")),
+    "core_0.3.75": Variant("ComfyUI 0.3.75 core's VAE, same weights and input", core="0.3.75"),
+    "core_0.33.0": Variant("ComfyUI 0.33.0 core's VAE (comfy-kitchen, comfy-aimdo), same weights and input",
+                           core="0.33.0"),
 }
-EXTRAS = tuple(EXTRA_NOTES)
 
 # Optimizations from the design documents that this CPU cannot exercise, or that live outside the
 # timed network path; each gets a row with its verdict. Measured ones are in the main table.
 NOT_MEASURED = [
     ("GPU switches (cuDNN benchmark, TF32, channels-last, Triton norm, attention kernels)",
-     "measured on a GPU by bench/gpu_check.py (bench/RESULTS.md, GPU section), not by this CPU table."),
+     "measured on a GPU by bench.gpu_check (bench/RESULTS.md, GPU section), not by this CPU table."),
     ("fp16/bf16 autocast", "Not used: weights are cast per half (encode/decode dtype) with fp32 norm statistics; "
                            "bf16 rows measure it."),
     ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
@@ -56,70 +90,80 @@ NOT_MEASURED = [
 ]
 
 
-def options(variant: str) -> Optimizations:
-    """The switches a variant runs with."""
-    if variant == "straightforward":
-        return Optimizations.straightforward()
-    if variant.startswith("no-"):
-        name = variant[3:]
-        if name not in SWITCHES:
-            raise ValueError(f"unknown switch {name!r}; one of {SWITCHES}")
-        return Optimizations().with_(**{name: False})
-    if variant == "kernels_defaults":
-        return Optimizations(kernel_choice="defaults")
-    if variant == "winograd_uncapped":
-        return Optimizations().with_(winograd_cache_bytes=1 << 62)
-    if variant == "optimized" or variant in EXTRAS:
-        return Optimizations()
-    raise ValueError(f"unknown variant {variant!r}")
+BASELINES = ("optimized", "straightforward", "reference")
 
 
-def describe(variant: str) -> str:
-    if variant == "optimized":
-        return "all switches on"
-    if variant == "straightforward":
-        return "all switches off (upstream behaviour)"
-    if variant.startswith("no-"):
-        return "off: " + SWITCH_NOTES[variant[3:]]
-    return EXTRA_NOTES[variant]
+def variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; one of {sorted(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def is_extra(name: str) -> bool:
+    """The optimized path plus one thing: not a baseline, a switch row or core."""
+    return name not in BASELINES and not name.startswith("no-") and variant(name).core is None
+
+
+def options(name: str) -> Optimizations:
+    """The switches variant `name` runs with."""
+    return variant(name).opts
+
+
+def parse_row(name: str) -> tuple[str, str]:
+    """(dtype, variant) of a row name: "bf16-tiles" -> ("bf16", "tiles"), "bf16" -> ("bf16", "optimized"),
+    "reference" -> ("fp32", "reference"). Raises ValueError for an unknown name."""
+    dtype, _, rest = name.partition("-")
+    if name in DTYPES:
+        dtype, rest = name, "optimized"
+    elif dtype not in DTYPES:
+        dtype, rest = "fp32", name
+    variant(rest)  # raises for an unknown one
+    return dtype, rest
 
 
 @contextlib.contextmanager
-def prepared(model, variant: str):
-    """Set `model` up for `variant` for the duration of the block. Yields `opts` (the optimizations
-    to pass to the engine), `per_run` (a context factory each timed run enters), `weight_bytes`
-    (resident weight bytes when not the parameters') and `compile_report` (the compile row's)."""
-    from vae.optimizations.backend import to_channels_last_3d
+def prepared(model, name: str):
+    """Set StreamVAE's `model` up for variant `name` for the duration of the block. Yields `opts` (the
+    optimizations to pass to the engine), `per_run` (a context each timed run enters: the backend flags,
+    the compile's recompile limits) and `compile_report` (the compile's, or None)."""
+    from vae.optimizations.backend import applied, to_channels_last_3d
     from vae.optimizations.compile import CompileSettings, blocks, compile_blocks, dynamo_limits, uncompile_blocks
 
-    setup = SimpleNamespace(opts=options(variant), per_run=contextlib.nullcontext, weight_bytes=None, compile_report=None)
+    v = variant(name)
+    settings = CompileSettings(mode=v.compile) if v.compile else None
+    setup = SimpleNamespace(opts=v.opts, compile_report=None)
+
+    @contextlib.contextmanager
+    def per_run():
+        with applied(v.backend), dynamo_limits(settings):  # a block past the limit raises, runs eager, is reported
+            yield
+
+    setup.per_run = per_run
     try:
-        if variant == "channels_last_3d":
+        if v.channels_last:
             to_channels_last_3d(model)
-        elif variant == "compile":
-            settings = CompileSettings()
-            report = setup.compile_report = compile_blocks(model, settings)
-            if report.fallback_reason:
-                raise RuntimeError(f"compile unavailable: {report.fallback_reason}")
-            setup.per_run = partial(dynamo_limits, settings)  # a block past the limit raises, runs eager, is reported
+        if settings is not None:
+            setup.compile_report = compile_blocks(model, settings)
         yield setup
     finally:
-        if variant == "compile":
+        if settings is not None:
             uncompile_blocks([m for _, m in blocks(model)])
 
 
-def verdict(variant: str, time_s: float, optimized_s: float | None) -> str:
+def verdict(name: str, time_s: float, optimized_s: float | None) -> str:
     """One line on what the row shows, from its time next to the optimized row's."""
-    if variant.startswith("no-") and optimized_s:
+    if not optimized_s:
+        return ""
+    if name.startswith("no-"):
         gain = time_s / optimized_s
         if abs(gain - 1) < 0.03:
             return "no measurable gain here (within 3%)"
         return f"switch gains {gain:.2f}x" if gain > 1 else f"switch costs {1 / gain:.2f}x here"
-    if variant in EXTRAS and variant != "core" and optimized_s:
+    if variant(name).core is not None:
+        return f"StreamVAE optimized is {time_s / optimized_s:.2f}x faster than core {variant(name).core}"
+    if is_extra(name):
         ratio = optimized_s / time_s
         if abs(ratio - 1) < 0.03:
             return "no measurable change vs optimized (within 3%)"
         return f"{ratio:.2f}x the optimized speed"
-    if variant == "core" and optimized_s:
-        return f"StreamVAE optimized is {time_s / optimized_s:.2f}x faster than core"
     return ""

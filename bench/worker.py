@@ -1,12 +1,12 @@
-"""One measured benchmark variant, run in its own process by bench/bench_vae.py.
+"""One measured benchmark variant, run in its own process by bench.bench_vae and bench.bench_tiling.
 
     python -m bench.worker '{"family": "seedvr2", "op": "decode", "frames": 9, "height": 256, "width": 256,
                              "dtype": "fp32", "variant": "optimized", "repeats": 3, "warmup": 1, "out": "..."}'
 
-Builds the family's full released config with random weights (bench.common.random_state_dict), sets
-it up for the variant (bench.variants), runs the op `repeats` times after `warmup` runs (the first
-one under torch's FLOP counter when `count_flops`), saves the last output for the error comparison
-and prints one JSON line: times, memory and FLOPs. Memory: "peak
+Builds the family's full released config with random weights (bench.models), sets it up for the
+variant (bench.variants; spec "engine" adds plan settings such as tiles), runs the op `repeats` times
+after `warmup` runs (the first one under torch's FLOP counter when `count_flops`), saves the last
+output for the error comparison and prints one JSON line: times, memory and FLOPs. Memory: "peak
 activation" is the most the timed runs allocate above the RSS they start from (VmHWM reset after the
 warm-up), "retained" what the warm-up left resident (caches such as the Winograd filter transforms).
 """
@@ -17,33 +17,24 @@ import time
 import torch
 from safetensors.torch import save_file
 
-from bench.common import DTYPES, count_flops, peak_rss_bytes, random_state_dict, reset_peak_rss, rss_bytes, timed_runs
-from bench.families import FULL_CONFIGS, make_input
-from bench.variants import prepared
+from bench import models
+from bench.common import count_flops, peak_rss_bytes, reset_peak_rss, rss_bytes, timed_runs
+from bench.variants import prepared, variant
 
-import vae
+from vae.devices import DTYPES
 from vae.optimizations import kernel_choice
 
 
 def build(spec: dict):
     """(model, fn): the variant's model and the op to time (called with the variant's optimizations)."""
-    family_cls, cfg = FULL_CONFIGS[spec["family"]]()
-    with torch.device("meta"):
-        meta = family_cls(cfg)
-    state = random_state_dict(meta, spec.get("seed", 0))
-    dtype = DTYPES[spec["dtype"]]
-    x = make_input(meta, spec)
-    if spec["variant"] == "core":
-        from bench.core_vae import core_model
-
-        model = core_model(spec["family"], cfg, state, dtype)
-        x = x.to(dtype)
+    core, dtype = variant(spec["variant"]).core, DTYPES[spec["dtype"]]
+    model = models.build(spec["family"], dtype, seed=spec.get("seed", 0), core=core)
+    x = models.make_input(spec["family"], spec)
+    if core is not None:
         op = model.encode if spec["op"] == "encode" else model.decode
-        return model, lambda opts: op(x)
-    model = vae.load(state, dtype=dtype)
-    kwargs = dict(temporal_chunk=spec.get("temporal_chunk"), **spec.get("engine", {}))  # engine: tiling kwargs
-    op = vae.encode if spec["op"] == "encode" else vae.decode
-    return model, lambda opts: op(model, x, opts=opts, **kwargs)
+        return model, lambda opts: op(x.to(dtype))
+    settings = dict(temporal_chunk=spec.get("temporal_chunk"), **variant(spec["variant"]).settings, **spec.get("engine", {}))
+    return model, lambda opts: models.run(model, spec["op"], x, settings, opts)
 
 
 def run(spec: dict) -> dict:
@@ -54,9 +45,7 @@ def run(spec: dict) -> dict:
             with setup.per_run():
                 return op(setup.opts)
 
-        weight_bytes = setup.weight_bytes
-        if weight_bytes is None:
-            weight_bytes = sum(p.nbytes for p in model.parameters())
+        weight_bytes = sum(p.nbytes for p in model.parameters())
 
         flops, first_run = None, None
         if spec.get("count_flops") or spec.get("warmup", 1) > 0:

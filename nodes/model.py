@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from .. import vae
 from ..vae import devices
+from ..vae.devices import DTYPES, dtype_name
 from ..vae.optimizations import (BackendFlags, CompileSettings, Optimizations, attention, backend, compile_blocks,
                                  kernel_choice)
 from ..vae.layers import FrameSelfAttention
@@ -22,12 +23,10 @@ except ImportError:
 
 log = logging.getLogger("streamvae")
 
-DTYPE_CHOICES = ("auto", "fp32", "bf16", "fp16")
+DTYPE_CHOICES = ("auto", *DTYPES)
 DEVICE_CHOICES = ("auto", "gpu", "cpu")
 OFFLOAD_CHOICES = ("auto", "cpu", "none")
 KERNEL_CHOICES = kernel_choice.MODES  # Optimizations.kernel_choice
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,7 @@ def resolve_dtype(choice: str, device: torch.device, half: str) -> torch.dtype:
     is near-lossless; encode in fp32, as bf16 encode hurts image-to-video). ComfyUI's
     --fp32-vae/--bf16-vae/--fp16-vae flags win over both."""
     if choice != "auto":
-        return _DTYPES[choice]
+        return DTYPES[choice]
     forced = _comfy_vae_dtype_flag()
     return forced if forced is not None else devices.auto_dtype(device, half)
 
@@ -85,10 +84,6 @@ def _comfy_vae_dtype_flag() -> torch.dtype | None:
         if getattr(args, flag, False):
             return dtype
     return None
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return _DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
 # --- the handle ------------------------------------------------------------------------------------

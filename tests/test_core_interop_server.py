@@ -29,8 +29,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.common import random_state_dict
-from bench.families import FULL_CONFIGS
+from bench import models
 import vae
 
 from comfy_support.environment import STUBS
@@ -51,10 +50,7 @@ def full_size_vaes(comfy_server):
     """The three full-size checkpoints in the server's models/vae (about 2.2 GB; removed afterwards)."""
     folder = comfy_server.base / "models" / "vae"
     for seed, family in enumerate(FAMILIES):
-        family_cls, config = FULL_CONFIGS[family]()
-        with torch.device("meta"):
-            shapes = family_cls(config)
-        weights = {k: v.half() for k, v in random_state_dict(shapes, seed=seed).items()}
+        weights = {k: v.half() for k, v in models.weights(family, seed=seed)[1].items()}
         vae.save_checkpoint(weights, folder / full_size_name(family))
         del weights
     yield

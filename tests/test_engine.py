@@ -101,9 +101,8 @@ def test_bad_temporal_chunk_is_rejected(model):
 
 
 PEAK_SCRIPT = textwrap.dedent("""
-    import resource, sys, torch
-    sys.path.insert(0, {repo!r})
-    import vae
+    import resource, torch
+    import vae  # found in the working directory, the repository root
     from tests.reference import load_tiny
     m = load_tiny({family!r})
     z = torch.randn(1, m.latent_channels, {latent}, {size}, {size})
@@ -115,7 +114,7 @@ PEAK_SCRIPT = textwrap.dedent("""
 
 
 def _decode_peak_beyond_output(family, latent, size):
-    script = PEAK_SCRIPT.format(repo=str(REPO), family=family, latent=latent, size=size)
+    script = PEAK_SCRIPT.format(family=family, latent=latent, size=size)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO)
     return int(result.stdout.strip().splitlines()[-1])
 

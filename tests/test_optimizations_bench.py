@@ -4,18 +4,19 @@ import pytest
 import torch
 import vae
 
-from bench.core_vae import COMFYUI, core_model
-from bench.variants import SWITCHES, options, prepared
+from bench.core_vae import TREES, core_model
+from bench.variants import SWITCHES, options, parse_row, prepared
 from vae.optimizations import Optimizations, winograd
 from reference import load_tiny
 
 
 @pytest.mark.parametrize("family", ["wan21", "wan22"])
 def test_core_wan_vae_with_our_weights_decodes_like_streamvae(family):
-    if not (COMFYUI / "comfy").is_dir():
-        pytest.skip(f"no ComfyUI checkout at {COMFYUI} (run .ci/setup)")
+    tree = TREES["0.3.75"].path
+    if not (tree / "comfy").is_dir():
+        pytest.skip(f"no ComfyUI checkout at {tree} (run .ci/setup)")
     ours = load_tiny(family)
-    core = core_model(family, ours.config, ours.state_dict(), torch.float32)
+    core = core_model("0.3.75", family, ours.config, ours.state_dict(), torch.float32)
     z = torch.randn(1, ours.latent_channels, 3, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         expected, got = vae.decode(ours, z), core.decode(z)
@@ -30,6 +31,10 @@ def test_variant_switches():
         assert getattr(off, name) is False and off == Optimizations().with_(**{name: False})
     with pytest.raises(ValueError):
         options("no-such_switch")
+    assert parse_row("bf16-tiles") == ("bf16", "tiles") and parse_row("bf16") == ("bf16", "optimized")
+    assert parse_row("reference") == ("fp32", "reference") and parse_row("bf16-no-triton_norm")[1] == "no-triton_norm"
+    with pytest.raises(ValueError):
+        parse_row("bf16-no-such_switch")
 
 
 def test_prepared_extras_are_applied_and_undone():

@@ -130,10 +130,9 @@ def test_rerun_from_frame_zero_writes_every_frame_once(model, tmp_path):
 
 
 FULL_DISK_SCRIPT = textwrap.dedent("""
-    import resource, signal, sys
+    import resource, signal
     import numpy as np
-    sys.path.insert(0, {repo!r})
-    from vae.video_codecs import resolve
+    from vae.video_codecs import resolve  # vae: found in the working directory, the repository root
     from vae.video_writer import VideoWriteError, VideoWriter
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing us
     resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
@@ -152,8 +151,8 @@ def test_full_disk_is_a_clear_error_and_keeps_what_was_written(tmp_path):
     """A file-size limit makes the real write() fail as a full disk does; the run stops with one message
     and the fragments already on disk still decode."""
     path = tmp_path / "full.mp4"
-    result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT.format(repo=str(REPO), path=str(path))],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT.format(path=str(path))],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
     message = result.stdout.strip()
     assert "full.partial.mp4" in message and "File too large" in message and "stays readable" in message, result
     assert not path.exists()

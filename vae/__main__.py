@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from . import engine, load
-from .planning import Settings
+from .devices import DTYPES
 from .geometry import latent_frames
+from .planning import Settings
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
 from .video_reader import RESIZE_FILTERS, VideoReader
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REPO = Path(__file__).resolve().parent.parent
 CODEC_OF_SUFFIX = {".mp4": "h264", ".mkv": "ffv1", ".mov": "prores"}
 

@@ -8,6 +8,8 @@ report a given device (tests/test_gpu_decisions.py):
   where bf16 is only emulated (NVIDIA before Ampere: correct but several times slower), so it is not
   asked. NVIDIA: compute capability 8.0 or newer. AMD: CDNA2/3 (gfx90a, gfx94x, gfx95x) and RDNA3/4
   (gfx11xx, gfx12xx); not RDNA2 and older. Apple: macOS 14 or newer. CPUs: AVX-512 BF16 or AMX.
+- `DTYPES` / `dtype_name`: the precisions by the names users give them ("fp32", "bf16", "fp16"), for
+  the nodes, the command line and the benchmarks alike.
 - `auto_dtype(device, op)`: what `auto` precision means there (decode: bf16 where native, fp32
   elsewhere; encode: fp32, because bf16 encode visibly hurts image-to-video conditioning). CPUs
   included: with AVX-512 BF16 or AMX, oneDNN's bf16 convs run at about twice the fp32 rate, and the
@@ -58,6 +60,16 @@ def native_bf16(device) -> bool:
     if device.type == "cpu":
         return cpu_has_native(torch.bfloat16)
     return False
+
+
+# The precisions a user names; "auto" (`auto_dtype`) chooses one of them per device and op.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name `DTYPES` gives `dtype` ("bf16"), or torch's ("float64") for another one."""
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def auto_dtype(device, op: str) -> torch.dtype:

@@ -51,7 +51,7 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     entry = table.get("cpu", {}).get(family, {}).get(op, {}).get(mode)
     if entry:
         return entry if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in entry.items()}
-    raise KeyError(f"no memory calibration for {family} {op} {mode}; run bench/calibrate_memory.py")
+    raise KeyError(f"no memory calibration for {family} {op} {mode}; run python -m bench.calibrate_memory")
 
 
 def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],

@@ -82,8 +82,10 @@ def pack_version() -> str:
     return f"{version}+{digest.hexdigest()[:10]}"
 
 
-def _cpu_identity() -> dict:
-    """CPU model and the instruction-set flags that decide kernel speed (Linux /proc/cpuinfo)."""
+@lru_cache(maxsize=None)
+def cpu_identity() -> dict:
+    """CPU model and the instruction-set flags that decide kernel speed (Linux /proc/cpuinfo, read once
+    per process; the benchmarks record it too). Callers must not modify the dict."""
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -109,7 +111,7 @@ def machine_identity(device) -> dict:
                         runtime=torch.version.hip or torch.version.cuda,
                         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
     else:
-        identity.update(_cpu_identity())
+        identity.update(cpu_identity())
     return identity
 
 

@@ -1,0 +1,105 @@
+"""The models and inputs every benchmark runs, built in one place, and the one place that runs them.
+
+A family's network is either its full released config with seeded random weights (conv and linear
+weights N(0,1)/sqrt(fan_in), norm scales 1, biases 0: activations stay O(1) through the depth; no
+released checkpoint is needed), or, with `tiny`, the tiny test checkpoint of the shared reference
+fixtures (what the CPU dry runs use). `weights` gives the config and the state dict; `build` loads them
+into StreamVAE's model or into ComfyUI core's own VAE of a version (bench/core_vae.py), so two rows
+with the same family, size and seed compare the same network on the same input (`make_input`).
+`run` and `plan` are the benchmarks' only calls of the engine (`vae.encode`/`vae.decode`/`vae.plan`).
+"""
+import dataclasses
+
+import torch
+
+import vae
+
+CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
+           "wan22": (vae.Wan22VAE, vae.Wan22Config)}
+FAMILIES = tuple(CONFIGS)
+
+
+def meta_model(family: str) -> vae.VideoVAE:
+    """The full released network of `family` on the meta device: shapes only, no memory."""
+    family_cls, config_cls = CONFIGS[family]
+    with torch.device("meta"):
+        return family_cls(config_cls())
+
+
+def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Deterministic weights for `model` (built on the meta device), as the module docstring says."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for module_name, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            key = f"{module_name}.{name}" if module_name else name
+            if isinstance(module, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear)) and name == "weight":
+                out[key] = torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5
+            elif name in ("weight", "gamma"):
+                out[key] = torch.ones(p.shape)
+            else:
+                out[key] = torch.zeros(p.shape)
+    return out
+
+
+def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
+    """(config, float32 state dict in StreamVAE's key names): the released config with `seed`'s random
+    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused)."""
+    if tiny:
+        from tests.reference import TINY_CONFIG_OVERRIDES, tiny_checkpoint
+
+        model = vae.load(tiny_checkpoint(family), config=TINY_CONFIG_OVERRIDES[family])
+        return model.config, model.state_dict()
+    meta = meta_model(family)
+    return meta.config, random_state_dict(meta, seed)
+
+
+def build(family: str, dtype: torch.dtype, device="cpu", *, tiny: bool = False, seed: int = 0,
+          core: str | None = None) -> torch.nn.Module:
+    """`family`'s network (see `weights`) in `dtype` on `device`, eval mode: StreamVAE's model, or with
+    `core` ComfyUI core's own VAE of that version (a key of `core_vae.TREES`) loaded with the same weights."""
+    config, state = weights(family, tiny, seed)
+    if core is not None:
+        from bench.core_vae import core_model
+
+        return core_model(core, family, config, state, dtype, device)
+    return vae.load(state, device=device, dtype=dtype, config=dataclasses.asdict(config))
+
+
+def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:
+    """For spec["op"] "encode": pixels in [-1, 1] (B,3,T,H,W) of spec's frames x height x width; for
+    "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size (tiny checkpoints share the
+    released latent geometry)."""
+    g = torch.Generator().manual_seed(seed)
+    frames, height, width = spec["frames"], spec["height"], spec["width"]
+    if spec["op"] == "encode":
+        return torch.rand(1, 3, frames, height, width, generator=g) * 2 - 1
+    model = meta_model(family)
+    sf, tf = model.spatial_factor, model.temporal_factor
+    shape = (1, model.latent_channels, (frames - 1) // tf + 1, height // sf, width // sf)
+    return torch.randn(shape, generator=g)
+
+
+SETTING_NAMES = tuple(field.name for field in dataclasses.fields(vae.Settings))
+
+
+def _split(settings: dict | None) -> tuple[vae.Settings, dict]:
+    """A benchmark's settings dict -> (the engine's `vae.Settings`, the other engine arguments: the crop)."""
+    rest = dict(settings or {})
+    return vae.Settings(**{name: rest.pop(name) for name in SETTING_NAMES if name in rest}), rest
+
+
+def run(model, op: str, x: torch.Tensor, settings: dict | None = None, opts=None, **io):
+    """`vae.encode` / `vae.decode` (op) of `x` by StreamVAE's `model`: `settings` are the engine's
+    `vae.Settings` fields (temporal_chunk, tile_size, tiling, tile_overlap, memory_budget,
+    cache_offload) and the crop (num_frames, height, width), `opts` the kernels' `Optimizations`
+    (None: the default), `io` where the frames go (out, out_device, sink)."""
+    engine_op = vae.encode if op == "encode" else vae.decode
+    how, crop = _split(settings)
+    return engine_op(model, x, how, opts=opts, **crop, **io)
+
+
+def plan(model, op: str, shape: tuple, settings: dict | None = None, opts=None, **placement) -> vae.Plan:
+    """The plan the engine makes for `run` with the same arguments (chunk, tiles, predicted peak);
+    `placement`: `vae.plan`'s device and io_on_device."""
+    return vae.plan(model, op, shape, _split(settings)[0], opts=opts, **placement)
