@@ -307,7 +307,8 @@ def decode(
     progress: ProgressFn | None = None,
     cancel: CancelFn | None = None,
 ) -> torch.Tensor | None:
-    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
+    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped
+    (`model.out_channels` channels, 4 for RGBA; H = h * spatial_factor * `model.decode_upscale`).
 
     `num_frames`, `height`, `width` trim the output (to undo `encode`'s padding); the decoded chunks
     are written straight into a preallocated buffer (`out`, or a new one on `out_device`), or, with
@@ -344,15 +345,15 @@ def decode(
     settings = dict(temporal_chunk=temporal_chunk, tile_size=tile_size, tile_overlap=tile_overlap, tiling=tiling,
                     memory_budget=memory_budget, cache_offload=cache_offload)
     plan = _planned(model, "decode", z.shape, plan, settings, (z.device, where_out), opts)
-    sf = model.spatial_factor
-    full_t, full_h, full_w = geometry.pixel_frames(n_lat, model.temporal_factor), h * sf, w * sf
+    sf, of = model.spatial_factor, model.spatial_factor * model.decode_upscale  # of: output pixels per latent cell
+    full_t, full_h, full_w = geometry.pixel_frames(n_lat, model.temporal_factor), h * of, w * of
     t_out = full_t if num_frames is None else num_frames
     h_out = full_h if height is None else height
     w_out = full_w if width is None else width
     for name, value, limit in (("num_frames", t_out, full_t), ("height", h_out, full_h), ("width", w_out, full_w)):
         if not 1 <= value <= limit:
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
-    shape = (b, 3, t_out, h_out, w_out)
+    shape = (b, model.out_channels, t_out, h_out, w_out)
     grid = None
     if plan.tile_size and plan.tiling == "fast":
         grid = geometry.fast_grid(h, w, plan.tile_size, plan.tile_overlap, sf)
@@ -372,7 +373,8 @@ def decode(
         steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
 
         def decode_tile(zt):
-            tile_out = torch.empty((b, 3, t_out, zt.shape[3] * sf, zt.shape[4] * sf), dtype=out.dtype, device=out.device)
+            tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
+                                   device=out.device)
             _decode_stream(model, zt, tile_out.shape[2:], partial(_write_into, tile_out), _stream_plan(plan, zt.shape),
                            opts, steps, count=False)
             return tile_out

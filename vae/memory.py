@@ -107,7 +107,8 @@ def _geometry(model, op: str, shape):
     n_lat, height, width = frame_size(op, shape, model.spatial_factor, model.temporal_factor)
     frames = pixel_frames(n_lat, model.temporal_factor) if op == "decode" else shape[2]
     b = shape[0]
-    video = b * 3 * frames * height * width
+    video = b * model.out_channels * model.decode_upscale ** 2 * frames * height * width if op == "decode" else \
+        b * model.in_channels * frames * height * width
     latent = b * model.latent_channels * n_lat * (height // model.spatial_factor) * (width // model.spatial_factor)
     return b, n_lat, height, width, (latent, video) if op == "decode" else (video, latent)
 
@@ -137,7 +138,9 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
         tile_pixels = b * frames * min(th, height) * min(tw, width)
     fast = tile_size is not None and tiling == "fast"
     frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
-    coef = coefficients(model.family, op, "untiled" if tile_size is None or fast else "exact", device.type)
+    basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
+    coef = {k: v * scale for k, v in coefficients(basis, op, "untiled" if tile_size is None or fast else "exact",
+                                                  device.type).items()}
     # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
     # are whole frames per module whatever the chunk length: they scale with the frame, the rest
     # with the chunk's pixel frames.
@@ -145,7 +148,8 @@ def estimate(model, op: str, shape, temporal_chunk: int, tile_size, tiling: str 
     per_chunk_pixel = max(0.0, coef["per_pixel"] - cache_all / model.temporal_factor)
     act = per_chunk_pixel * frames * frame_pixels + cache_all * frame_pixels
     if fast:
-        act += 3 * pixel_frames(n_lat, model.temporal_factor) * frame_pixels  # the tile's own output buffer
+        channels = model.out_channels * model.decode_upscale ** 2 if op == "decode" else 3
+        act += channels * pixel_frames(n_lat, model.temporal_factor) * frame_pixels  # the tile's own output buffer
     else:
         act += coef.get("per_tile_pixel", 0.0) * tile_pixels
     if cache_offload != "none":
@@ -160,8 +164,9 @@ def cache_calibrated(model, op: str, device_type: str) -> bool:
 
 def _cache_elements(model, op: str, device_type: str) -> tuple[float, float]:
     """Causal-cache elements per video pixel (all modules, the largest one); (0, 0) uncalibrated."""
+    basis, scale = model.memory_calibration(op)
     try:
-        caches = coefficients(model.family, op, "caches", device_type)
+        caches = coefficients(basis, op, "caches", device_type)
     except KeyError:
         return 0.0, 0.0
-    return caches["all"], caches["largest"]
+    return caches["all"] * scale, caches["largest"] * scale
