@@ -30,7 +30,7 @@ from bench.common import build_random_model, run_worker  # noqa: E402
 from bench.families import FULL_CONFIGS  # noqa: E402
 from vae import memory  # noqa: E402
 
-FAMILIES = ("seedvr2", "wan21", "wan22")
+FAMILIES = ("seedvr2", "wan21", "wan22", "qwen21")
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured
 # peak is that of a steady 4-frame chunk.
 FIT_POINTS = {

@@ -70,8 +70,9 @@ def measure(model, spec: dict) -> dict:
     run = vae.decode if spec["op"] == "decode" else vae.encode
     op = partial(run, model)
     if spec["op"] == "decode":
-        out = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
-                           x.shape[3] * model.spatial_factor, x.shape[4] * model.spatial_factor), device=device)
+        of = model.spatial_factor * model.decode_upscale
+        out = torch.zeros((x.shape[0], model.out_channels, (x.shape[2] - 1) * model.temporal_factor + 1,
+                           x.shape[3] * of, x.shape[4] * of), device=device)
         kwargs["out"] = out
     # Warm up on the smallest latent whose frames every layer runs by Winograd (8x8 cells: 64 pixels, the
     # dispatch's floor): fills what persists between calls (the Winograd filter cache). With kernels
