@@ -28,6 +28,7 @@ VARIANTS = {  # file name -> the model it holds
     "zz_variant_qwen21.safetensors": (vae.Qwen21VAE, vae.Qwen21Config(dim=8, dec_dim=12)),
 }
 RGBA, UPSCALE, QWEN21 = VARIANTS
+FIXED_KERNELS = "defaults"  # timing every new layer shape of three new models would be most of the run
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def ours_prompt(info, upload):
     and decoded; decoded frames go to PreviewImage, the RGBA decoder's MASK through Convert Mask to Image."""
     prompt = {"frames": node(info, "LoadImage", image=upload)}
     for key, name in (("rgba", RGBA), ("up", UPSCALE), ("qwen", QWEN21)):
-        prompt[f"{key}_vae"] = node(info, "StreamVAELoader", vae_name=name)
+        prompt[f"{key}_vae"] = node(info, "StreamVAELoader", vae_name=name, kernels=FIXED_KERNELS)
         colour_only = {} if key == "up" else {"mask": ["frames", 1]}
         prompt[f"{key}_enc"] = node(info, "StreamVAEEncode", image=["frames", 0], vae=[f"{key}_vae", 0], **colour_only)
         prompt[f"{key}_dec"] = node(info, "StreamVAEDecode", samples=[f"{key}_enc", 0], vae=[f"{key}_vae", 0])
@@ -101,7 +102,8 @@ def test_streamvae_nodes_run_every_variant(comfy_server, comfy_client, object_in
     decoded = as_uint8(vae.decode(model, z))
     assert_frames_equal(saved_rgba(comfy_client, entry, "show_rgba"), decoded)
     mask = np.asarray(saved_rgba(comfy_client, entry, "show_rgba_mask"))[..., 0]
-    assert int(np.abs(mask.astype(int) - (255 - decoded[..., 3].astype(int))).max()) <= 1  # MASK = 1 - alpha
+    # MASK = 1 - alpha: truncated to 8 bits from the other side (one level) of a float one level off
+    assert int(np.abs(mask.astype(int) - (255 - decoded[..., 3].astype(int))).max()) <= 2
 
     model = variant_files[UPSCALE]
     z = vae.encode(model, rgba[0])
@@ -124,7 +126,7 @@ def core_prompt(info, upload):
               "rgba": node(info, "JoinImageWithAlpha", image=["frames", 0], alpha=["frames", 1])}
     for key, name, pixels in (("rgba", RGBA, "rgba"), ("up", UPSCALE, "frames")):
         prompt[f"core_{key}"] = node(info, "VAELoader", vae_name=name)
-        prompt[f"ours_{key}"] = node(info, "StreamVAELoader", vae_name=name)
+        prompt[f"ours_{key}"] = node(info, "StreamVAELoader", vae_name=name, kernels=FIXED_KERNELS)
         prompt[f"core_enc_{key}"] = node(info, "VAEEncode", pixels=[pixels, 0], vae=[f"core_{key}", 0])
         prompt[f"ours_enc_{key}"] = node(info, "StreamVAEEncode", image=[pixels, 0], vae=[f"ours_{key}", 0])
         prompt[f"ours_dec_{key}"] = node(info, "StreamVAEDecode", samples=[f"core_enc_{key}", 0], vae=[f"ours_{key}", 0])

@@ -22,6 +22,9 @@ VARIANTS = {
     "wan21-upscale2x": ("AutoencoderKLWan", dict(base_dim=8, out_channels=12), "wan21", 3, 2),
     "qwenimage21": ("AutoencoderKLQwenImage21", dict(base_dim=8, decoder_base_dim=12), "qwen21", 4, 1),
 }
+# Variants whose code paths differ from the released families' (RGBA, pixel shuffle, image network):
+# these are tiled and chunked here; the others run the released Wan2.1 code at another width.
+STREAMED = ("qwenimage-rgba", "wan21-upscale2x", "qwenimage21")
 
 
 def _random_weights(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -117,7 +120,9 @@ def test_image_vae_encodes_every_frame_as_its_own_image(variant):
 @pytest.fixture(scope="module")
 def whole(variant):
     """Untiled encode and decode of a 9-frame clip (3 latent frames; 9 images for an image VAE), whole."""
-    _, _, model = variant
+    name, _, model = variant
+    if name not in STREAMED:
+        pytest.skip("the released family's code paths, tiled and chunked in test_wan.py")
     video = _video(model, 9)
     z = vae.encode(model, video, temporal_chunk=1000)
     return video, z, vae.decode(model, z, temporal_chunk=1000)
