@@ -436,7 +436,10 @@ def depth_to_space(x: torch.Tensor, r: int) -> torch.Tensor:
 
 
 class Wan21VAE(WanVAEBase):
-    """The Wan2.1 VAE (also used by Wan2.2 A14B): raw mu out, raw latent in; 16 channels, 8x / 4x."""
+    """The Wan2.1 VAE (also used by Wan2.2 A14B): raw mu out, raw latent in; 16 channels, 8x / 4x.
+    Also the VAEs of its architecture at other sizes, read from the weights (`wan_layout.py`):
+    Qwen-Image, RGBA Qwen-Image-Layered (4 image channels), pruned widths, and decoders whose
+    last conv gives a 2x2 pixel block per pixel (2x upscale; `depth_to_space` after the decoder)."""
 
     family = "wan21"
     spatial_factor = 8
