@@ -67,8 +67,9 @@ def measure(model, spec: dict) -> dict:
                     tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
     io = {}
     if spec["op"] == "decode":
-        io["out"] = torch.zeros((x.shape[0], 3, (x.shape[2] - 1) * model.temporal_factor + 1,
-                                 x.shape[3] * model.spatial_factor, x.shape[4] * model.spatial_factor), device=device)
+        of = model.spatial_factor * model.decode_upscale
+        io["out"] = torch.zeros((x.shape[0], model.out_channels, (x.shape[2] - 1) * model.temporal_factor + 1,
+                                 x.shape[3] * of, x.shape[4] * of), device=device)
     # Warm up on the smallest latent whose frames every layer runs by Winograd (8x8 cells: 64 pixels, the
     # dispatch's floor): fills what persists between calls (the Winograd filter cache). With kernels
     # chosen by measurement, the measured call once more: each new layer shape is timed on its first use

@@ -15,7 +15,7 @@ import torch
 import vae
 
 CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
-           "wan22": (vae.Wan22VAE, vae.Wan22Config)}
+           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config)}
 FAMILIES = tuple(CONFIGS)
 
 
@@ -67,14 +67,14 @@ def build(family: str, dtype: torch.dtype, device="cpu", *, tiny: bool = False, 
 
 
 def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:
-    """For spec["op"] "encode": pixels in [-1, 1] (B,3,T,H,W) of spec's frames x height x width; for
-    "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size (tiny checkpoints share the
-    released latent geometry)."""
+    """For spec["op"] "encode": pixels in [-1, 1] (B,C,T,H,W, the family's image channels) of spec's
+    frames x height x width; for "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size
+    (tiny checkpoints share the released latent geometry)."""
     g = torch.Generator().manual_seed(seed)
     frames, height, width = spec["frames"], spec["height"], spec["width"]
-    if spec["op"] == "encode":
-        return torch.rand(1, 3, frames, height, width, generator=g) * 2 - 1
     model = meta_model(family)
+    if spec["op"] == "encode":
+        return torch.rand(1, model.in_channels, frames, height, width, generator=g) * 2 - 1
     sf, tf = model.spatial_factor, model.temporal_factor
     shape = (1, model.latent_channels, (frames - 1) // tf + 1, height // sf, width // sf)
     return torch.randn(shape, generator=g)

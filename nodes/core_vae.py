@@ -190,5 +190,10 @@ class ToCoreVAE(io.ComfyNode):
     @classmethod
     def execute(cls, vae, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
                 tiling="exact") -> io.NodeOutput:
+        model = vae.model
+        if (model.in_channels, model.out_channels, model.decode_upscale, model.temporal_factor) != (3, 3, 1, 4):
+            raise ValueError(f"the core-VAE adapter covers RGB video VAEs; this {model.family} VAE ({model.out_channels} "
+                             f"image channels, {model.decode_upscale}x decoder, temporal factor {model.temporal_factor}) "
+                             "runs with StreamVAE Encode / Decode instead")
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         return io.NodeOutput(StreamVAECoreVAE(vae, settings))

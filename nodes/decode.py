@@ -2,8 +2,9 @@
 from comfy_api.latest import io
 
 from . import execution
+from .alpha import decoded_mask
 from .latents import read_latent
-from .run_settings import settings_from_inputs, check_tiling, tiling_inputs
+from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -35,7 +36,11 @@ class Decode(io.ComfyNode):
                     "--fp16-intermediates. For long clips use StreamVAE Decode to Video, whose RAM does not grow.")),
             ],
             outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
-                                             "of every clip one after another.")],
+                                             "of every clip one after another. RGBA VAEs give N,H,W,4 as core's "
+                                             "VAE Decode does; 2x upscale decoders twice the encoded size."),
+                     io.Mask.Output(display_name="mask", tooltip=(
+                         "RGBA VAEs: 1 - alpha per frame (N,H,W), the mask convention of Load Image. RGB VAEs: an "
+                         "empty 64x64 mask, as Load Image gives for an image without alpha."))],
         )
 
     @classmethod
@@ -51,4 +56,4 @@ class Decode(io.ComfyNode):
         latent = read_latent(samples, vae.model)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         image, report = execution.decode(vae, latent, settings, nonfinite, execution.image_dtype(output_dtype))
-        return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})
+        return io.NodeOutput(image, decoded_mask(image), ui={"streamvae_run": [report.as_dict()]})

@@ -2,9 +2,10 @@
 from comfy_api.latest import io
 
 from . import execution
-from .images import MAX_FRAMES, check_batch_size, check_image, split_clips
+from .alpha import encode_input
+from .images import MAX_FRAMES, check_batch_size, split_clips
 from .latents import make_latent
-from .run_settings import settings_from_inputs, check_tiling, tiling_inputs
+from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -28,6 +29,10 @@ class Encode(io.ComfyNode):
                     "(unrelated images never bleed into each other through the causal cache); otherwise 4n+1 "
                     "(5, 9, 13, ...): the batch is cut into clips of that many frames, the last one padded.")),
                 *tiling_inputs(io),
+                io.Mask.Input("mask", optional=True, tooltip=(
+                    "For RGBA VAEs (Qwen-Image-Layered): transparency as Load Image gives it, 1 - alpha per pixel "
+                    "(one mask, or one per frame; resized to the frames). Unconnected: the IMAGE's own alpha, "
+                    "else opaque. RGB VAEs ignore it.")),
             ],
             outputs=[io.Latent.Output(tooltip="Latent B,C,T',H/f,W/f (f = 8, or 16 for Wan2.2) as core's VAE Encode "
                                               "makes it, one clip per batch entry, with the true frame counts for "
@@ -41,13 +46,26 @@ class Encode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, image, batch_size=0, tile_size=0, tile_overlap=64, temporal_chunk=0,
-                memory_budget_gb=0.0, tiling="exact") -> io.NodeOutput:
+                memory_budget_gb=0.0, tiling="exact", mask=None) -> io.NodeOutput:
         error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
-        image, notes = check_image(image)
+        image, notes = encode_input(image, mask, vae.model.in_channels)
         clips = split_clips(image.shape[0], batch_size)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         samples, report = execution.encode(vae, image, clips, settings, notes)
-        latent = make_latent(samples, clips.frames, (image.shape[1], image.shape[2]))
+        latent = make_latent(*image_vae_layout(vae.model, samples, clips.frames), (image.shape[1], image.shape[2]))
         return io.NodeOutput(latent, ui={"streamvae_run": [report.as_dict()]})
+
+
+def image_vae_layout(model, samples, frames: list[int]):
+    """(samples, frames per batch entry) as core lays out an image VAE's LATENT (Qwen-Image 2.1: one
+    frame per latent frame, each independent): B,C,h,w with every frame its own batch entry; a video
+    VAE's LATENT as it is (B,C,T',h,w, one clip per entry)."""
+    if model.temporal_factor != 1:
+        return samples, frames
+    b, c, t, h, w = samples.shape
+    # b c t h w -> (b t) c h w, the clips' padding frames dropped
+    images = samples.transpose(1, 2).reshape(b * t, c, h, w)
+    keep = [i * t + k for i, n in enumerate(frames) for k in range(n)]
+    return images[keep], [1] * len(keep)

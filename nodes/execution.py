@@ -175,7 +175,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
 def encode(handle, image: torch.Tensor, clips: Clips, settings: Settings, notes=()) -> tuple[torch.Tensor, RunReport]:
     """IMAGE (N,H,W,3, from `images.check_image`, whose `notes` are reported) split into `clips` ->
     LATENT samples n_clips,C,T',h,w (see `encode_clips`)."""
-    shape = (1, 3, clips.length, image.shape[1], image.shape[2])
+    shape = (1, image.shape[3], clips.length, image.shape[1], image.shape[2])  # image channels: 3, or 4 (RGBA)
     return encode_clips(handle, len(clips.spans), lambda i: clip_video(image, clips.spans[i], clips.length), shape,
                         settings, notes)
 
@@ -218,19 +218,21 @@ def image_dtype(choice: str) -> torch.dtype:
 
 def decode(handle, latent: LatentClips, settings: Settings, nonfinite: str = "error", dtype: torch.dtype | None = None,
            sink=None) -> tuple[torch.Tensor | None, RunReport]:
-    """Latent clips -> IMAGE (sum of the clips' frames, H, W, 3) on core's intermediate device, in
+    """Latent clips -> IMAGE (sum of the clips' frames, H, W, C: 4 for RGBA VAEs) on core's intermediate device, in
     `dtype` (default core's intermediate dtype), trimmed to the true frame counts and pixel size; the
     decoder writes straight into the IMAGE. With `sink` (a `vae.video_file.FileSink`) the clips'
     frames go to it one after another instead, and the IMAGE is None."""
     h, w = latent.samples.shape[3:]
-    sf = handle.spatial_factor
-    height, width = latent.size if latent.size is not None else (h * sf, w * sf)
+    model = handle.model
+    up = model.decode_upscale  # the size Encode was given, times the decoder's upscale
+    height, width = (latent.size[0] * up, latent.size[1] * up) if latent.size is not None else \
+        (h * model.spatial_factor * up, w * model.spatial_factor * up)
     starts = [sum(latent.frames[:i]) for i in range(len(latent.frames))]
     if sink is not None:
         report = decode_clips(handle, latent, settings, lambda i: {"sink": sink.at(starts[i]), "num_frames": latent.frames[i],
                                                                  "height": height, "width": width}, nonfinite)
         return None, report
-    image = torch.empty((sum(latent.frames), height, width, 3), dtype=dtype or core_api.intermediate_dtype(),
+    image = torch.empty((sum(latent.frames), height, width, model.out_channels), dtype=dtype or core_api.intermediate_dtype(),
                         device=core_api.intermediate_device())
     report = decode_clips(handle, latent, settings,
                           lambda i: into(image_view(image, starts[i], starts[i] + latent.frames[i])), nonfinite)

@@ -5,6 +5,7 @@ The workers start at the first Encode/Decode that needs them and stay (with thei
 for the next runs; a failure, an out-of-memory error or Cancel stops all of them (the error names the
 rank that failed) and the next run starts new ones.
 """
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,8 @@ from comfy_api.latest import io
 
 from ..vae.workers import RankWorkers
 from .types import DEVICES
+
+log = logging.getLogger("streamvae")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ def parse_devices(text: str) -> tuple[str, ...]:
 def workers(handle) -> RankWorkers | None:
     """The handle's worker processes (started now if none are running), or None when it runs on one device."""
     if handle.devices is None:
+        return None
+    model = handle.model
+    if (model.in_channels, model.out_channels, model.decode_upscale, model.temporal_factor) != (3, 3, 1, 4):
+        log.warning("StreamVAE Multi-GPU: the %s VAE (%d image channels, %dx decoder) runs on one device: the row "
+                    "bands split RGB video VAEs only", model.family, model.out_channels, model.decode_upscale)
         return None
     if handle.workers is None or not handle.workers.alive:
         handle.workers = RankWorkers(handle.model, handle.devices.devices, opts=handle.opts,

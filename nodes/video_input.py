@@ -4,9 +4,10 @@ from comfy_api.latest import io
 
 from ..vae.video_reader import RESIZE_FILTERS, VideoReader
 from . import execution
+from .encode import image_vae_layout
 from .images import MAX_FRAMES
 from .latents import make_latent
-from .run_settings import settings_from_inputs, check_tiling, streamed_tiling_inputs
+from .run_settings import check_tiling, settings_from_inputs, streamed_tiling_inputs
 from .types import STREAMVAE
 
 MAX_SIZE = 16384  # pixels
@@ -72,8 +73,8 @@ class EncodeFromVideo(io.ComfyNode):
             raise ValueError(error)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
         with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
-                         resize_filter) as reader:
+                         resize_filter, vae.model.in_channels) as reader:  # RGBA VAEs: the file's alpha, else opaque
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
         report.notes.append(f"read {reader.frames} frames {reader.width}x{reader.height} at {float(reader.fps):g} fps")
-        latent = make_latent(samples, [reader.frames], (reader.height, reader.width))
+        latent = make_latent(*image_vae_layout(vae.model, samples, [reader.frames]), (reader.height, reader.width))
         return io.NodeOutput(latent, float(reader.fps), ui={"streamvae_run": [report.as_dict()]})

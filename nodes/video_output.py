@@ -148,10 +148,9 @@ class DecodeToVideo(io.ComfyNode):
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
-        encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
+        encoding, alpha_note = resolve(codec, pixel_format, bit_depth, crf, fps).with_alpha(vae.model.out_channels)
         latent = read_latent(samples, vae.model)
-        _, _, _, h, w = latent.samples.shape
-        height, width = latent.size if latent.size is not None else (h * vae.spatial_factor, w * vae.spatial_factor)
+        height, width = output_size(vae.model, latent)
         encoding.check_size(width, height)
         path, subfolder = output_path(filename_prefix, encoding.extension, width, height)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
@@ -161,6 +160,7 @@ class DecodeToVideo(io.ComfyNode):
         with VideoWriter(path, encoding, width, height, total, audio=_audio(audio), metadata=metadata) as writer:
             _, report = execution.decode(vae, latent, settings, sink=FileSink(writer, preview.observe))
             path = writer.finish()
+        report.notes += [alpha_note] if alpha_note else []
         report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}")
         written = {"filename": path.name, "subfolder": subfolder, "type": "output", "frames": total,
                    "width": width, "height": height, "fps": float(encoding.fps), "format": encoding.describe()}
@@ -168,3 +168,11 @@ class DecodeToVideo(io.ComfyNode):
         video = InputImpl.VideoFromFile(str(path)) if InputImpl is not None else None
         return io.NodeOutput(video, os.fspath(path), ui={**shown, "streamvae_run": [report.as_dict()],
                                                          "streamvae_video": [written]})
+
+
+def output_size(model, latent) -> tuple[int, int]:
+    """(height, width) a LATENT decodes to: the size Encode was given (else the latent's full size),
+    times the decoder's upscale."""
+    _, _, _, h, w = latent.samples.shape
+    height, width = latent.size if latent.size is not None else (h * model.spatial_factor, w * model.spatial_factor)
+    return height * model.decode_upscale, width * model.decode_upscale

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 import vae
-from tests.reference import load_tiny, tensors
+from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from tests.test_tiling import FIXTURES, _last_causal_conv
 from vae import memory
 from vae.causal_cache import CausalCache, _HostStore
 
-FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+FAMILIES = list(TINY_FAMILIES)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -18,12 +18,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vae
-from tests.reference import load_tiny, tensors
+from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from vae import Cancelled, RowBands, Settings
 from vae.strategies.row_bands import Bands
 from vae.workers import RankWorkers, WorkerFailed
 
-FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+FAMILIES = list(TINY_FAMILIES)
 FIXTURES = {  # (file, video input, file, raw decoder input); frames 64x64, latents 8x8 (Wan2.2: 4x4)
     "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
     "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),

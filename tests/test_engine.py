@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import vae
-from tests.reference import REPO, load_tiny
+from tests.reference import REPO, TINY_FAMILIES, load_tiny
 
-FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+FAMILIES = list(TINY_FAMILIES)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

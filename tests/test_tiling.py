@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import vae
-from tests.reference import load_tiny, tensors
+from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from vae import memory, recovery
 from vae.optimizations import Optimizations
 from vae.blocks import CausalConv3d
 
-FAMILIES = [cls.family for cls in vae.loading.FAMILIES]
+FAMILIES = list(TINY_FAMILIES)
 # (file, video input, raw decoder input) of each family's upstream fixture
 FIXTURES = {
     "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),

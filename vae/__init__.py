@@ -6,7 +6,11 @@
     y = vae.decode(m, z)       # -> B,3,T,H,W, not clamped
 
 Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan21`: Wan2.1 and Wan2.2
-A14B) and Wan2.2 (`wan22`: TI2V-5B), the Wan files in upstream/ComfyUI or diffusers key names.
+A14B, and the VAEs of its architecture at other sizes: Qwen-Image, RGBA Qwen-Image-Layered, pruned
+widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B) and Qwen-Image 2.1 (`qwen21`, an image VAE),
+the Wan files in upstream/ComfyUI or diffusers key names, every size read from the shapes
+(`wan_layout.py`). Encode takes `m.in_channels` image channels (4: RGBA), decode gives
+`m.out_channels`, at `m.decode_upscale` times the encoded size.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
 diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
 
@@ -30,6 +34,7 @@ from .model import VideoVAE
 from .optimizations import Optimizations
 from .planning import Plan, Settings, plan
 from .progress import Cancelled
+from .qwen21 import Qwen21Config, Qwen21VAE
 from .seedvr2 import SeedVR2Config, SeedVR2VAE
 from .strategies.row_bands import RowBands
 from .wan21 import Wan21Config, Wan21VAE
@@ -40,6 +45,8 @@ __all__ = [
     "CheckpointError",
     "Optimizations",
     "Plan",
+    "Qwen21Config",
+    "Qwen21VAE",
     "RowBands",
     "SeedVR2Config",
     "SeedVR2VAE",

@@ -95,31 +95,37 @@ def roundtrip(args: argparse.Namespace) -> None:
 
     model = load_model(args)
     if args.input:
-        with VideoReader(args.input, frame_count=args.frames or 0) as reader:
+        with VideoReader(args.input, frame_count=args.frames or 0, channels=model.in_channels) as reader:
             video, fps = reader.read(0, reader.frames), reader.fps
     else:
         height, width = (int(v) for v in args.size.lower().split("x"))
         pattern, fps = test_pattern(args.frames or 17, height, width), 24
-        video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,3,T,H,W in [-1, 1]
+        if model.in_channels == 4:  # RGBA VAEs: an opaque pattern
+            pattern = torch.cat([pattern, torch.ones_like(pattern[..., :1])], dim=-1)
+        video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,C,T,H,W in [-1, 1]
         print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
     t, h, w = video.shape[2:]
     z = engine.encode(model, video, settings(args), progress=Progress("encode"))
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
-    expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,3 in 0..255
+    up = model.decode_upscale
+    expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,C in 0..255
+    # an upscale decoder's frames are compared with the input repeated to their size
+    expected = expected.repeat_interleave(up, dim=1).repeat_interleave(up, dim=2)
     squared = [0.0]
 
     def measure(first, pixels):  # PSNR of the written 8-bit frames against the input, chunk by chunk
-        squared[0] += float(((torch.from_numpy(pixels).double() - expected[first:first + len(pixels)]) ** 2).sum())
+        want = expected[first:first + len(pixels), ..., :pixels.shape[-1]]
+        squared[0] += float(((torch.from_numpy(pixels).double() - want) ** 2).sum()) * expected.shape[-1] / pixels.shape[-1]
 
     out = Path(args.out)
     video_args = video_kwargs(args, out)
     if (h % 2 or w % 2) and args.pixel_format == "auto" and CODECS[video_args["codec"]].pixel_format == "yuv420":
         video_args["pixel_format"] = "yuv444"  # 4:2:0 needs even sizes; keep every pixel instead of cropping
-    decode_to_file(model, z, out, settings(args), fps=fps, num_frames=t, height=h, width=w, observe=measure,
+    decode_to_file(model, z, out, settings(args), fps=fps, num_frames=t, height=h * up, width=w * up, observe=measure,
                    progress=Progress("decode"), **video_args)
     mse = squared[0] / expected.numel() / 255**2
     psnr = 10 * math.log10(1 / mse) if mse > 0 else float("inf")
-    print(f"wrote {out}: {t} frames {h}x{w}; round-trip PSNR {psnr:.2f} dB vs the input")
+    print(f"wrote {out}: {t} frames {h * up}x{w * up}; round-trip PSNR {psnr:.2f} dB vs the input")
 
 
 def encode(args: argparse.Namespace) -> None:

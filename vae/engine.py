@@ -319,7 +319,8 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
            nonfinite: str = "error", out: torch.Tensor | None = None, out_device: torch.device | str | None = None,
            out_dtype: torch.dtype | None = None, sink: SinkFn | None = None, bands: RowBands | None = None,
            progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> torch.Tensor | None:
-    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped.
+    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped
+    (`model.out_channels` channels, 4 for RGBA; H = h * spatial_factor * `model.decode_upscale`).
 
     `how` and `opts` as in `encode` (tiles in output pixels). `num_frames`, `height`, `width` trim
     the output (to undo `encode`'s padding); the decoded chunks are written straight into a
@@ -336,22 +337,21 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     z = _checked_latent(model, z, nonfinite)
     b, c, n_lat, h, w = z.shape
     opts = opts or Optimizations()
-    sf = model.spatial_factor
+    sf, of = model.spatial_factor, model.spatial_factor * model.decode_upscale  # of: output pixels per latent cell
     partition = bands.start(h) if bands is not None else WHOLE_FRAME
     where_out = out.device if out is not None else (z.device if out_device is None else out_device)
     plan = _planned(model, "decode", z.shape, how, (z.device, where_out), opts, bands)
-    clip = plan.clip
-    t_out = clip.frames if num_frames is None else num_frames
-    h_out = clip.height if height is None else height
-    w_out = clip.width if width is None else width
-    for name, value, limit in (("num_frames", t_out, clip.frames), ("height", h_out, clip.height),
-                               ("width", w_out, clip.width)):
+    full_t, full_h, full_w = plan.clip.frames, h * of, w * of
+    t_out = full_t if num_frames is None else num_frames
+    h_out = full_h if height is None else height
+    w_out = full_w if width is None else width
+    for name, value, limit in (("num_frames", t_out, full_t), ("height", h_out, full_h), ("width", w_out, full_w)):
         if not 1 <= value <= limit:
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
     if bands is not None:
         bands.agree((b, c, n_lat, h, w, plan.temporal_chunk, int(bands.gather)), model.device,
                     "latent shapes or settings")
-    shape = (b, 3, t_out, partition.output_rows(h_out, sf), w_out)
+    shape = (b, model.out_channels, t_out, partition.output_rows(h_out, of), w_out)
     grid = None
     if plan.tile_size and plan.tiling == "fast":
         grid = geometry.fast_grid(h, w, plan.tile_size, plan.tile_overlap, sf)
@@ -373,7 +373,7 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
 
         def decode_tile(zt):
             tile_plan = _stream_plan(model, plan, zt.shape)
-            tile_out = torch.empty((b, 3, t_out, tile_plan.clip.height, tile_plan.clip.width), dtype=out.dtype,
+            tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
                                    device=out.device)
             _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
                            tile_plan, opts, Steps(tile_plan.grid[2], None, cancel), WHOLE_FRAME)
@@ -410,7 +410,8 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
         if not write:
             return True
         k = max(0, min(y.shape[2], t_out - pos))
-        frames = partition.collect(y[:, :, :k, :, :w_out], plan.clip.spatial_factor)  # every rank takes part
+        scale = model.spatial_factor * model.decode_upscale  # output rows per latent row
+        frames = partition.collect(y[:, :, :k, :, :w_out], scale)  # every rank takes part
         if frames is not None and k:
             deliver(pos, frames[..., :h_out, :])
         pos += k

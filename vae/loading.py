@@ -15,12 +15,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .model import VideoVAE
+from .model import LayoutError, VideoVAE
+from .qwen21 import Qwen21VAE
 from .seedvr2 import SeedVR2VAE
 from .wan21 import Wan21VAE
 from .wan22 import Wan22VAE
 
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Wan22VAE]
+# Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
+FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -186,7 +188,9 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
     head = f"this looks like {looks}. " if looks else ""
     raise CheckpointError(
         f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
-        "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors) or Wan2.2 (wan2.2_vae.safetensors) VAE file.")
+        "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors), Wan2.2 (wan2.2_vae.safetensors), "
+        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one) or Qwen-Image 2.1 "
+        "(qwen_image_2.1_vae_bf16.safetensors) VAE file.")
 
 
 def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str) -> None:
@@ -257,6 +261,9 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     except KeyError as err:
         raise CheckpointError(f"checkpoint does not match the {cls.family} VAE layout; missing: {err.args[0]} "
                               "(the file is incomplete: download it again)") from None
+    except LayoutError as err:
+        raise CheckpointError(f"the checkpoint has the {cls.family} VAE's key layout, but sizes no variant StreamVAE "
+                              f"knows: {err}") from None
     with torch.device("meta"):
         model = cls(cfg)
     _check_layout(model.state_dict(), native, cls.family)

@@ -103,8 +103,12 @@ def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
 
 
 def _io_elements(model, clip: Clip) -> tuple[int, int]:
-    """Elements of the whole (input, output) of the op: pixels and latent."""
-    video = clip.batch * 3 * clip.frames * clip.height * clip.width
+    """Elements of the whole (input, output) of the op: pixels (an upscale decoder's at its output size)
+    and latent."""
+    if clip.op == "decode":
+        video = clip.batch * model.out_channels * model.decode_upscale ** 2 * clip.frames * clip.height * clip.width
+    else:
+        video = clip.batch * model.in_channels * clip.frames * clip.height * clip.width
     h, w = clip.latent_hw
     latent = clip.batch * model.latent_channels * clip.latent_frames * h * w
     return (latent, video) if clip.op == "decode" else (video, latent)
@@ -135,7 +139,9 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
         tile_pixels = b * frames * min(th, height) * min(tw, width)
     fast = tile_size is not None and tiling == "fast"
     frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
-    coef = coefficients(model.family, op, "untiled" if tile_size is None or fast else "exact", device.type)
+    basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
+    coef = {k: v * scale for k, v in coefficients(basis, op, "untiled" if tile_size is None or fast else "exact",
+                                                  device.type).items()}
     # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
     # are whole frames per module whatever the chunk length: they scale with the frame, the rest
     # with the chunk's pixel frames.
@@ -143,7 +149,8 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     per_chunk_pixel = max(0.0, coef["per_pixel"] - cache_all / model.temporal_factor)
     act = per_chunk_pixel * frames * frame_pixels + cache_all * frame_pixels
     if fast:
-        act += 3 * pixel_frames(n_lat, model.temporal_factor) * frame_pixels  # the tile's own output buffer
+        channels = model.out_channels * model.decode_upscale ** 2 if op == "decode" else 3
+        act += channels * pixel_frames(n_lat, model.temporal_factor) * frame_pixels  # the tile's own output buffer
     else:
         act += coef.get("per_tile_pixel", 0.0) * tile_pixels
     if cache_offload != "none":
@@ -158,8 +165,9 @@ def cache_calibrated(model, op: str, device_type: str) -> bool:
 
 def _cache_elements(model, op: str, device_type: str) -> tuple[float, float]:
     """Causal-cache elements per video pixel (all modules, the largest one); (0, 0) uncalibrated."""
+    basis, scale = model.memory_calibration(op)
     try:
-        caches = coefficients(model.family, op, "caches", device_type)
+        caches = coefficients(basis, op, "caches", device_type)
     except KeyError:
         return 0.0, 0.0
-    return caches["all"], caches["largest"]
+    return caches["all"] * scale, caches["largest"] * scale

@@ -11,12 +11,19 @@ import torch
 import torch.nn as nn
 
 
+class LayoutError(ValueError):
+    """Checkpoint tensors whose shapes fit no configuration rule of the family whose key layout they
+    have; the message names the shapes."""
+
+
 class VideoVAE(nn.Module):
     family: str = ""
     spatial_factor: int = 8
     temporal_factor: int = 4
     latent_channels: int = 16
-    in_channels: int = 3
+    in_channels: int = 3  # image channels encode takes: 3 (RGB) or 4 (RGBA)
+    out_channels: int = 3  # image channels decode gives
+    decode_upscale: int = 1  # decoded frames are this many times the encoded size (2 for 2x upscale decoders)
 
     # --- what a family defines -------------------------------------------------------------
     probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints
@@ -32,12 +39,19 @@ class VideoVAE(nn.Module):
         raise NotImplementedError
 
     def encode_chunk(self, video: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """One temporal chunk of pixels (B,3,t,H,W) -> (mean, logvar) of its latent frames."""
+        """One temporal chunk of pixels (B,in_channels,t,H,W) -> (mean, logvar) of its latent frames."""
         raise NotImplementedError
 
     def decode_chunk(self, z: torch.Tensor, ctx) -> torch.Tensor:
-        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,3,t',H,W)."""
+        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,out_channels,t',H*u,W*u),
+        u = `decode_upscale`."""
         raise NotImplementedError
+
+    def memory_calibration(self, op: str) -> tuple[str, float]:
+        """(calibrated family, scale) for `op`: whose measured memory coefficients
+        (`memory_calibration.json`) predict this model's activations, and the factor they are
+        multiplied by (a variant of another width scales from its family's released width)."""
+        return self.family, 1.0
 
     def encode_modules(self) -> list[nn.Module]:
         return [self.encoder]

@@ -8,8 +8,11 @@ stated, never left to a player's guess:
   and the stream is tagged BT.709 (matrix, primaries, transfer) and limited range.
 - `rgb` stores the decoded R, G, B planes themselves (full range, no matrix); with FFV1 this is
   lossless: reading the file back gives the written 8-bit (or 16-bit) values exactly.
+
+Alpha (RGBA VAEs): FFV1 and ProRes 4444 (yuv444) store it as a fourth plane (`with_alpha`); the
+other choices cannot, and the frames are then written opaque with a note saying so.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import av
@@ -34,13 +37,14 @@ class Codec:
     pixel_format: str  # what "auto" means
     bit_depth: int
     quality: str  # what `crf` does for this codec
+    alpha: bool  # whether files of this codec keep an alpha plane that players and FFmpeg read back
 
 
 CODECS = {codec.name: codec for codec in (
-    Codec("h264", "H.264", "libx264", "mp4", "aac", "yuv420", 8, "crf"),
-    Codec("h265", "H.265/HEVC", "libx265", "mp4", "aac", "yuv420", 8, "crf"),
-    Codec("ffv1", "FFV1 (lossless)", "ffv1", "mkv", "flac", "rgb", 8, "lossless"),
-    Codec("prores", "ProRes", "prores_ks", "mov", "pcm_s16le", "yuv422", 10, "profile"),
+    Codec("h264", "H.264", "libx264", "mp4", "aac", "yuv420", 8, "crf", False),
+    Codec("h265", "H.265/HEVC", "libx265", "mp4", "aac", "yuv420", 8, "crf", False),
+    Codec("ffv1", "FFV1 (lossless)", "ffv1", "mkv", "flac", "rgb", 8, "lossless", True),
+    Codec("prores", "ProRes", "prores_ks", "mov", "pcm_s16le", "yuv422", 10, "profile", True),
 )}
 MAX_CRF = 51
 
@@ -61,6 +65,13 @@ def ffmpeg_pixel_formats(pixel_format: str, bits: int) -> tuple[str, ...]:
     return (f"{pixel_format}p",) if bits == 8 else (f"{pixel_format}p{bits}le",)
 
 
+def ffmpeg_alpha_formats(pixel_format: str, bits: int) -> tuple[str, ...]:
+    """FFmpeg names of a pixel format with an alpha plane, preferred first."""
+    if pixel_format == "rgb":
+        return ("gbrap", "bgra") if bits == 8 else (f"gbrap{bits}le",)
+    return (f"yuva{pixel_format[3:]}p",) if bits == 8 else (f"yuva{pixel_format[3:]}p{bits}le",)
+
+
 def available_codecs() -> list[str]:
     return [name for name, codec in CODECS.items() if encoder_pixel_formats(codec.encoder) is not None]
 
@@ -75,6 +86,7 @@ class VideoEncoding:
     pix_fmt: str  # the FFmpeg pixel format of the stream
     crf: int
     fps: Fraction
+    alpha: bool = False  # frames are R, G, B, alpha and the stream keeps the alpha plane
 
     @property
     def extension(self) -> str:
@@ -112,6 +124,18 @@ class VideoEncoding:
             return {"profile": "4" if self.pixel_format == "yuv444" else "3"}
         return {}
 
+    def with_alpha(self, channels: int) -> tuple["VideoEncoding", str | None]:
+        """This encoding for frames of `channels` image channels: with an alpha plane for 4 where the
+        codec and pixel format keep one, else as it is and a note saying the alpha is not kept."""
+        if channels != 4:
+            return self, None
+        supported = encoder_pixel_formats(self.codec.encoder) or set()
+        pix_fmt = next((f for f in ffmpeg_alpha_formats(self.pixel_format, self.bit_depth) if f in supported), None)
+        if self.codec.alpha and pix_fmt is not None:
+            return replace(self, pix_fmt=pix_fmt, alpha=True), None
+        return self, (f"{self.codec.label} {self.pixel_format} cannot store alpha: the RGBA frames are written opaque "
+                      "(alpha dropped); pick ffv1 (rgb or yuv), or prores with pixel_format yuv444 (4444), to keep it")
+
     def describe(self) -> str:
         """One line saying what is written, including the colour conversion."""
         if self.is_rgb:
@@ -119,6 +143,7 @@ class VideoEncoding:
         else:
             colour = "BT.709 matrix, limited range"
         quality = {"crf": f", crf {self.crf}", "profile": ", profile " + ("4444" if self.pixel_format == "yuv444" else "422 HQ")}
+        colour += ", with alpha" if self.alpha else ""
         return (f"{self.codec.label} in .{self.extension}, {self.pix_fmt} ({self.bit_depth}-bit), {colour}"
                 f"{quality.get(self.codec.quality, '')}, {float(self.fps):g} fps")
 

@@ -5,6 +5,8 @@ and `encode_from_file` reads the frames each chunk needs from a `VideoReader`.
     vae.decode_to_file(m, z, "clip.mp4", fps=24, num_frames=t, height=h, width=w)
     z, clip = vae.encode_from_file(m, "clip.mp4", every_nth=2, width=960)
 """
+import logging
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -17,9 +19,11 @@ from .video_codecs import resolve
 from .video_reader import VideoReader
 from .video_writer import VideoWriter
 
+log = logging.getLogger("streamvae")
+
 
 def to_pixels(frames: torch.Tensor, bits: int) -> np.ndarray:
-    """Decoder output 1,3,k,H,W in [-1, 1] (not clamped) -> k,H,W,3 integers: uint8 for 8 bits,
+    """Decoder output 1,C,k,H,W in [-1, 1] (not clamped) -> k,H,W,C integers: uint8 for 8 bits,
     uint16 (0..65535) otherwise, (x + 1) / 2 * max rounded to nearest. Converted on the frames'
     device, so only the integer frames cross to the host."""
     if frames.shape[0] != 1:
@@ -32,7 +36,8 @@ def to_pixels(frames: torch.Tensor, bits: int) -> np.ndarray:
 
 
 class FileSink:
-    """`engine.decode`'s `sink` for a `VideoWriter`: converts each chunk and queues it.
+    """`engine.decode`'s `sink` for a `VideoWriter`: converts each chunk and queues it (RGBA frames
+    without their alpha when the writer's encoding keeps none: `VideoEncoding.with_alpha` said so).
 
     Called as sink(first, frames, offset=clip start in the file). Frames the writer already has
     (a decode rerun after an fp16 overflow starts again at frame 0) are skipped, so every frame is
@@ -50,7 +55,7 @@ class FileSink:
             raise RuntimeError(f"frames {self.writer.queued}..{first - 1} were never delivered")
         if skip >= frames.shape[2]:
             return
-        pixels = to_pixels(frames[:, :, skip:], self.writer.encoding.input_bits)
+        pixels = to_pixels(frames[:, :self.writer.channels, skip:], self.writer.encoding.input_bits)
         if self.observe is not None:
             self.observe(first + skip, pixels)
         self.writer.write(pixels)
@@ -67,18 +72,23 @@ def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str
     """Decode a raw latent B,C,T',h,w (every batch entry a clip; they are written one after another)
     into the video file `path` and return it.
 
-    `codec`, `pixel_format`, `bit_depth`, `crf` and `fps` as in `video_codecs.resolve`; `num_frames`,
+    `codec`, `pixel_format`, `bit_depth`, `crf` and `fps` as in `video_codecs.resolve` (an RGBA
+    model's alpha is kept where the codec can hold it, else dropped with a warning); `num_frames`,
     `height`, `width` trim every clip as in `engine.decode`; `audio` = (waveform C,S, sample_rate)
     is muxed alongside; `observe(first, pixels)` sees every chunk as written. `how` (a `Plan` or
     `Settings`) and the other keyword arguments (`opts`, ...) go to `engine.decode`, whose chunks are
     encoded while the next ones decode. On failure or cancel
     the frames written so far stay in `<name>.partial.<ext>` and the error is raised.
     """
-    encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
+    encoding, note = resolve(codec, pixel_format, bit_depth, crf, fps).with_alpha(model.out_channels)
+    if note:
+        log.warning("StreamVAE: %s", note)
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
     video = z if z.dim() == 5 else z.unsqueeze(2)
     clips, n_lat = video.shape[0], video.shape[2]
     frames = num_frames or pixel_frames(n_lat, model.temporal_factor)
-    size = (height or video.shape[3] * model.spatial_factor, width or video.shape[4] * model.spatial_factor)
+    of = model.spatial_factor * model.decode_upscale
+    size = (height or video.shape[3] * of, width or video.shape[4] * of)
     with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata) as writer:
         sink = FileSink(writer, observe)
         for i in range(clips):
@@ -97,5 +107,6 @@ def encode_from_file(model, source, how=None, *, start_frame: int = 0, frame_cou
     was encoded; `decode(z, num_frames=reader.frames, height=reader.height, width=reader.width)`
     gives those frames back. `how` and the other keyword arguments go to `engine.encode`.
     """
-    with VideoReader(source, start_frame, frame_count, every_nth, width, height, resize_filter) as reader:
+    with VideoReader(source, start_frame, frame_count, every_nth, width, height, resize_filter,
+                     model.in_channels) as reader:
         return engine.encode(model, reader, how, **encode_kwargs), reader

@@ -16,6 +16,7 @@ import torch
 RESIZE_FILTERS = {"bicubic": "BICUBIC", "bilinear": "BILINEAR", "lanczos": "LANCZOS", "area": "AREA",
                   "nearest": "POINT"}  # our names -> FFmpeg swscale's
 RGB48 = "rgb48le" if sys.byteorder == "little" else "rgb48be"
+RGBA64 = "rgba64le" if sys.byteorder == "little" else "rgba64be"
 
 
 def _open(source):
@@ -93,13 +94,14 @@ class VideoReader:
     the end); `width`/`height` (pixels, 0 = the file's; one of them 0 keeps the aspect ratio) resize
     with `resize_filter`. T is the selected count, known before decoding (the file's packets are
     counted once, which reads it without decoding). `fps` is the file's rate divided by `every_nth`.
+    `channels` 4 reads R, G, B and alpha (for RGBA VAEs; opaque where the file has no alpha plane).
     """
 
     dtype = torch.float32
     device = torch.device("cpu")
 
     def __init__(self, source, start_frame: int = 0, frame_count: int = 0, every_nth: int = 1, width: int = 0,
-                 height: int = 0, resize_filter: str = "bicubic"):
+                 height: int = 0, resize_filter: str = "bicubic", channels: int = 3):
         for name, value, low in (("start_frame", start_frame, 0), ("frame_count", frame_count, 0),
                                  ("every_nth", every_nth, 1), ("width", width, 0), ("height", height, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -125,13 +127,22 @@ class VideoReader:
             width = max(1, round(source_w * height / source_h))
         self.width, self.height = width or source_w, height or source_h
         self.fps = self.source_fps / every_nth
-        self.shape = (1, 3, len(selected), self.height, self.width)
+        if channels not in (3, 4):
+            raise ValueError(f"channels must be 3 (RGB) or 4 (RGBA); got {channels!r}")
+        self.shape = (1, channels, len(selected), self.height, self.width)
         self._frames = None  # generator of selected frames (numpy H,W,3)
         self._next = 0  # index (in the selection) of the frame the generator yields next
 
     @property
     def frames(self) -> int:
         return self.shape[2]
+
+    @property
+    def _format(self) -> str:
+        """The FFmpeg format frames are converted to: RGB or RGBA, 8 or 16 bits."""
+        if self.shape[1] == 4:
+            return "rgba" if self.bits == 8 else RGBA64
+        return "rgb24" if self.bits == 8 else RGB48
 
     def _decode(self):
         """Selected frames as numpy H,W,3 (uint8, or uint16 for deep files), decoded in order."""
@@ -146,7 +157,7 @@ class VideoReader:
                         return
                     if index >= first and (index - first) % step == 0:
                         yield frame.reformat(width=self.width, height=self.height, interpolation=self.filter,
-                                             format="rgb24" if self.bits == 8 else RGB48).to_ndarray()
+                                             format=self._format).to_ndarray()
                     index += 1
             except av.FFmpegError as error:
                 raise ValueError(f"{_name(self.source)} is damaged after frame {index}: {error}") from error
@@ -154,7 +165,7 @@ class VideoReader:
                          f"{self.source_frames}; the file is damaged or incomplete")
 
     def read(self, start: int, stop: int) -> torch.Tensor:
-        """Selected frames [start, stop) as 1,3,stop-start,H,W float32 in [-1, 1] (pixel / max * 2 - 1,
+        """Selected frames [start, stop) as 1,C,stop-start,H,W float32 in [-1, 1] (pixel / max * 2 - 1,
         the same numbers StreamVAE Encode makes from an IMAGE of these frames)."""
         if not 0 <= start < stop <= self.frames:
             raise IndexError(f"frames [{start}, {stop}) are outside the {self.frames} selected frames")

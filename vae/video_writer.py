@@ -1,4 +1,4 @@
-"""`VideoWriter`: RGB frames -> a video file, encoded on a background thread behind a bounded queue.
+"""`VideoWriter`: RGB (or RGBA) frames -> a video file, encoded on a background thread behind a bounded queue.
 
 The producer (the decode) hands over chunks of frames and goes on decoding while the thread
 converts and encodes them; the queue holds at most `queue_chunks` chunks, so memory does not grow
@@ -26,6 +26,7 @@ from .video_codecs import BT709, FULL_RANGE, LIMITED_RANGE, RGB_MATRIX, VideoEnc
 
 log = logging.getLogger("streamvae")
 RGB48 = "rgb48le" if sys.byteorder == "little" else "rgb48be"
+RGBA64 = "rgba64le" if sys.byteorder == "little" else "rgba64be"
 FRAGMENTED_MP4 = {"movflags": "+frag_keyframe+empty_moov+default_base_moof+use_metadata_tags",
                   "frag_duration": "1000000"}  # microseconds
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -56,7 +57,8 @@ def _reason(error: BaseException) -> str:
 class VideoWriter:
     """Writes `frames` frames of width x height to `path` as `encoding` says (see module docstring).
 
-    `write(chunk)` takes frames T,H,W,3 as uint8 (8-bit encodings) or uint16 (deeper ones).
+    `write(chunk)` takes frames T,H,W,3 (T,H,W,4 when `encoding.alpha`) as uint8 (8-bit encodings)
+    or uint16 (deeper ones).
     `audio` = (waveform C,S float in -1..1, sample_rate) is muxed alongside, cut to the video's
     length. `metadata` (str -> str) goes into the container's tags. Use `finish()` on success,
     `abort()` on failure or cancel.
@@ -139,7 +141,10 @@ class VideoWriter:
 
     def _encode(self, array: np.ndarray) -> None:
         e = self.encoding
-        frame = av.VideoFrame.from_ndarray(array, format="rgb24" if array.dtype == np.uint8 else RGB48)
+        if e.alpha:
+            frame = av.VideoFrame.from_ndarray(array, format="rgba" if array.dtype == np.uint8 else RGBA64)
+        else:
+            frame = av.VideoFrame.from_ndarray(array, format="rgb24" if array.dtype == np.uint8 else RGB48)
         if e.is_rgb:
             frame = frame.reformat(format=e.pix_fmt)
         else:
@@ -149,12 +154,18 @@ class VideoWriter:
         self.encoded += 1
 
     # --- the producer side -----------------------------------------------------------------------
+    @property
+    def channels(self) -> int:
+        """Channels of the frames `write` takes: 4 (R, G, B, alpha) when the encoding keeps alpha, else 3."""
+        return 4 if self.encoding.alpha else 3
+
     def write(self, chunk: np.ndarray) -> None:
-        """Queue frames T,H,W,3 for encoding; blocks while the queue is full; raises VideoWriteError
-        as soon as the writer thread has failed."""
+        """Queue frames T,H,W,C (C = `channels`) for encoding; blocks while the queue is full; raises
+        VideoWriteError as soon as the writer thread has failed."""
         expected = np.uint8 if self.encoding.input_bits == 8 else np.uint16
-        if chunk.dtype != expected or chunk.ndim != 4 or chunk.shape[1:] != (self._stream.height, self._stream.width, 3):
-            raise ValueError(f"frames must be {np.dtype(expected).name} T,{self._stream.height},{self._stream.width},3; "
+        shape = (self._stream.height, self._stream.width, self.channels)
+        if chunk.dtype != expected or chunk.ndim != 4 or chunk.shape[1:] != shape:
+            raise ValueError(f"frames must be {np.dtype(expected).name} T,{','.join(map(str, shape))}; "
                              f"got {chunk.dtype} {chunk.shape}")
         while True:
             self._check_thread()

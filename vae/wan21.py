@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
 from .layers import FrameSelfAttention, RMSNorm, residual_add
 from .model import VideoVAE
+from . import wan_layout
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI
 # `latent_formats.Wan21`); not stored in the checkpoint. Model space = (raw - mean) / std.
@@ -46,8 +47,13 @@ class Wan21Config:
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
     num_res_blocks: int = 2
     temperal_downsample: tuple[bool, ...] = (False, True, True)  # upstream's spelling; decoder uses the reverse
-    in_channels: int = 3
-    out_channels: int = 3
+    in_channels: int = 3  # image channels: 3 RGB, 4 RGBA (Qwen-Image-Layered)
+    out_channels: int = 3  # the decoder's last conv (ComfyUI's conv_out_channels): in_channels * upscale^2
+
+    @property
+    def upscale(self) -> int:
+        """2 for the 2x upscale decoders (12 = 3 * 2 * 2 output channels, pixel-shuffled)."""
+        return round((self.out_channels / self.in_channels) ** 0.5)
 
 
 def wan_conv(cin: int, cout: int, kernel=3, **kw) -> CausalConv3d:
@@ -71,10 +77,11 @@ class WanResidualBlock(nn.Module):
     upstream's parameter-free SiLU, SiLU and Dropout(0), which the convs apply themselves.
     """
 
-    def __init__(self, cin: int, cout: int):
+    def __init__(self, cin: int, cout: int, temporal_kernel: int = 3):
         super().__init__()
+        k = (temporal_kernel, 3, 3)
         self.residual = nn.ModuleList([
-            RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout), RMSNorm(cout), nn.SiLU(), nn.Identity(), wan_conv(cout, cout)])
+            RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout, k), RMSNorm(cout), nn.SiLU(), nn.Identity(), wan_conv(cout, cout, k)])
         self.shortcut = wan_conv(cin, cout, 1) if cin != cout else None
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -106,18 +113,29 @@ class WanAttentionBlock(FrameSelfAttention):
 class WanMidBlock(WanSequence):
     """`middle.0` residual, `middle.1` attention, `middle.2` residual, all at C channels."""
 
-    def __init__(self, channels: int):
-        super().__init__([WanResidualBlock(channels, channels), WanAttentionBlock(channels), WanResidualBlock(channels, channels)])
+    def __init__(self, channels: int, temporal_kernel: int = 3):
+        super().__init__([WanResidualBlock(channels, channels, temporal_kernel), WanAttentionBlock(channels),
+                          WanResidualBlock(channels, channels, temporal_kernel)])
 
 
 class WanHead(nn.ModuleList):
     """RMS norm, SiLU, causal 3x3x3 conv (keys `head.0`, `head.2`)."""
 
-    def __init__(self, cin: int, cout: int):
-        super().__init__([RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout)])
+    def __init__(self, cin: int, cout: int, temporal_kernel: int = 3):
+        super().__init__([RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout, (temporal_kernel, 3, 3))])
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return self[2](x, ctx, norm=self[0])
+
+
+class StoredConvWeights(nn.Module):
+    """The weight and bias a checkpoint holds for a conv that the network never runs: kept so the
+    checkpoint still loads strictly, its shapes checked."""
+
+    def __init__(self, cin: int, cout: int, kernel: tuple[int, ...]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cout, cin, *kernel))
+        self.bias = nn.Parameter(torch.empty(cout))
 
 
 class WanResample(nn.Module):
@@ -129,30 +147,36 @@ class WanResample(nn.Module):
     frame 0 bypasses it: T -> 2T - 1 over the clip), then nearest 2x + 3x3 conv per frame to
     `out_channels` (Wan2.1 halves the channels here, Wan2.2 keeps them).
     `resample.0` is upstream's parameter-free ZeroPad2d / Upsample slot; `resample.1` is the conv.
+    With `temporal_kernel` 1 (an image network, Qwen-Image 2.1) every frame is a clip's first frame,
+    which upstream passes by `time_conv` (down3d) or does not double (up3d): the mode acts as its 2d
+    one and the checkpoint's `time_conv` is held, never run.
     """
 
-    def __init__(self, channels: int, mode: str, out_channels: int | None = None):
+    def __init__(self, channels: int, mode: str, out_channels: int | None = None, temporal_kernel: int = 3):
         super().__init__()
         if mode not in ("down2d", "down3d", "up2d", "up3d"):
             raise ValueError(f"unknown Wan resample mode {mode!r}")
-        self.mode = mode
+        self.mode = mode.replace("3d", "2d") if temporal_kernel == 1 else mode
         if mode.startswith("down"):
             conv = FrameConv2d(channels, channels, 3, stride=2, spatial_pad=(0, 1, 0, 1))
         else:
             conv = FrameConv2d(channels, out_channels or channels, 3)
         self.resample = nn.ModuleList([nn.Identity(), conv])
-        if mode == "down3d":
-            self.time_conv = wan_conv(channels, channels, (3, 1, 1), stride=(2, 1, 1), head_frames=0)
-        elif mode == "up3d":
-            self.time_conv = wan_conv(channels, 2 * channels, (3, 1, 1))
-        else:
+        time_out = {"down3d": channels, "up3d": 2 * channels}.get(mode)
+        if time_out is None:
             self.time_conv = None
+        elif temporal_kernel == 1:
+            self.time_conv = StoredConvWeights(channels, time_out, (1, 1, 1))
+        elif mode == "down3d":
+            self.time_conv = wan_conv(channels, channels, (3, 1, 1), stride=(2, 1, 1), head_frames=0)
+        else:
+            self.time_conv = wan_conv(channels, 2 * channels, (3, 1, 1))
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         if self.mode.startswith("up"):
             return self._up(x, ctx)
         x = self.resample[1](x, ctx)
-        if self.time_conv is None:
+        if self.mode != "down3d":
             return x
         # No head padding: the windows start at frame 0, and the cache keeps the frames the next
         # window still reads, so chunks of any length (even ones yielding no frame) stay exact.
@@ -161,7 +185,7 @@ class WanResample(nn.Module):
 
     def _up(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         opts, conv = ctx.opts, self.resample[1]
-        if self.time_conv is not None:
+        if self.mode == "up3d":
             n_kept = 1 if ctx.first_chunk else 0
             # On a 1-frame first chunk time_conv gets no frames: it only seeds its cache with zeros.
             x = self._interleave(x[:, :, :n_kept], self.time_conv(x[:, :, n_kept:], ctx), opts)
@@ -319,23 +343,6 @@ def diffusers_to_native(sd: dict, nested: bool) -> dict:
     return {rename(k): v for k, v in sd.items()}
 
 
-def encoder_stages(sd: dict, nested: bool) -> list[tuple[list[int], bool | None]]:
-    """Per encoder stage: output channels of its residual blocks, and its resampler (True = down3d,
-    False = down2d, None = none), read from the key names and shapes."""
-    pattern = re.compile(r"encoder\.downsamples\.(\d+)\.downsamples\.(\d+)\." if nested else r"encoder\.downsamples\.(\d+)\.")
-    prefixes = sorted({m[0] for m in map(pattern.match, sd) if m}, key=lambda p: tuple(map(int, re.findall(r"\d+", p))))
-    stages, channels = [], []
-    for p in prefixes:
-        if f"{p}residual.2.weight" in sd:
-            channels.append(sd[f"{p}residual.2.weight"].shape[0])
-        elif f"{p}resample.1.weight" in sd:
-            stages.append((channels, f"{p}time_conv.weight" in sd))
-            channels = []
-    if channels:
-        stages.append((channels, None))
-    return stages
-
-
 # --- the model -----------------------------------------------------------------------------------
 
 class WanVAEBase(VideoVAE):
@@ -348,11 +355,13 @@ class WanVAEBase(VideoVAE):
     diffusers_probe_keys: tuple[str, ...] = ()
     nested_blocks = False  # Wan2.2 nests residual blocks inside stage blocks
 
-    def __init__(self, cfg, encoder: nn.Module, decoder: nn.Module, patch_size: int = 1):
+    def __init__(self, cfg, encoder: nn.Module, decoder: nn.Module, patch_size: int = 1, upscale: int = 1):
         super().__init__()
         self.config = cfg
         self.patch_size = patch_size
         self.latent_channels = cfg.z_dim
+        self.in_channels = self.out_channels = cfg.in_channels
+        self.decode_upscale = upscale
         self.spatial_factor = patch_size * 2 ** (len(cfg.dim_mult) - 1)
         self.temporal_factor = 2 ** sum(bool(t) for t in cfg.temperal_downsample)
         self.encoder = encoder
@@ -396,7 +405,7 @@ class WanVAEBase(VideoVAE):
         return mu, logvar.clamp(-30.0, 20.0)  # the clamp diffusers' DiagonalGaussianDistribution applies
 
     def decode_chunk(self, z, ctx):
-        return self.unpatchify(self.decoder(self.conv2(z, ctx), ctx))
+        return depth_to_space(self.unpatchify(self.decoder(self.conv2(z, ctx), ctx)), self.decode_upscale)
 
     def _latent_stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if z.shape[1] != len(self.latents_mean):
@@ -416,8 +425,21 @@ class WanVAEBase(VideoVAE):
         return z * std + mean
 
 
+def depth_to_space(x: torch.Tensor, r: int) -> torch.Tensor:
+    """B,C*r*r,T,H,W -> B,C,T,H*r,W*r: channel c*r*r + i*r + j goes to row offset i, column offset j
+    (torch's pixel_shuffle order, which the 2x upscale decoders are trained for; not `unpatchify`'s)."""
+    if r == 1:
+        return x
+    b, crr, t, h, w = x.shape
+    # b (c i j) t h w -> b c t (h i) (w j)
+    return x.view(b, crr // (r * r), r, r, t, h, w).permute(0, 1, 4, 5, 2, 6, 3).reshape(b, crr // (r * r), t, h * r, w * r)
+
+
 class Wan21VAE(WanVAEBase):
-    """The Wan2.1 VAE (also used by Wan2.2 A14B): raw mu out, raw latent in; 16 channels, 8x / 4x."""
+    """The Wan2.1 VAE (also used by Wan2.2 A14B): raw mu out, raw latent in; 16 channels, 8x / 4x.
+    Also the VAEs of its architecture at other sizes, read from the weights (`wan_layout.py`):
+    Qwen-Image, RGBA Qwen-Image-Layered (4 image channels), pruned widths, and decoders whose
+    last conv gives a 2x2 pixel block per pixel (2x upscale; `depth_to_space` after the decoder)."""
 
     family = "wan21"
     spatial_factor = 8
@@ -431,20 +453,21 @@ class Wan21VAE(WanVAEBase):
 
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        """dim from `decoder.head.0.gamma` (as ComfyUI reads it), z from `decoder.conv1`, stages from the encoder keys."""
-        dim = sd["decoder.head.0.gamma"].shape[0]
-        stages = encoder_stages(sd, nested=False)
-        fields = dict(
-            dim=dim,
-            z_dim=sd["decoder.conv1.weight"].shape[1],
-            dim_mult=tuple(ch[-1] // dim for ch, _ in stages),
-            num_res_blocks=len(stages[0][0]),
-            temperal_downsample=tuple(bool(t) for _, t in stages[:-1]),
-            in_channels=sd["encoder.conv1.weight"].shape[1],
-            out_channels=sd["decoder.head.2.weight"].shape[0] if "decoder.head.2.weight" in sd else 3,
-        )
+        """Every size from the shapes (`wan_layout.read`): any width and depth, RGB or RGBA, and
+        decoders that emit an upscale^2 pixel block per pixel (ComfyUI's conv_out_channels)."""
+        sizes = wan_layout.read(sd, nested=False)
+        wan_layout.refuse(sizes, {"temporal_kernel": ((3,), "Wan2.1 convs are 3 frames deep"),
+                                  "patch_size": ((1,), "Wan2.1 takes pixels unpatchified"),
+                                  "dec_dim": ((sizes["dim"],), f"decoder.head.0.gamma must have dim = {sizes['dim']} "
+                                              "channels, the encoder's width")}, cls.family)
+        fields = {k: sizes[k] for k in ("dim", "z_dim", "dim_mult", "num_res_blocks", "temperal_downsample", "in_channels")}
+        fields["out_channels"] = sizes["in_channels"] * sizes["upscale"] ** 2
         fields.update(overrides)
         return Wan21Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     def __init__(self, cfg: Wan21Config = Wan21Config()):
-        super().__init__(cfg, Wan21Encoder(cfg), Wan21Decoder(cfg))
+        super().__init__(cfg, Wan21Encoder(cfg), Wan21Decoder(cfg), upscale=cfg.upscale)
+
+    def memory_calibration(self, op):
+        """The released Wan2.1's coefficients, scaled by the width (dim 96 released)."""
+        return "wan21", wan_layout.scale((self.config.dim,), (Wan21Config.dim,))

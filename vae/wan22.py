@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from .blocks import StreamContext
 from .layers import residual_add
-from .wan21 import WanHead, WanMidBlock, WanResample, WanResidualBlock, WanSequence, WanVAEBase, encoder_stages, wan_conv
+from . import wan_layout
+from .wan21 import WanHead, WanMidBlock, WanResample, WanResidualBlock, WanSequence, WanVAEBase, wan_conv
 
 # Per-channel latent statistics of the released model (Wan's `Wan2_2_VAE` wrapper, ComfyUI
 # `latent_formats.Wan22`); not stored in the checkpoint. Model space = (raw - mean) / std.
@@ -43,8 +44,8 @@ class Wan22Config:
     num_res_blocks: int = 2
     temperal_downsample: tuple[bool, ...] = (False, True, True)
     patch_size: int = 2
-    in_channels: int = 3  # pixel channels, before patchify
-    out_channels: int = 3
+    in_channels: int = 3  # image channels (3 RGB, 4 RGBA), before patchify; the decoder gives as many
+    temporal_kernel: int = 3  # time extent of the 3x3 convs: 1 makes an image network (Qwen-Image 2.1)
 
 
 class WanAvgDown3D(nn.Module):
@@ -119,12 +120,12 @@ class WanDupUp3D(nn.Module):
 class Wan22DownBlock(nn.Module):
     """`Down_ResidualBlock`: residual blocks (+ resampler) on the main path, plus `WanAvgDown3D` of the input."""
 
-    def __init__(self, cin: int, cout: int, n_res: int, temporal: bool, down: bool):
+    def __init__(self, cin: int, cout: int, n_res: int, temporal: bool, down: bool, temporal_kernel: int = 3):
         super().__init__()
         self.avg_shortcut = WanAvgDown3D(cin, cout, 2 if temporal else 1, 2 if down else 1)
-        blocks = [WanResidualBlock(cin if i == 0 else cout, cout) for i in range(n_res)]
+        blocks = [WanResidualBlock(cin if i == 0 else cout, cout, temporal_kernel) for i in range(n_res)]
         if down:
-            blocks.append(WanResample(cout, "down3d" if temporal else "down2d"))
+            blocks.append(WanResample(cout, "down3d" if temporal else "down2d", temporal_kernel=temporal_kernel))
         self.downsamples = WanSequence(blocks)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -135,12 +136,12 @@ class Wan22UpBlock(nn.Module):
     """`Up_ResidualBlock`: residual blocks (+ resampler) on the main path, plus `WanDupUp3D` of the
     input when the stage upsamples (the last stage has no shortcut)."""
 
-    def __init__(self, cin: int, cout: int, n_res: int, temporal: bool, up: bool):
+    def __init__(self, cin: int, cout: int, n_res: int, temporal: bool, up: bool, temporal_kernel: int = 3):
         super().__init__()
         self.avg_shortcut = WanDupUp3D(cin, cout, 2 if temporal else 1, 2) if up else None
-        blocks = [WanResidualBlock(cin if i == 0 else cout, cout) for i in range(n_res)]
+        blocks = [WanResidualBlock(cin if i == 0 else cout, cout, temporal_kernel) for i in range(n_res)]
         if up:
-            blocks.append(WanResample(cout, "up3d" if temporal else "up2d", cout))
+            blocks.append(WanResample(cout, "up3d" if temporal else "up2d", cout, temporal_kernel))
         self.upsamples = WanSequence(blocks)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -158,13 +159,13 @@ class Wan22Encoder(nn.Module):
     def __init__(self, cfg: Wan22Config):
         super().__init__()
         dims = [cfg.dim * m for m in (1,) + tuple(cfg.dim_mult)]
-        last = len(cfg.dim_mult) - 1
-        self.conv1 = wan_conv(cfg.in_channels * cfg.patch_size ** 2, dims[0])
+        last, tk = len(cfg.dim_mult) - 1, cfg.temporal_kernel
+        self.conv1 = wan_conv(cfg.in_channels * cfg.patch_size ** 2, dims[0], (tk, 3, 3))
         self.downsamples = WanSequence([
-            Wan22DownBlock(cin, cout, cfg.num_res_blocks, i < last and bool(cfg.temperal_downsample[i]), i < last)
+            Wan22DownBlock(cin, cout, cfg.num_res_blocks, i < last and bool(cfg.temperal_downsample[i]), i < last, tk)
             for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:]))])
-        self.middle = WanMidBlock(dims[-1])
-        self.head = WanHead(dims[-1], 2 * cfg.z_dim)
+        self.middle = WanMidBlock(dims[-1], tk)
+        self.head = WanHead(dims[-1], 2 * cfg.z_dim, tk)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         x = self.downsamples(self.conv1(x, ctx), ctx)
@@ -178,13 +179,13 @@ class Wan22Decoder(nn.Module):
         super().__init__()
         dims = [cfg.dec_dim * m for m in (cfg.dim_mult[-1],) + tuple(reversed(cfg.dim_mult))]
         temporal_up = tuple(reversed(cfg.temperal_downsample))
-        last = len(cfg.dim_mult) - 1
-        self.conv1 = wan_conv(cfg.z_dim, dims[0])
-        self.middle = WanMidBlock(dims[0])
+        last, tk = len(cfg.dim_mult) - 1, cfg.temporal_kernel
+        self.conv1 = wan_conv(cfg.z_dim, dims[0], (tk, 3, 3))
+        self.middle = WanMidBlock(dims[0], tk)
         self.upsamples = WanSequence([
-            Wan22UpBlock(cin, cout, cfg.num_res_blocks + 1, i < last and bool(temporal_up[i]), i < last)
+            Wan22UpBlock(cin, cout, cfg.num_res_blocks + 1, i < last and bool(temporal_up[i]), i < last, tk)
             for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:]))])
-        self.head = WanHead(dims[-1], cfg.out_channels * cfg.patch_size ** 2)
+        self.head = WanHead(dims[-1], cfg.in_channels * cfg.patch_size ** 2, tk)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         x = self.middle(self.conv1(x, ctx), ctx)
@@ -206,24 +207,27 @@ class Wan22VAE(WanVAEBase):
                             "decoder.mid_block.resnets.0.norm1.gamma", "decoder.up_blocks.0.resnets.0.norm1.gamma",
                             "decoder.norm_out.gamma")
 
+    config_class = Wan22Config
+    temporal_kernels = (3,)  # Qwen-Image 2.1 (`qwen21.py`) is this layout with 1
+
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        """dim from `encoder.conv1`, dec_dim from `decoder.head.0.gamma`, z from `decoder.conv1`, patch
-        size from the 3*p*p conv input channels, stages from the encoder keys."""
-        dim = sd["encoder.conv1.weight"].shape[0]
-        stages = encoder_stages(sd, nested=True)
-        patch = round((sd["encoder.conv1.weight"].shape[1] / 3) ** 0.5)
-        fields = dict(
-            dim=dim,
-            dec_dim=sd["decoder.head.0.gamma"].shape[0],
-            z_dim=sd["decoder.conv1.weight"].shape[1],
-            dim_mult=tuple(ch[-1] // dim for ch, _ in stages),
-            num_res_blocks=len(stages[0][0]),
-            temperal_downsample=tuple(bool(t) for _, t in stages[:-1]),
-            patch_size=patch,
-        )
+        """Every size from the shapes (`wan_layout.read`): encoder and decoder widths, depth, RGB or
+        RGBA, patch size; the decoder gives the image channels the encoder takes."""
+        sizes = wan_layout.read(sd, nested=True)
+        wan_layout.refuse(sizes, {"temporal_kernel": (cls.temporal_kernels, "Wan2.2 convs are 3 frames deep, "
+                                                      "Qwen-Image 2.1's 1"),
+                                  "upscale": ((1,), "no upscale decoder of this layout is known")}, cls.family)
+        fields = {k: sizes[k] for k in ("dim", "dec_dim", "z_dim", "dim_mult", "num_res_blocks", "temperal_downsample",
+                                        "in_channels", "patch_size", "temporal_kernel")}
         fields.update(overrides)
-        return Wan22Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+        return cls.config_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     def __init__(self, cfg: Wan22Config = Wan22Config()):
         super().__init__(cfg, Wan22Encoder(cfg), Wan22Decoder(cfg), cfg.patch_size)
+
+    def memory_calibration(self, op):
+        """The released model's coefficients, scaled by the width of the half that runs."""
+        width, released = (self.config.dec_dim, self.config_class.dec_dim) if op == "decode" else \
+            (self.config.dim, self.config_class.dim)
+        return self.family, wan_layout.scale((width,), (released,))

@@ -63,14 +63,14 @@ class SeparableBlend:
 
 
 def decode_fast(model, z, out, grid, decode_tile, step):
-    """Decode independent latent tiles of z (B,C,T,h,w) and blend them into `out` (B,C,T,H,W).
+    """Decode independent latent tiles of z (B,C,T,h,w) and blend them into `out` (B,C',T,H,W).
 
     Ramps are as long as the tiles' real overlap in pixels (latent overlap x factor), so they line
     up for any overlap (the community node ramps over the requested pixels, which matches when the
     overlap is a multiple of the factor). `decode_tile(z_tile)` returns the tile's full pixels.
     """
     rows, cols, (ov_h, ov_w) = grid
-    f = model.spatial_factor
+    f = model.spatial_factor * model.decode_upscale  # output pixels per latent cell
     full_h, full_w = z.shape[-2] * f, z.shape[-1] * f
     cropped = out.shape[-2:] != (full_h, full_w)
     acc = out if not cropped else out.new_empty(out.shape[:-2] + (full_h, full_w))
