@@ -196,15 +196,15 @@ def test_family_blocks_trace_whole_once_per_chunk_state():
     nothing new, and the result is the eager one up to float32 rounding."""
     model = load_tiny("wan22")
     z = torch.randn(1, model.latent_channels, 3, 2, 3)
-    size = dict(height=32, width=48, temporal_chunk=1)
-    expected = [vae.decode(model, z[:, :, :n], num_frames=4 * n - 3, **size) for n in (2, 3)]
+    size, one = dict(height=32, width=48), vae.Settings(temporal_chunk=1)
+    expected = [vae.decode(model, z[:, :, :n], one, num_frames=4 * n - 3, **size) for n in (2, 3)]
     graphs = []
     settings = CompileSettings(backend=counting_backend(graphs), fullgraph=True, recompile_limit=3)
     report = compile_blocks(model, settings)
     with dynamo_limits(settings):
-        short = vae.decode(model, z[:, :, :2], num_frames=5, **size)
+        short = vae.decode(model, z[:, :, :2], one, num_frames=5, **size)
         traced = len(graphs)
-        longer = vae.decode(model, z, num_frames=9, **size)
+        longer = vae.decode(model, z, one, num_frames=9, **size)
     assert report.status == f"compiled {len(report.compiled)} blocks", report.status
     decoder_blocks = sum(1 for name, _ in blocks(model) if name.startswith("Wan22Decoder"))
     assert decoder_blocks < traced <= 2 * decoder_blocks and len(graphs) == traced
@@ -246,13 +246,13 @@ def test_tiled_and_offloaded_steps_run_compiled_blocks_eagerly():
     I/O) must not be traced: compiled blocks run those steps eagerly, exactly, and say so."""
     model = load_tiny("seedvr2")
     z = torch.randn(1, model.latent_channels, 2, 4, 4)
-    runs = dict(tiled=dict(tile_size=16), offloaded=dict(cache_offload="disk"))
-    expected = {k: vae.decode(model, z, vae.Settings(temporal_chunk=1), **kw) for k, kw in runs.items()}
+    runs = dict(tiled=vae.Settings(temporal_chunk=1, tile_size=16),
+                offloaded=vae.Settings(temporal_chunk=1, cache_offload="disk"))
+    expected = {k: vae.decode(model, z, settings) for k, settings in runs.items()}
     graphs = []
     report = compile_blocks(model, CompileSettings(backend=counting_backend(graphs)))
-    for k, kw in runs.items():
-        torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1), **kw), expected[k], rtol=0,
-                                   atol=0)
+    for k, settings in runs.items():
+        torch.testing.assert_close(vae.decode(model, z, settings), expected[k], rtol=0, atol=0)
     assert graphs == []
     assert report.status == (f"compiled {len(report.compiled)} blocks; exact-tile steps and steps with caches "
                              "offloaded to disk ran eagerly")

@@ -279,10 +279,10 @@ def test_graph_replaying_blocks_keep_their_causal_caches(monkeypatch):
     monkeypatch.setattr(compile_module, "uses_cuda_graphs", lambda settings: True)
     model = load_tiny("wan22")
     z = torch.randn(1, model.latent_channels, 3, 2, 3)
-    size = dict(num_frames=9, height=32, width=48, temporal_chunk=1)
-    expected = vae.decode(model, z, **size)
+    size, one = dict(num_frames=9, height=32, width=48), vae.Settings(temporal_chunk=1)
+    expected = vae.decode(model, z, one, **size)
     report = compile_module.compile_blocks(model, CompileSettings(backend=replaying_backend))
-    torch.testing.assert_close(vae.decode(model, z, **size), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vae.decode(model, z, one, **size), expected, rtol=1e-5, atol=1e-5)
     assert report.status == f"compiled {len(report.compiled)} blocks"
 
 

@@ -215,12 +215,14 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
     a new graph step (`cudagraph_mark_step_begin`: the engine keeps earlier outputs alive, e.g. the
     causal caches and the previous chunk's output) and returns a copy of the output, and what it
     stored in the causal caches is copied too."""
+    from ..blocks import StreamContext  # here: blocks imports this package
+
     mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if graphed else None
     eager = _eager_forward(module)
 
     def forward(*args, **kwargs):
-        ctx = kwargs["ctx"] if "ctx" in kwargs else args[1]  # every block is forward(x, ctx, ...)
-        if ctx.eager_reason is not None:
+        ctx = next((a for a in (*args, *kwargs.values()) if isinstance(a, StreamContext)), None)
+        if ctx is not None and ctx.eager_reason is not None:
             report.eager_steps.add(ctx.eager_reason)
             return eager(*args, **kwargs)
         try:
@@ -229,7 +231,7 @@ def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_
             if mark_step is not None:
                 mark_step()
             # The causal-cache frames the block stores are graph outputs too: copied like its output.
-            with ctx.cache.copying_new_entries():
+            with ctx.cache.copying_new_entries() if ctx is not None else contextlib.nullcontext():
                 return _owned(compiled(*args, **kwargs))
         except Exception as error:
             if type(error).__name__ in LIMIT_HIT_ERRORS:
