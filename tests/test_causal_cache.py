@@ -59,7 +59,7 @@ def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():
     what a failed pin on a GPU machine raises), so it warns once and uses pageable memory; a module
     whose frames exceed what is left of the budget goes to disk; values always round-trip."""
     store = _HostStore(budget_bytes=1000)
-    small, big = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 10)  # 480 and 960 bytes
+    small, big = torch.randn(1, 2, 3, 4, 5), torch.randn(1, 2, 3, 4, 10)  # B,C,T,H,W: 480 and 960 bytes
     a, b, c = (torch.nn.Identity() for _ in range(3))
     with pytest.warns(RuntimeWarning, match="could not pin host memory"):
         store.put(a, small, owned=False)

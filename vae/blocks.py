@@ -149,7 +149,13 @@ class CausalConv3d(Conv3d):
         head = ctx.cache.get(self) if self.temporal else None
         if head is not None:
             return head, head.shape[2]
-        return None, self.head_frames if self.temporal and ctx.first_chunk else 0
+        return None, self.head_count(ctx)
+
+    def head_count(self, ctx: StreamContext) -> int:
+        """How many head frames go before this call's new frames, without reading the cache."""
+        if not self.temporal:
+            return 0
+        return ctx.cache.frames(self) if self in ctx.cache else self.head_frames if ctx.first_chunk else 0
 
     def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
@@ -272,6 +278,9 @@ class FrameConv2d(nn.Conv2d):
     # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
     def head(self, ctx: StreamContext) -> tuple[None, int]:
         return None, 0
+
+    def head_count(self, ctx: StreamContext) -> int:
+        return 0
 
     def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
         pass

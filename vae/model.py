@@ -1,14 +1,33 @@
 """`VideoVAE`: the public model object every family implements.
 
-A family subclass says what the network is (`encode_chunk` / `decode_chunk` on one temporal chunk,
-the latent space constants, which checkpoint keys identify it). It knows nothing of chunks, tiles or
-memory: how a whole clip is run through it (padding, temporal chunks, tiles, caches, output buffers)
-is the engine's job (`engine.py`, `vae.encode(model, video)` / `vae.decode(model, z)`).
+A family subclass says what the network is: its encoder and decoder as the stages a temporal chunk
+passes through in order (`encode_stages` / `decode_stages`; `encode_chunk` / `decode_chunk` run them
+one after another), the latent space constants, which checkpoint keys identify it. It knows nothing
+of chunks, tiles or memory: how a whole clip is run through it (padding, temporal chunks, tiles,
+caches, output buffers) is the engine's job (`engine.py`, `vae.encode(model, video)` /
+`vae.decode(model, z)`).
+
+Every stage is causal in time like the whole network: run on consecutive parts of its input frames,
+in order, with `ctx.first_chunk` True for the part that holds the stage's frame 0 of the clip, it
+gives the frames it gives on the whole input (its causal caches carry the rest). So the engine may
+feed the stages at full resolution one frame at a time (`engine._stream_stages`).
 
 Latents are raw, i.e. unscaled: a SeedVR2 LATENT from ComfyUI core's VAE Encode is `to_model_space(z)` instead.
 """
+from typing import Callable
+
 import torch
 import torch.nn as nn
+
+# One stage of an encoder or decoder: frames B,C,t,H,W and the run's StreamContext -> frames B,C',t',H',W'.
+Stage = Callable[[torch.Tensor, object], torch.Tensor]
+
+
+def run_stages(stages: list[Stage], x: torch.Tensor, ctx) -> torch.Tensor:
+    """x through `stages` one after another."""
+    for stage in stages:
+        x = stage(x, ctx)
+    return x
 
 
 class LayoutError(ValueError):
@@ -38,14 +57,27 @@ class VideoVAE(nn.Module):
         """The family config the tensor shapes describe, with `overrides` applied."""
         raise NotImplementedError
 
-    def encode_chunk(self, video: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """One temporal chunk of pixels (B,in_channels,t,H,W) -> (mean, logvar) of its latent frames."""
+    def encode_stages(self) -> list[Stage]:
+        """The encoder in order: pixels B,in_channels,t,H,W in, moments B,2*latent,t',h,w out (see the
+        module docstring)."""
         raise NotImplementedError
 
-    def decode_chunk(self, z: torch.Tensor, ctx) -> torch.Tensor:
-        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,out_channels,t',H*u,W*u),
+    def decode_stages(self) -> list[Stage]:
+        """The decoder in order: a raw latent B,C,t,h,w in, pixel frames B,out_channels,t',H*u,W*u out,
         u = `decode_upscale`."""
         raise NotImplementedError
+
+    def moments(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output B,2*latent,t,h,w -> (mean, logvar) of the posterior."""
+        raise NotImplementedError
+
+    def encode_chunk(self, video: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """One temporal chunk of pixels (B,in_channels,t,H,W) -> (mean, logvar) of its latent frames."""
+        return self.moments(run_stages(self.encode_stages(), video, ctx))
+
+    def decode_chunk(self, z: torch.Tensor, ctx) -> torch.Tensor:
+        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,out_channels,t',H*u,W*u)."""
+        return run_stages(self.decode_stages(), z, ctx)
 
     def memory_calibration(self, op: str) -> tuple[str, float]:
         """(calibrated family, scale) for `op`: whose measured memory coefficients

@@ -13,11 +13,13 @@ independent), frames folded into the batch inside a chunk, no causal state betwe
 Layout B,C,T,H,W; pixels in [-1, 1].
 """
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from . import wan_layout
 from .blocks import StreamContext
+from .model import Stage, run_stages
 from .wan22 import Wan22Config, Wan22VAE
 
 # Per-channel latent statistics of the released model (diffusers `AutoencoderKLQwenImage21` config);
@@ -87,18 +89,20 @@ class Qwen21VAE(Wan22VAE):
         super().__init__(cfg)
         self.temporal_factor = 1  # an image network, whatever its nominal temporal downsampling
 
-    def _per_image(self, run, x: torch.Tensor, ctx: StreamContext):
-        """run(frames as images, ctx) with ctx on a first chunk (each image is one), then back to B,C,T,H,W."""
+    @staticmethod
+    def _per_image(stages: list[Stage], x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        """`stages` on the frames of x (B,C,T,H,W) as images, ctx on a first chunk (each image is one),
+        then back to B,C',T,H',W'."""
         first, ctx.first_chunk = ctx.first_chunk, True
         try:
-            out = run(_frames_as_images(x), ctx)
+            out = run_stages(stages, _frames_as_images(x), ctx)
         finally:
             ctx.first_chunk = first
-        return tuple(_images_as_frames(o, x.shape[0]) for o in out) if isinstance(out, tuple) else \
-            _images_as_frames(out, x.shape[0])
+        return _images_as_frames(out, x.shape[0])
 
-    def encode_chunk(self, x, ctx):
-        return self._per_image(super().encode_chunk, x, ctx)
+    def encode_stages(self) -> list[Stage]:
+        """One stage: every frame through the Wan2.2-layout encoder as an image."""
+        return [partial(self._per_image, super().encode_stages())]
 
-    def decode_chunk(self, z, ctx):
-        return self._per_image(super().decode_chunk, z, ctx)
+    def decode_stages(self) -> list[Stage]:
+        return [partial(self._per_image, super().decode_stages())]

@@ -8,13 +8,14 @@ GroupNorm has per-frame statistics, which is what lets the engine stream any tem
 How the network is run (chunks, tiles, devices) lives in the engine, not here.
 """
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
 
 from .blocks import CausalConv3d, Conv3d, StreamContext, upsampling_fill
 from .layers import FrameGroupNorm, FrameSelfAttention, residual_add
-from .model import VideoVAE
+from .model import Stage, VideoVAE, run_stages
 
 
 @dataclass(frozen=True)
@@ -197,12 +198,11 @@ class SeedVR2Encoder3D(nn.Module):
         self.conv_norm_out = FrameGroupNorm(cfg.norm_num_groups, ch[-1], eps=cfg.eps)
         self.conv_out = _conv(ch[-1], 2 * cfg.latent_channels)
 
+    def stages(self) -> list[Stage]:
+        return [self.conv_in, *self.down_blocks, self.mid_block, partial(self.conv_out, norm=self.conv_norm_out)]
+
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.conv_in(x, ctx)
-        for block in self.down_blocks:
-            x = block(x, ctx)
-        x = self.mid_block(x, ctx)
-        return self.conv_out(x, ctx, norm=self.conv_norm_out)
+        return run_stages(self.stages(), x, ctx)
 
 
 class SeedVR2Decoder3D(nn.Module):
@@ -222,12 +222,11 @@ class SeedVR2Decoder3D(nn.Module):
         self.conv_norm_out = FrameGroupNorm(cfg.norm_num_groups, ch[-1], eps=cfg.eps)
         self.conv_out = _conv(ch[-1], cfg.out_channels)
 
+    def stages(self) -> list[Stage]:
+        return [self.conv_in, self.mid_block, *self.up_blocks, partial(self.conv_out, norm=self.conv_norm_out)]
+
     def forward(self, z: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.conv_in(z, ctx)
-        x = self.mid_block(x, ctx)
-        for block in self.up_blocks:
-            x = block(x, ctx)
-        return self.conv_out(x, ctx, norm=self.conv_norm_out)
+        return run_stages(self.stages(), z, ctx)
 
 
 class SeedVR2VAE(VideoVAE):
@@ -278,13 +277,15 @@ class SeedVR2VAE(VideoVAE):
         self.encoder = SeedVR2Encoder3D(cfg)
         self.decoder = SeedVR2Decoder3D(cfg)
 
-    def encode_chunk(self, x, ctx):
-        h = self.encoder(x, ctx)
+    def encode_stages(self) -> list[Stage]:
+        return self.encoder.stages()
+
+    def decode_stages(self) -> list[Stage]:
+        return self.decoder.stages()
+
+    def moments(self, h):
         c = self.latent_channels
         return h[:, :c], h[:, c:].clamp(-30.0, 20.0)
-
-    def decode_chunk(self, z, ctx):
-        return self.decoder(z, ctx)
 
     def to_model_space(self, z: torch.Tensor) -> torch.Tensor:
         return (z - self.config.shifting_factor) * self.config.scaling_factor

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
 from .layers import FrameSelfAttention, RMSNorm, residual_add
-from .model import VideoVAE
+from .model import Stage, VideoVAE, run_stages
 from . import wan_layout
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI
@@ -65,9 +65,27 @@ class WanSequence(nn.ModuleList):
     """Blocks run one after another; list indices are the checkpoint's (upstream nn.Sequential)."""
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        for block in self:
-            x = block(x, ctx)
-        return x
+        return run_stages(list(self), x, ctx)
+
+
+class WanEncoderStages(nn.Module):
+    """The order of a Wan encoder's stages (Wan2.1 and Wan2.2): `conv1`, every down block, `middle`, `head`."""
+
+    def stages(self) -> list[Stage]:
+        return [self.conv1, *self.downsamples, self.middle, self.head]
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return run_stages(self.stages(), x, ctx)
+
+
+class WanDecoderStages(nn.Module):
+    """The order of a Wan decoder's stages (Wan2.1 and Wan2.2): `conv1`, `middle`, every up block, `head`."""
+
+    def stages(self) -> list[Stage]:
+        return [self.conv1, self.middle, *self.upsamples, self.head]
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return run_stages(self.stages(), x, ctx)
 
 
 class WanResidualBlock(nn.Module):
@@ -212,7 +230,7 @@ class WanResample(nn.Module):
         return out
 
 
-class Wan21Encoder(nn.Module):
+class Wan21Encoder(WanEncoderStages):
     """B,3,T,H,W pixels -> B,2z,T',H/8,W/8 (mu then logvar channels, before the top-level `conv1`).
 
     `downsamples` is one flat list: per stage `num_res_blocks` residual blocks, then a resampler
@@ -234,12 +252,8 @@ class Wan21Encoder(nn.Module):
         self.middle = WanMidBlock(dims[-1])
         self.head = WanHead(dims[-1], 2 * cfg.z_dim)
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.downsamples(self.conv1(x, ctx), ctx)
-        return self.head(self.middle(x, ctx), ctx)
 
-
-class Wan21Decoder(nn.Module):
+class Wan21Decoder(WanDecoderStages):
     """B,z,T',h,w (after the top-level `conv2`) -> B,3,4(T'-1)+1,8h,8w pixels, not clamped.
 
     `upsamples` is one flat list: per stage `num_res_blocks + 1` residual blocks, then a resampler
@@ -263,10 +277,6 @@ class Wan21Decoder(nn.Module):
                 blocks.append(WanResample(cout, "up3d" if temporal_up[i] else "up2d", cout // 2))
         self.upsamples = WanSequence(blocks)
         self.head = WanHead(dims[-1], cfg.out_channels)
-
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.middle(self.conv1(x, ctx), ctx)
-        return self.head(self.upsamples(x, ctx), ctx)
 
 
 # --- checkpoint names --------------------------------------------------------------------------
@@ -399,13 +409,15 @@ class WanVAEBase(VideoVAE):
         b, cpp, t, h, w = x.shape
         return x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, cpp // (p * p), t, h * p, w * p)
 
-    def encode_chunk(self, x, ctx):
-        moments = self.conv1(self.encoder(self.patchify(x), ctx), ctx)
-        mu, logvar = moments.chunk(2, dim=1)
-        return mu, logvar.clamp(-30.0, 20.0)  # the clamp diffusers' DiagonalGaussianDistribution applies
+    def encode_stages(self) -> list[Stage]:
+        return [lambda x, ctx: self.patchify(x), *self.encoder.stages(), self.conv1]
 
-    def decode_chunk(self, z, ctx):
-        return depth_to_space(self.unpatchify(self.decoder(self.conv2(z, ctx), ctx)), self.decode_upscale)
+    def decode_stages(self) -> list[Stage]:
+        return [self.conv2, *self.decoder.stages(), lambda x, ctx: depth_to_space(self.unpatchify(x), self.decode_upscale)]
+
+    def moments(self, h):
+        mu, logvar = h.chunk(2, dim=1)
+        return mu, logvar.clamp(-30.0, 20.0)  # the clamp diffusers' DiagonalGaussianDistribution applies
 
     def _latent_stats(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if z.shape[1] != len(self.latents_mean):

@@ -17,7 +17,8 @@ import torch.nn as nn
 from .blocks import StreamContext
 from .layers import residual_add
 from . import wan_layout
-from .wan21 import WanHead, WanMidBlock, WanResample, WanResidualBlock, WanSequence, WanVAEBase, wan_conv
+from .wan21 import (WanDecoderStages, WanEncoderStages, WanHead, WanMidBlock, WanResample, WanResidualBlock,
+                    WanSequence, WanVAEBase, wan_conv)
 
 # Per-channel latent statistics of the released model (Wan's `Wan2_2_VAE` wrapper, ComfyUI
 # `latent_formats.Wan22`); not stored in the checkpoint. Model space = (raw - mean) / std.
@@ -153,7 +154,7 @@ class Wan22UpBlock(nn.Module):
         return main + self.avg_shortcut(x, ctx)
 
 
-class Wan22Encoder(nn.Module):
+class Wan22Encoder(WanEncoderStages):
     """B,12,T,H/2,W/2 patchified pixels -> B,2z,T',H/16,W/16 (mu then logvar, before `conv1`)."""
 
     def __init__(self, cfg: Wan22Config):
@@ -167,12 +168,8 @@ class Wan22Encoder(nn.Module):
         self.middle = WanMidBlock(dims[-1], tk)
         self.head = WanHead(dims[-1], 2 * cfg.z_dim, tk)
 
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.downsamples(self.conv1(x, ctx), ctx)
-        return self.head(self.middle(x, ctx), ctx)
 
-
-class Wan22Decoder(nn.Module):
+class Wan22Decoder(WanDecoderStages):
     """B,z,T',h,w (after `conv2`) -> B,12,4(T'-1)+1,8h,8w, unpatchified by the model to 16h x 16w pixels."""
 
     def __init__(self, cfg: Wan22Config):
@@ -186,10 +183,6 @@ class Wan22Decoder(nn.Module):
             Wan22UpBlock(cin, cout, cfg.num_res_blocks + 1, i < last and bool(temporal_up[i]), i < last, tk)
             for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:]))])
         self.head = WanHead(dims[-1], cfg.in_channels * cfg.patch_size ** 2, tk)
-
-    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        x = self.middle(self.conv1(x, ctx), ctx)
-        return self.head(self.upsamples(x, ctx), ctx)
 
 
 class Wan22VAE(WanVAEBase):

@@ -5,8 +5,10 @@ conv computes exactly the tile's outputs from it ("valid", no padding), so every
 the untiled conv would; zero padding applies only at the frame border. Norms that need whole-frame
 statistics (SeedVR2's per-frame GroupNorm) compute them over the whole input first, and the mid-block
 attention runs untiled at latent resolution. What exists per tile only: the conv's input buffer
-(normalised input, cached head frames) and its working space. Layer outputs are whole frames, and the
-causal caches are stored whole-frame, unpadded.
+(normalised input, cached head frames) and its working space. Layer outputs are whole frames. The
+causal caches are whole frames, unpadded; when they wait off the device, a conv reads and writes
+them a band of rows at a time (the rows one row of tiles reads, halo included), so no whole-frame
+cache is ever on the device.
 """
 import torch
 
@@ -58,26 +60,37 @@ class ExactTiles:
         b, c, t, h, w = shape
         window = ConvWindow(conv, tuple(shape))
         ho, wo = window.out_hw
-        head, n_head = conv.head(ctx)
+        banded = conv.temporal and ctx.cache.offload != "none"  # the cache read and written by bands of rows
+        head, n_head = (None, conv.head_count(ctx)) if banded else conv.head(ctx)
         n = n_head + t
         n_out, keep = conv.output_frames(n), conv.kept_from(n)
         out = like.new_empty((b, conv.out_channels, n_out, ho, wo))
-        new_cache = like.new_empty((b, c, n - keep, h, w)) if conv.temporal else None
+        new_cache = like.new_empty((b, c, n - keep, h, w)) if conv.temporal and not banded else None
         rows, cols = self.spans(ho, wo)
         if ctx.opts.whole_frame_small_convs and b * c * n * h * w <= self.largest_buffer:
             rows, cols = [(0, ho)], [(0, wo)]
-        for out_rows in rows:
+        for i, out_rows in enumerate(rows):
+            (iy0, iy1), _ = window.reads(out_rows, (0, wo))
+            band_rows = slice(max(iy0, 0), min(iy1, h))  # the input rows this row of tiles reads
+            if banded:
+                head = ctx.cache.rows(conv, band_rows.start, band_rows.stop)  # B,C,n_head,band,W
+                new_cache = like.new_empty((b, c, n - keep, band_rows.stop - band_rows.start, w))
             for out_cols in cols:
                 buf, inner, rows_in, cols_in = window.buffer(like, n, *window.reads(out_rows, out_cols))
                 self.largest_buffer = max(self.largest_buffer, buf.numel())
                 fill(inner[:, :, n_head:], rows_in, cols_in)
-                conv.write_head(inner, head, n_head, rows_in, cols_in)
+                in_band = slice(0, band_rows.stop - band_rows.start) if banded else rows_in
+                conv.write_head(inner, head, n_head, in_band, cols_in)
                 if new_cache is not None:
-                    new_cache[..., rows_in, cols_in] = inner[:, :, keep:]
+                    new_cache[..., in_band, cols_in] = inner[:, :, keep:]
                 if n_out:
                     out[..., slice(*out_rows), slice(*out_cols)] = conv.conv5d(buf, ctx, padded=False)
                 self.step()
-        if new_cache is not None:
+            if banded:
+                ctx.cache.put_rows(conv, new_cache, band_rows.start, h)
+        if banded:
+            ctx.cache.commit(conv)
+        elif new_cache is not None:
             ctx.cache.put(conv, new_cache, owned=True)
         return out
 
