@@ -26,6 +26,8 @@ class StreamContext:
     processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
     `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
+    `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
+    `strategies.FrameStream` that runs them one frame at a time.
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None):
@@ -33,6 +35,7 @@ class StreamContext:
         self.first_chunk = True
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
+        self.frame_stream = None
         # The Winograd filter-transform cache the convs use (None: Winograd off).
         self.winograd = filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None
 

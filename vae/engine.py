@@ -29,12 +29,14 @@ from . import geometry, planning, recovery
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 from .causal_cache import CausalCache
 from .devices import is_oom, same_device
+from .model import run_stages
 from .optimizations import Optimizations
 from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
 from .strategies import WHOLE_FRAME, Partition
 from .strategies.exact_tiles import ExactTiles
 from .strategies.fast_tiles import decode_fast, encode_fast
+from .strategies.frame_stream import FrameStream
 from .strategies.row_bands import RowBands
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
@@ -93,11 +95,14 @@ def _steps(plan: Plan, progress: ProgressFn | None, cancel: CancelFn | None, par
 
 
 def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Partition, chunks_left: int) -> None:
-    """Give the stream fresh causal caches where `plan` puts them and its execution strategy: the
-    partition's (row bands), exact tiles when the plan's tile is smaller than the (padded) frame, or
-    whole frames (None); recount the steps of the `chunks_left` chunks to go."""
+    """Give the stream fresh causal caches where `plan` puts them, its execution strategy (the
+    partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
+    whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
+    model's stages; recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
     ctx.first_chunk = True
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
+    ctx.frame_stream = FrameStream(stages) if plan.streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
     if isinstance(partition, RowBands):
         ctx.execution = partition
@@ -162,6 +167,16 @@ def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Par
             if not is_oom(error):
                 raise
             reason = str(error) or type(error).__name__
+
+
+def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, op: str, emit) -> None:
+    """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
+    encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
+    the stream runs frame by frame (`ctx.frame_stream`)."""
+    if ctx.frame_stream is not None:
+        ctx.frame_stream.run(x, ctx, emit)
+    else:
+        emit(model.decode_chunk(x, ctx) if op == "decode" else run_stages(model.encode_stages(), x, ctx))
 
 
 def _with_half_fallback(model, op: str, run):
@@ -269,15 +284,21 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
         pad_rows, pad_cols = rows[1] - real[1], clip.width - w
         if pad_rows or pad_cols:  # edge replication, B,3,t,rows,W -> B,3,t,rows+pad_rows,W+pad_cols
             x = F.pad(x, (0, pad_cols, 0, pad_rows, 0, 0), mode="replicate")
-        moments = model.encode_chunk(x, ctx)
-        if _overflowed(moments[0]):
-            raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
-        if not write:
-            return
-        for i, part in enumerate(moments[:n_moments]):
-            whole = partition.collect(part, 1)
-            if whole is not None:
-                outputs[i][:, :, first:first + whole.shape[2]] = whole
+        at = [first]  # the latent frame the next moments go to
+
+        def emit(h):
+            moments = model.moments(h)
+            if _overflowed(moments[0]):
+                raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
+            if not write:
+                return
+            for i, part in enumerate(moments[:n_moments]):
+                whole = partition.collect(part, 1)
+                if whole is not None:
+                    outputs[i][:, :, at[0]:at[0] + whole.shape[2]] = whole
+            at[0] += h.shape[2]
+
+        _run_chunk(model, x, ctx, "encode", emit)
 
     _stream(model, ctx, steps, plan, partition, step)
 
@@ -402,19 +423,23 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     ctx = StreamContext(opts)
     pos = 0
 
-    def step(first, n, write):
+    scale = model.spatial_factor * model.decode_upscale  # output rows per latent row
+
+    def emit(y, write):
         nonlocal pos
-        y = model.decode_chunk(part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype), ctx)
         if _overflowed(y):
             raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
         if not write:
-            return True
+            return
         k = max(0, min(y.shape[2], t_out - pos))
-        scale = model.spatial_factor * model.decode_upscale  # output rows per latent row
         frames = partition.collect(y[:, :, :k, :, :w_out], scale)  # every rank takes part
         if frames is not None and k:
             deliver(pos, frames[..., :h_out, :])
         pos += k
+
+    def step(first, n, write):
+        x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
+        _run_chunk(model, x, ctx, "decode", lambda y: emit(y, write))
         return pos < t_out
 
     _stream(model, ctx, steps, plan, partition, step)

@@ -116,8 +116,14 @@ def _io_elements(model, clip: Clip) -> tuple[int, int]:
 
 def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
              cache_offload: str = "none", io_on_device: tuple[bool, bool] = (True, True),
-             opts: Optimizations | None = None) -> int:
+             opts: Optimizations | None = None, streamed: bool = False) -> int:
     """Predicted peak bytes on the compute device for one encode/decode of `clip` with these settings.
+
+    `streamed`: the chunk's stages run one frame at a time (`strategies.FrameStream`); then the
+    activations follow the "streamed" coefficients, calibrated with the caches offloaded and one
+    latent frame per chunk: per_pixel per pixel of one frame (what every high-resolution layer holds
+    of one frame) and per_tile_pixel per pixel of one frame's tile (the conv buffers), whatever the
+    chunk; the caches are added where they stay on the device.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
@@ -140,12 +146,19 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     fast = tile_size is not None and tiling == "fast"
     frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
     basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
-    coef = {k: v * scale for k, v in coefficients(basis, op, "untiled" if tile_size is None or fast else "exact",
-                                                  device.type).items()}
+    mode = "streamed" if streamed else "untiled" if tile_size is None or fast else "exact"
+    coef = {k: v * scale for k, v in coefficients(basis, op, mode, device.type).items()}
+    resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
+    cache_all, cache_largest = _cache_elements(model, op, device.type)
+    if streamed:
+        frame_pixels, tile_pixels = b * height * width, tile_pixels / frames
+        act = coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * tile_pixels
+        if cache_offload == "none":
+            act += cache_all * frame_pixels
+        return int(resident + elem * (act + coef.get("fixed", 0)))
     # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
     # are whole frames per module whatever the chunk length: they scale with the frame, the rest
     # with the chunk's pixel frames.
-    cache_all, cache_largest = _cache_elements(model, op, device.type)
     per_chunk_pixel = max(0.0, coef["per_pixel"] - cache_all / model.temporal_factor)
     act = per_chunk_pixel * frames * frame_pixels + cache_all * frame_pixels
     if fast:
@@ -155,7 +168,7 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
         act += coef.get("per_tile_pixel", 0.0) * tile_pixels
     if cache_offload != "none":
         act -= (cache_all - 2 * cache_largest) * frame_pixels
-    return int(weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts) + elem * (act + coef.get("fixed", 0)))
+    return int(resident + elem * (act + coef.get("fixed", 0)))
 
 
 def cache_calibrated(model, op: str, device_type: str) -> bool:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 import torch
 
@@ -30,6 +31,7 @@ OPS = ("encode", "decode")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
 AUTO_MARGIN_MIN = 512 * 2**20  # ... and at least 512 MiB
 TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96, 64, 48, 32)
+STREAM_BELOW_TILE = 256  # under a budget, smaller exact tiles come only with frame streaming
 NEAR_LOWEST = 1.10  # when no setting fits a budget: the fastest one within 10 % of the lowest peak
 log = logging.getLogger("streamvae")
 
@@ -44,8 +46,11 @@ class Settings:
     "auto" (free memory minus a margin) or None (no limit): the largest settings that fit are chosen,
     the given ones acting as upper limits. `cache_offload`: where the causal caches wait between
     chunks, "none" (compute device), "host" (pinned CPU memory, for GPUs), "disk", or "auto"
-    (offloaded when a budget or an out-of-memory retry needs it). Every setting gives the same
-    result. Values are checked here, with what to do; the family's smallest tile when planning.
+    (offloaded when a budget or an out-of-memory retry needs it). `stream_frames`: run the
+    stages of a chunk one frame at a time (`strategies.FrameStream`; one latent frame per chunk),
+    which keeps one frame of every high-resolution layer on the device; None: when a budget needs it.
+    Every setting gives the same result. Values are checked here, with what to do; the family's
+    smallest tile when planning.
     """
 
     temporal_chunk: int | None = None
@@ -54,6 +59,7 @@ class Settings:
     tiling: str = "exact"
     memory_budget: int | str | None = None
     cache_offload: str = "auto"
+    stream_frames: bool | None = None
 
     def __post_init__(self):
         check_chunk(self.temporal_chunk)
@@ -98,6 +104,7 @@ class Plan:
     tried: tuple[str, ...] = ()
     kernel_choice: str = "defaults"
     kernels_on_record: int | None = None
+    streamed: bool = False        # the chunk's stages run one frame at a time (strategies.FrameStream)
 
     @property
     def work_bytes(self) -> int | None:
@@ -107,7 +114,8 @@ class Plan:
     def settings(self) -> str:
         tile = "untiled" if self.tile_size is None else f"{self.tiling} tiles {self.tile_size[0]}x{self.tile_size[1]} px"
         caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
-        return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{caches}"
+        frames = ", frames streamed one at a time" if self.streamed else ""
+        return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{frames}{caches}"
 
     def kernels(self) -> str:
         """How this plan's kernels are picked, in words."""
@@ -127,6 +135,8 @@ class Plan:
         text = f"tiles {rows}x{cols}x{chunks}"
         if self.peak_bytes is not None:
             text += f", peak {self.peak_bytes / 2**30:.2f} GiB" + (" (over budget)" if self.fits is False else "")
+        if self.streamed:
+            text += ", frames streamed"
         if self.cache_offload != "none":
             text += f", caches offloaded to {self.cache_offload}"
         return text
@@ -199,77 +209,94 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     """The plan for `op` ("encode"/"decode") of an input of `input_shape` on `device` (default: the
     model's), as `settings` (default `Settings()`) ask. Without a budget the given settings are kept
     (temporal_chunk None -> 1, cache_offload "auto" -> on the device, offloaded by an out-of-memory
-    retry); with one, the largest that fit. `io_on_device`: whether the whole input and the whole
-    output live on the compute device (`memory.estimate`). Raises ValueError for settings this family
-    cannot run, with what to do."""
+    retry); with one, the fastest that fits (`_candidates`), or, when none does, the smallest, marked
+    fits=False. `io_on_device`: whether the whole input and the whole output live on the compute
+    device (`memory.estimate`). Raises ValueError for settings this family cannot run, with what to do."""
     settings = settings or Settings()
     clip = clip_of(model, op, input_shape)
     error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)
     if error is not None:
         raise ValueError(error)
-    given_tile, overlap, tiling = settings.tile_size, settings.tile_overlap, settings.tiling
     device = torch.device(device) if device is not None else model.device
     opts = opts or Optimizations()
     budget = resolve_budget(settings.memory_budget, device)
     target = offload_target(device)
     weights = memory.weight_bytes(model)
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
-    cache_offload = settings.cache_offload
 
-    def make(chunk, tile, offload, peak=None):
-        fallback = target if cache_offload == "auto" and offload != target else None
+    def make(candidate: Candidate, peak=None) -> Plan:
+        chunk, tile, offload, streamed = candidate
+        fallback = target if settings.cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
-        return Plan(op, tuple(input_shape), clip, chunk, tile, overlap, tiling, offload, fallback,
-                    grid(clip, chunk, tile, overlap, tiling), peak, budget, fits, weights,
-                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record)
+        return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
+                    grid(clip, chunk, tile, settings.tile_overlap, settings.tiling), peak, budget, fits, weights,
+                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record, streamed=streamed)
 
-    def estimated(chunk, tile, offload):
-        peak = memory.estimate(model, clip, chunk, tile, tiling, device, offload, io_on_device, opts)
-        return make(chunk, tile, offload, peak)
+    def estimated(candidate: Candidate) -> Plan:
+        chunk, tile, offload, streamed = candidate
+        return make(candidate, memory.estimate(model, clip, chunk, tile, settings.tiling, device, offload, io_on_device,
+                                               opts, streamed))
 
-    offloads = ["none"] if cache_offload == "auto" else [cache_offload]
-    if cache_offload == "auto" and memory.cache_calibrated(model, op, device.type):
-        offloads.append(target)
-    n_lat = clip.latent_frames
-    try:
-        if budget is None:
-            return estimated(min(settings.temporal_chunk or 1, n_lat), given_tile, offloads[0])
-        return _fit(model, estimated, offloads, clip, settings.temporal_chunk, given_tile, overlap, tiling)
-    except KeyError as missing:  # no calibration for this family/op/mode/device
-        why = missing.args[0] if missing.args else missing
-        if budget is not None:
-            _warn_once(f"StreamVAE {op}: memory budget ignored ({why}); an out-of-memory error still shrinks the run")
-        return make(min(settings.temporal_chunk or 1, n_lat), given_tile, offloads[0])
+    given = (min(settings.temporal_chunk or 1, clip.latent_frames), settings.tile_size,
+             "none" if settings.cache_offload == "auto" else settings.cache_offload, bool(settings.stream_frames))
+    if budget is None:
+        try:
+            return estimated(given)
+        except KeyError:  # no calibration for this family/op/mode/device: no predicted peak
+            return make(given)
+    plans = []
+    for candidate in _candidates(model, clip, settings, target, device):
+        try:
+            plans.append(estimated(candidate))
+        except KeyError as missing:  # this mode is not calibrated: the planner cannot say it fits
+            why = missing.args[0] if missing.args else missing
+            _warn_once(f"StreamVAE {op}: {why}; plans of that kind are not considered under a memory budget")
+            continue
+        if plans[-1].fits:
+            return plans[-1]
+    if not plans:
+        _warn_once(f"StreamVAE {op}: memory budget ignored (no memory calibration for this model on {device.type}); "
+                   "an out-of-memory error still shrinks the run")
+        return make(given)
+    # Nothing fits: the fastest of those within NEAR_LOWEST of the lowest peak (below it, plans only
+    # get slower for the last few percent).
+    lowest = min(candidate.peak_bytes for candidate in plans)
+    return next(candidate for candidate in plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
 
 
-def _fit(model, estimated, offloads, clip: Clip, temporal_chunk, given_tile, overlap, tiling) -> Plan:
-    """The first plan that fits the budget, in the order of the module docstring; if none does, the
-    fastest of the smallest ones within NEAR_LOWEST of the lowest peak (marked fits=False)."""
+Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames streamed)
+
+
+def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> Iterator[Candidate]:
+    """The plans to try under a budget, fastest first, the given settings acting as upper limits:
+    untiled with the longest chunk down to one latent frame, with the caches on the device and then
+    offloaded (`target`: pinned host memory from a GPU, disk from the CPU; offloading costs less time
+    than tiling); exact tiles from the largest down to STREAM_BELOW_TILE px, the same way; then frame
+    streaming (one latent frame per chunk, its stages one frame at a time, caches offloaded), untiled
+    and with every tile down to the family's smallest: below STREAM_BELOW_TILE px tiles cost more
+    time than streaming frames does."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
-    max_chunk = min(temporal_chunk or n_lat, n_lat)
+    max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
     chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
-
-    def first_fit(tile):
-        candidates = (estimated(chunk, tile, offload) for offload in offloads for chunk in chunks)
-        return next((candidate for candidate in candidates if candidate.fits), None)
-
-    if given_tile is None or (given_tile[0] >= height and given_tile[1] >= width):
-        if (candidate := first_fit(None)) is not None:
-            return candidate
-    limit = given_tile or (height, width)
+    offloads = [settings.cache_offload] if settings.cache_offload != "auto" else ["none"]
+    if settings.cache_offload == "auto" and memory.cache_calibrated(model, clip.op, torch.device(device).type):
+        offloads.append(target)
+    limit = settings.tile_size or (height, width)
     smallest = geometry.min_tile(model.spatial_factor)
-    if tiling == "fast":  # a fast tile must exceed twice the overlap to make progress
-        smallest = max(smallest, 2 * max(overlap) + model.spatial_factor)
+    if settings.tiling == "fast":  # a fast tile must exceed twice the overlap to make progress
+        smallest = max(smallest, 2 * max(settings.tile_overlap) + model.spatial_factor)
     tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
     tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
-    for tile in tiles:
-        if (candidate := first_fit(tile)) is not None:
-            return candidate
-    # Smaller exact tiles stop paying once the whole-frame part of the peak dominates (exact tiles
-    # bound each conv's temporaries, not the frames between layers), while their cost keeps growing.
-    smallest_plans = [estimated(1, tile, offloads[-1]) for tile in tiles]
-    lowest = min(candidate.peak_bytes for candidate in smallest_plans)
-    return next(candidate for candidate in smallest_plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
+    whole = [None] if settings.tile_size is None or (limit[0] >= height and limit[1] >= width) else []
+    streaming = settings.stream_frames is not False and settings.tiling == "exact"
+    if settings.stream_frames is not True:
+        for tile in whole + [t for t in tiles if max(t) >= STREAM_BELOW_TILE or not streaming]:
+            for offload in offloads:
+                for chunk in chunks:
+                    yield chunk, tile, offload, False
+    if streaming:
+        for tile in whole + tiles:
+            yield 1, tile, offloads[-1], True
 
 
 @lru_cache(maxsize=64)

@@ -42,18 +42,22 @@ def free_cached_memory(device: torch.device) -> None:
 def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     """The plan to retry a chunk that ran out of memory with: the causal caches offloaded (where the
     user left that open: `Plan.offload_fallback`), else exact tiles of half the size down to the
-    smallest valid tile (`geometry.min_tile`), else half the temporal chunk. Raises OutOfMemory at the
-    floor, listing what was tried. `reason`: the out-of-memory message."""
+    smallest valid tile (`geometry.min_tile`), else half the temporal chunk, else the chunk's stages
+    one frame at a time (`Plan.streamed`). Raises OutOfMemory at the floor, listing what was tried.
+    `reason`: the out-of-memory message."""
     frame = (plan.clip.height, plan.clip.width)
     floor = geometry.min_tile(model.spatial_factor)
     current = tuple(min(side, full) for side, full in zip(plan.tile_size or frame, frame))
     chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
+    streamed = plan.streamed
     if fallback is not None:
         offload, fallback = fallback, None
     elif max(current) > floor:
         tile = tuple(max(floor, -(-side // 2)) for side in current)
     elif chunk > 1:
         chunk //= 2
+    elif not streamed:
+        streamed = True
     else:
         tried = " -> ".join((*plan.tried, plan.settings()))
         raise OutOfMemory(
@@ -62,7 +66,7 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
             f"Last error: {reason.splitlines()[0]}")
     smaller = dataclasses.replace(
         plan, temporal_chunk=chunk, tile_size=tile, tiling="exact", cache_offload=offload, offload_fallback=fallback,
-        grid=grid(plan.clip, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
+        streamed=streamed, grid=grid(plan.clip, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
         fits=None, tried=(*plan.tried, plan.settings()))
     log.warning("StreamVAE: out of memory; retrying the chunk with %s", smaller.settings())
     return smaller

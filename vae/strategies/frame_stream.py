@@ -1,0 +1,59 @@
+"""Frame streaming: a chunk's stages run one frame at a time, depth first, so the tensors between layers
+hold one frame however many the chunk has.
+
+A chunk of one latent frame decodes to 4 pixel frames, and at the decoder's high-resolution stages
+each layer's output is whole frames (exact tiles bound a conv's temporaries, not what passes between
+layers): at 1080p a SeedVR2 stage holds 128-256 channels x 2 Mpx per frame, several tensors at a time.
+Every stage of a family is causal in time (`model.VideoVAE`: run on consecutive parts of its input,
+in order, it gives what it gives on the whole), so the engine may hand each stage its input one frame
+at a time and pass each result on before the next frame: frame j of a temporal upsampler's output
+goes through every later stage before frame j + 1 is touched. What waits meanwhile (the other frames
+of a stage's output) waits in the run's offload store when the caches are offloaded (pinned host
+memory or disk: `causal_cache.py`), else on the device.
+
+`ctx.first_chunk` is True for a stage's call that holds its frame 0 of the clip, as for a chunk: a
+stage that gets no frames (a temporal downsampler's output between its windows) passes nothing on.
+"""
+import torch
+
+from ..model import Stage
+
+
+class FrameStream:
+    """The frame-at-a-time schedule of one stream's stages; `started[i]`: stage i has had its frame 0."""
+
+    def __init__(self, stages: list[Stage]):
+        self.stages = stages
+        self.started = [False] * len(stages)
+
+    def run(self, x: torch.Tensor, ctx, emit) -> None:
+        """Every frame of x (B,C,t,H,W, the first stage's input) through the stages; `emit(y)` gets the
+        last stage's output as it comes, a frame or less at a time, in order."""
+        self._level(0, [x], ctx, emit)
+
+    def _level(self, level: int, held: list[torch.Tensor], ctx, emit) -> None:
+        """Stage `level` on the frames in `held` (taken out of it: the caller keeps no reference, so
+        what is done with is freed), one at a time, each result passed on at once."""
+        x = held.pop()
+        if level == len(self.stages):
+            emit(x)
+            return
+        n = x.shape[2]
+        waiting = ctx.cache.offload != "none" and n > 1
+        if waiting:  # all but the first frame wait off the device, under keys of this stream
+            for j in range(1, n):
+                ctx.cache.put((self, level, j), x[:, :, j:j + 1])
+            x = x[:, :, :1].clone()
+        for j in range(n):
+            if waiting:
+                frame = x if j == 0 else ctx.cache.pop((self, level, j))
+            else:
+                frame = x[:, :, j:j + 1]
+            if j == 0 and waiting:
+                del x
+            ctx.first_chunk = not self.started[level]
+            self.started[level] = True
+            out = [self.stages[level](frame, ctx)]
+            del frame
+            if out[0].shape[2]:
+                self._level(level + 1, out, ctx, emit)
