@@ -29,21 +29,29 @@ from vae.devices import DTYPES
 
 FAMILIES = models.FAMILIES
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured
-# peak is that of a steady 4-frame chunk.
+# peak is that of a steady 4-frame chunk. "streamed": frames streamed one at a time, the caches and
+# the waiting frames offloaded (disk on the CPU, pinned host memory on CUDA).
 FIT_POINTS = {
     "untiled": [(96, None), (160, None)],
     "exact": [(96, 48), (128, 64), (160, 64)],
+    "streamed": [(128, 64), (192, 64), (192, 128), (256, 64), (256, 128)],
 }
-CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)]}
-CUDA_FIT_POINTS = {"untiled": [(256, None), (512, None)], "exact": [(384, 128), (512, 192), (640, 256)]}
-CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)], "fast": [(768, 256)]}
+CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)],
+                "streamed": [(160, 96), (288, 144)]}
+CUDA_FIT_POINTS = {"untiled": [(256, None), (512, None)], "exact": [(384, 128), (512, 192), (640, 256)],
+                   "streamed": [(512, 256), (768, 256), (768, 512), (1024, 512)]}
+CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)], "fast": [(768, 256)],
+                     "streamed": [(1024, 256)]}
 CUDA_DTYPES = {"decode": "bf16", "encode": "fp32"}
 FRAMES = 5
 
 
 def point_spec(family: str, op: str, size: int, tile, mode: str, device: str) -> dict:
-    return dict(family=family, op=op, frames=FRAMES, height=size, width=size, tile_size=tile,
-                tiling="exact" if mode == "untiled" else mode, temporal_chunk=1, device=device)
+    spec = dict(family=family, op=op, frames=FRAMES, height=size, width=size, tile_size=tile,
+                tiling="fast" if mode == "fast" else "exact", temporal_chunk=1, device=device)
+    if mode == "streamed":
+        spec.update(stream_frames=True, cache_offload="disk" if torch.device(device).type == "cpu" else "host")
+    return spec
 
 
 class Measurer:
@@ -71,20 +79,28 @@ class Measurer:
         return 2 if torch.device(self.device).type == "cuda" and CUDA_DTYPES[op] == "bf16" else 4
 
 
-def features(family: str, op: str, size: int, tile) -> tuple[float, float]:
-    pixels = 4 * size * size
-    return pixels, (4 * min(tile, size) ** 2 if tile else 0.0)
+# The coefficients of each mode, in the order of `features` (then "fixed").
+COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixel"),
+                "streamed": ("per_pixel", "per_tile_pixel", "per_band_pixel")}
 
 
-def fit(samples: list[tuple[float, float, float]], tiled: bool) -> dict:
-    """Least squares for act = a * pixels (+ b * tile_pixels) + c."""
-    rows = [[p, t, 1.0] if tiled else [p, 1.0] for p, t, _ in samples]
-    a = torch.tensor(rows, dtype=torch.float64)
-    y = torch.tensor([[v] for *_, v in samples], dtype=torch.float64)
+def features(mode: str, size: int, tile) -> list[float]:
+    """What the mode's coefficients multiply (`vae.memory.estimate`): pixels of a 4-frame chunk and of
+    its tile; streamed, of one frame, of its tile, and of a band of rows as tall as a tile (the
+    offloaded caches are read and written a band at a time)."""
+    if mode == "streamed":
+        side = min(tile or size, size)
+        return [size * size, side * side, side * size]
+    return [4 * size * size, 4 * min(tile, size) ** 2 if tile else 0.0][:len(COEFFICIENTS[mode])]
+
+
+def fit(samples: list[tuple[list[float], float]], mode: str) -> dict:
+    """Least squares for act = the mode's coefficients . features + fixed (all in elements)."""
+    a = torch.tensor([[*x, 1.0] for x, _ in samples], dtype=torch.float64)
+    y = torch.tensor([[v] for _, v in samples], dtype=torch.float64)
     sol = torch.linalg.lstsq(a, y).solution.flatten().tolist()
-    if tiled:
-        return {"per_pixel": max(sol[0], 0.0), "per_tile_pixel": max(sol[1], 0.0), "fixed": max(sol[2], 0.0)}
-    return {"per_pixel": max(sol[0], 0.0), "per_tile_pixel": 0.0, "fixed": max(sol[1], 0.0)}
+    entry = {name: max(value, 0.0) for name, value in zip((*COEFFICIENTS[mode], "fixed"), sol)}
+    return {"per_tile_pixel": 0.0, **entry}
 
 
 def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
@@ -123,15 +139,14 @@ def main():
                 samples = []
                 for size, tile in points:
                     result = measure(op, size, tile, mode)
-                    pixels, tile_pixels = features(family, op, size, tile)
-                    samples.append((pixels, tile_pixels, result["activation_bytes"] / measure.element_size(op)))
+                    samples.append((features(mode, size, tile), result["activation_bytes"] / measure.element_size(op)))
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \
                                 f" ({100 * (result['predicted_bytes'] / result['peak_bytes'] - 1):+.1f}%)"
                     print(line, flush=True)
                 if not args.check:
-                    save(device_type, family, op, mode, fit(samples, mode != "untiled"))
+                    save(device_type, family, op, mode, fit(samples, mode))
 
 
 if __name__ == "__main__":

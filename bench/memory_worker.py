@@ -15,6 +15,7 @@ import ctypes
 import json
 import math
 import sys
+import time
 
 import torch
 
@@ -51,7 +52,12 @@ def measure(model, spec: dict) -> dict:
     activation_bytes (peak during the op minus what was resident just before it: live tensors on
     the CPU, the caching allocator's reserved memory on CUDA, which includes cuDNN workspaces and
     fragmentation), retained_bytes, peak_bytes (from base_bytes, what was resident before the input
-    was made) and predicted_bytes (`vae.memory.estimate`, if calibrated)."""
+    was made), predicted_bytes (the plan's, if calibrated), the plan in words and the op's seconds.
+
+    With spec["memory_budget"] (bytes) the planner picks the settings within it (on CUDA the process
+    is also limited to it: `torch.cuda.set_per_process_memory_fraction`, a card of that size); with
+    spec["compare_untiled"] the output is compared with the untiled, one-chunk op's afterwards
+    (max_err)."""
     device = model.device
     cuda = device.type == "cuda"
     opts = vae.Optimizations(kernel_choice=spec.get("kernel_choice", "measure"))
@@ -63,8 +69,16 @@ def measure(model, spec: dict) -> dict:
     x = models.make_input(model.family, spec).to(device)
     if spec["op"] == "encode":
         x = x.to(model.encode_dtype)
-    settings = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"), tiling=spec.get("tiling", "exact"),
-                    tile_overlap=spec.get("tile_overlap", 0), cache_offload=spec.get("cache_offload", "none"))
+    settings = dict(temporal_chunk=spec.get("temporal_chunk"), tile_size=spec.get("tile_size"),
+                    tiling=spec.get("tiling", "exact"), tile_overlap=spec.get("tile_overlap", 0),
+                    cache_offload=spec.get("cache_offload", "none"), stream_frames=spec.get("stream_frames", False),
+                    memory_budget=spec.get("memory_budget"))
+    if settings["memory_budget"] is not None:  # the planner decides: the settings above become upper limits
+        settings.update(cache_offload=spec.get("cache_offload", "auto"), stream_frames=spec.get("stream_frames"))
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, settings["memory_budget"] / torch.cuda.get_device_properties(device).total_memory), device)
+    plan = models.plan(model, spec["op"], tuple(x.shape), settings, opts)
     io = {}
     if spec["op"] == "decode":
         of = model.spatial_factor * model.decode_upscale
@@ -80,7 +94,7 @@ def measure(model, spec: dict) -> dict:
                                                 width=cells * model.spatial_factor)).to(device)
     models.run(model, spec["op"], warm.to(model.encode_dtype) if spec["op"] == "encode" else warm, dict(temporal_chunk=1), opts)
     if opts.kernel_choice == "measure":
-        models.run(model, spec["op"], x, settings, opts, **io)
+        models.run(model, spec["op"], x, plan, opts, **io)
     del warm
     if cuda:
         torch.cuda.synchronize(device)
@@ -90,14 +104,23 @@ def measure(model, spec: dict) -> dict:
         reset_peak_rss()
     retained = measure_now() - before_warmup
     before = measure_now()
-    models.run(model, spec["op"], x, settings, opts, **io)
+    start = time.perf_counter()
+    got = models.run(model, spec["op"], x, plan, opts, **io)
+    if cuda:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_reserved(device) if cuda else peak_rss_bytes()
-    try:
-        predicted = models.plan(model, spec["op"], tuple(x.shape), settings, opts).peak_bytes
-    except KeyError:
-        predicted = None
-    return {"activation_bytes": peak - before, "retained_bytes": retained, "peak_bytes": peak - base,
-            "base_bytes": base, "predicted_bytes": predicted}
+    # the prediction after the run: the kernels it measured are on record (memory.resident_cache_bytes)
+    predicted = models.plan(model, spec["op"], tuple(x.shape), settings, opts).peak_bytes
+    result = {"activation_bytes": peak - before, "retained_bytes": retained, "peak_bytes": peak - base,
+              "base_bytes": base, "predicted_bytes": predicted, "plan": plan.describe(),
+              "fits": plan.fits, "seconds": round(seconds, 3)}
+    if spec.get("compare_untiled"):
+        if cuda:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        whole = models.run(model, spec["op"], x, dict(temporal_chunk=x.shape[2]), opts)
+        result["max_err"] = float((got.float() - whole.float()).abs().max())
+    return result
 
 
 if __name__ == "__main__":

@@ -89,13 +89,14 @@ def _split(settings: dict | None) -> tuple[vae.Settings, dict]:
     return vae.Settings(**{name: rest.pop(name) for name in SETTING_NAMES if name in rest}), rest
 
 
-def run(model, op: str, x: torch.Tensor, settings: dict | None = None, opts=None, **io):
+def run(model, op: str, x: torch.Tensor, settings: dict | vae.Plan | None = None, opts=None, **io):
     """`vae.encode` / `vae.decode` (op) of `x` by StreamVAE's `model`: `settings` are the engine's
     `vae.Settings` fields (temporal_chunk, tile_size, tiling, tile_overlap, memory_budget,
-    cache_offload) and the crop (num_frames, height, width), `opts` the kernels' `Optimizations`
-    (None: the default), `io` where the frames go (out, out_device, sink)."""
+    cache_offload, stream_frames) and the crop (num_frames, height, width), or a `vae.Plan` from
+    `plan`; `opts` the kernels' `Optimizations` (None: the default), `io` where the frames go (out,
+    out_device, sink)."""
     engine_op = vae.encode if op == "encode" else vae.decode
-    how, crop = _split(settings)
+    how, crop = (settings, {}) if isinstance(settings, vae.Plan) else _split(settings)
     return engine_op(model, x, how, opts=opts, **crop, **io)
 
 

@@ -13,7 +13,10 @@ POINTS = [(112, None, "none"), (192, 96, "none"), (192, None, "disk")]
 
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
 @pytest.mark.parametrize("size,tile,offload", POINTS, ids=["untiled-112px", "exact-192px-tile96", "untiled-192px-disk-caches"])
-def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload):
+def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload, tmp_path, monkeypatch):
+    # Its own kernel record: the prediction counts the Winograd transforms of the kernels on record,
+    # which must be what this worker ran, not what an earlier test measured.
+    monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
     spec = dict(family="seedvr2", op="decode", frames=5, height=size, width=size, tile_size=tile,
                 tiling="exact", temporal_chunk=1, cache_offload=offload)
     result = run_worker("bench.memory_worker", spec, timeout=600)

@@ -72,11 +72,12 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
     else:
         io_on_device = tuple(same_device(d, model.device) for d in io_devices)
         plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
-    if plan.fits is False:
-        log.warning("StreamVAE %s: even %s exceeds the memory budget of %.2f GiB; trying it anyway (an "
-                    "out-of-memory error shrinks it further). Exact tiles keep whole frames between layers: to "
-                    "fit, free memory, decode a smaller size, or use tiling='fast'", op, plan.describe(),
-                    plan.budget_bytes / 2**30)
+    if plan.fits is False and isinstance(how, Settings) and isinstance(how.memory_budget, int):
+        raise ValueError(plan.below_floor())  # a budget the caller gave: refused before any work
+    if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
+        log.warning("StreamVAE %s: even %s is predicted above the free memory (%.2f GiB); trying it anyway (an "
+                    "out-of-memory error shrinks it to its floor, then stops with what it tried): to fit, free "
+                    "memory or %s fewer pixels per frame", op, plan.describe(), plan.budget_bytes / 2**30, op)
     elif plan.cache_offload != "none":
         log.info("StreamVAE %s: %s", op, plan.describe())
     return plan

@@ -89,16 +89,23 @@ def weight_bytes(model) -> int:
 
 def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
     """What stays resident between calls of `op` on `device`: the CPU Winograd filter transforms of
-    its eligible 3x3 convs up to the cache's cap; nothing elsewhere."""
+    its eligible 3x3 convs that run Winograd, up to the cache's cap; nothing elsewhere. With kernels
+    measured per layer shape (`opts.kernel_choice`) a conv runs Winograd where this machine's record
+    says so for its weight (a conv none of whose shapes is on record yet is counted: measuring it
+    computes the transform, which stays if Winograd wins); with the default kernels, wherever eligible."""
     if torch.device(device).type != "cpu" or not opts.winograd_conv:
         return 0
     total = 0
     roots = model.decode_modules() if op == "decode" else model.encode_modules()
+    dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     for module in (m for root in roots for m in root.modules()):
         weight = getattr(module, "weight", None)
-        if (isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5
+        if not (isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5
                 and opt_conv.winograd_weight_eligible(weight.shape, module.stride)):
-            total += winograd.transform_nbytes(weight.shape)
+            continue
+        if opts.kernel_choice == "measure" and opt_conv.uses_winograd(device, dtype, weight.shape, module.stride) is False:
+            continue
+        total += winograd.transform_nbytes(weight.shape)
     return min(total, winograd.filter_cache(opts.winograd_cache_bytes).limit_bytes)
 
 
@@ -122,8 +129,10 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     `streamed`: the chunk's stages run one frame at a time (`strategies.FrameStream`); then the
     activations follow the "streamed" coefficients, calibrated with the caches offloaded and one
     latent frame per chunk: per_pixel per pixel of one frame (what every high-resolution layer holds
-    of one frame) and per_tile_pixel per pixel of one frame's tile (the conv buffers), whatever the
-    chunk; the caches are added where they stay on the device.
+    of one frame), per_tile_pixel per pixel of one frame's tile (the conv buffers) and per_band_pixel
+    per pixel of a band of rows as tall as a tile (the offloaded caches are read and written a band
+    at a time), whatever the chunk; an untiled frame is one tile. The caches are added where they
+    stay on the device.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
@@ -151,8 +160,10 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
     cache_all, cache_largest = _cache_elements(model, op, device.type)
     if streamed:
-        frame_pixels, tile_pixels = b * height * width, tile_pixels / frames
-        act = coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * tile_pixels
+        th, tw = (min(side, full) for side, full in zip(as_pair(tile_size or (height, width)), (height, width)))
+        frame_pixels = b * height * width
+        act = (coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * b * th * tw
+               + coef.get("per_band_pixel", 0.0) * b * th * width)
         if cache_offload == "none":
             act += cache_all * frame_pixels
         return int(resident + elem * (act + coef.get("fixed", 0)))

@@ -15,6 +15,7 @@ no calibration for gets the given settings and no peak.
 """
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -140,6 +141,14 @@ class Plan:
         if self.cache_offload != "none":
             text += f", caches offloaded to {self.cache_offload}"
         return text
+
+    def below_floor(self, setting: str = "memory_budget") -> str:
+        """What to say when even this plan, the smallest, exceeds the budget: the floor in GiB and the
+        setting to change (`setting`: its name where the budget was given)."""
+        floor = self.peak_bytes / 2**30
+        return (f"this {self.op} needs at least {floor:.2f} GiB (its smallest plan: {self.settings()}), more than "
+                f"the memory budget of {self.budget_bytes / 2**30:.2f} GiB: set {setting} to at least "
+                f"{math.ceil(floor * 4) / 4:g} GiB (or 0 / None for no limit), or {self.op} fewer pixels per frame")
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -103,8 +103,17 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
         probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE].contiguous())
         chosen = kernel_choice.pick(conv_key(x, weight, stride, padding), x.device,
                                     {name: (lambda run=run: run(probe())) for name, run in candidates.items()}, default)
+        if winograd is not None and not chosen.startswith("winograd") and not uses_winograd(
+                x.device, x.dtype, weight.shape, stride):
+            winograd.discard(weight)  # what measuring computed for a kernel that lost: not kept resident
         return candidates[chosen](x)
     return candidates[default](x)
+
+
+def conv_signature(device, dtype: torch.dtype, weight_shape, stride) -> str:
+    """The part of a conv's `conv_key` that its weight decides (device type, dtype, weight, stride)."""
+    return (f"conv3d {torch.device(device).type} {str(dtype).removeprefix('torch.')} w{tuple(weight_shape)} "
+            f"s{tuple(stride)} ")
 
 
 def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
@@ -112,8 +121,15 @@ def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
     same way whatever its temporal chunking (chunk-invariant results), and the kernels' cost per frame
     does not depend on it."""
     b, _, _, h, w = x.shape
-    return (f"conv3d {x.device.type} {str(x.dtype).removeprefix('torch.')} w{tuple(weight.shape)} s{tuple(stride)} "
-            f"p{tuple(padding)} {b}x{h}x{w} threads {torch.get_num_threads()}")
+    return (f"{conv_signature(x.device, x.dtype, weight.shape, stride)}p{tuple(padding)} {b}x{h}x{w} "
+            f"threads {torch.get_num_threads()}")
+
+
+def uses_winograd(device, dtype: torch.dtype, weight_shape, stride) -> bool | None:
+    """Whether a conv of this weight runs Winograd for some layer shape on record on this machine (so
+    its filter transform stays resident); None when none of its shapes is on record yet."""
+    chosen = kernel_choice.choices_for(device).chosen(conv_signature(device, dtype, weight_shape, stride))
+    return None if not chosen else any(name.startswith("winograd") for name in chosen)
 
 
 def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,

@@ -207,6 +207,11 @@ class KernelChoices:
             log.warning("StreamVAE: kernel %s failed for %s, skipped (%s: %s)", name, key, type(error).__name__, error)
             return None
 
+    def chosen(self, prefix: str) -> set[str]:
+        """The choices on record for the keys that start with `prefix`."""
+        with self._lock:
+            return {entry["choice"] for key, entry in self._choices.items() if key.startswith(prefix)}
+
     def on_record(self) -> int:
         """How many layer shapes have a choice on record for this machine (any model)."""
         with self._lock:

@@ -51,6 +51,10 @@ def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tu
     return torch_group_moments(x, groups)
 
 
+# Half-precision statistics off the CPU without Triton upcast at most this many elements at a time.
+UPCAST_BLOCK_ELEMENTS = 1 << 24
+
+
 def torch_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`group_norm_moments` by torch.var_mean (GPUs without Triton, float64; on the CPU, the baseline
     of bench/bench_norms.py)."""
@@ -59,11 +63,15 @@ def torch_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, tor
     if x.dtype == _stat_dtype(x):
         var, mean = torch.var_mean(grouped, dim=(2, 4), unbiased=False)
         return mean, var
-    # Half-precision input: upcast one frame at a time so the fp32 copy stays small.
+    # Half-precision input: upcast a few groups of one frame at a time, so the fp32 copy stays small
+    # (a whole 1080p frame of 128 channels would be 1 GiB).
     var = x.new_empty((b, groups, t), dtype=torch.float32)
     mean = torch.empty_like(var)
+    step = max(1, UPCAST_BLOCK_ELEMENTS // max(1, b * (c // groups) * h * w))  # groups per block
     for i in range(t):
-        var[:, :, i], mean[:, :, i] = torch.var_mean(grouped[:, :, :, i].float(), dim=(2, 3), unbiased=False)
+        for g in range(0, groups, step):
+            part = grouped[:, g:g + step, :, i].float()  # B,groups,C/G,H*W
+            var[:, g:g + step, i], mean[:, g:g + step, i] = torch.var_mean(part, dim=(2, 3), unbiased=False)
     return mean, var
 
 

@@ -170,6 +170,14 @@ class FilterCache:
             for aid in list(self._anchors):
                 self._drop_anchor(aid)
 
+    def discard(self, weight: torch.Tensor) -> None:
+        """Drop the transforms of `weight` (and of the other views of its tensor)."""
+        anchor = weight if weight._base is None else weight._base
+        with self._lock:
+            record = self._anchors.get(id(anchor))
+            if record is not None and record[0]() is anchor:
+                self._drop_entries(id(anchor))
+
     def drop_anchor(self, aid: int) -> None:
         """Forget a freed anchor's entries (its finalizer: by then the anchor's weakref is dead, which
         tells it from a live tensor that reused the id)."""

@@ -39,18 +39,17 @@ class FrameStream:
             emit(x)
             return
         n = x.shape[2]
-        waiting = ctx.cache.offload != "none" and n > 1
-        if waiting:  # all but the first frame wait off the device, under keys of this stream
+        offloaded = ctx.cache.offload != "none" and n > 1
+        if offloaded:  # all but the first frame wait off the device, under keys of this stream
             for j in range(1, n):
                 ctx.cache.put((self, level, j), x[:, :, j:j + 1])
             x = x[:, :, :1].clone()
         for j in range(n):
-            if waiting:
+            if n == 1 or offloaded:  # x is this frame, or the first one: nothing else keeps it
                 frame = x if j == 0 else ctx.cache.pop((self, level, j))
-            else:
+                x = None
+            else:  # the other frames wait on the device, as views of x
                 frame = x[:, :, j:j + 1]
-            if j == 0 and waiting:
-                del x
             ctx.first_chunk = not self.started[level]
             self.started[level] = True
             out = [self.stages[level](frame, ctx)]
