@@ -53,8 +53,8 @@ class LoadVAE(io.ComfyNode):
                     "Optional torch.compile settings from a StreamVAE Torch Compile Settings node; without it "
                     "the VAE runs eagerly.")),
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
-                    "Optional backend switches from a StreamVAE GPU Optimizations node; without it PyTorch's "
-                    "global settings are left as they are.")),
+                    "Optional backend switches from a StreamVAE GPU Optimizations node; without it that node's "
+                    "defaults apply.")),
                 io.Custom(DEVICES).Input("devices", optional=True, tooltip=(
                     "Optional: several GPUs from a StreamVAE Multi-GPU node; every Encode/Decode of this VAE is "
                     "then split over them (one worker process per GPU). Unconnected: one device, as set above.")),

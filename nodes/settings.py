@@ -1,12 +1,13 @@
 """The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
 from comfy_api.latest import io
 
-from ..vae.optimizations import BackendFlags, CompileSettings
+from ..vae.optimizations import CompileSettings
 from ..vae.optimizations.attention import KERNELS
 from ..vae.optimizations.compile import MODES
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS
 
+DEFAULTS = GpuOptions()  # what Load VAE runs with when the GPU Optimizations node is unconnected
 COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
 
 
@@ -62,27 +63,27 @@ class GPUOptimizations(io.ComfyNode):
             display_name="StreamVAE GPU Optimizations",
             category="StreamVAE",
             description="Backend switches for StreamVAE on GPUs (NVIDIA; AMD ROCm where noted). They apply only while "
-                        "StreamVAE runs; PyTorch's global settings are restored afterwards. A switch that has no effect "
-                        "on the device in use says so on Load VAE.",
+                        "StreamVAE runs; PyTorch's global settings are restored afterwards. Without this node Load VAE "
+                        "runs with these defaults. A switch that has no effect on the device in use says so on Load VAE.",
             inputs=[
-                io.Boolean.Input("cudnn_benchmark", default=False, tooltip=(
+                io.Boolean.Input("cudnn_benchmark", default=DEFAULTS.cudnn_benchmark, tooltip=(
                     "cuDNN times its conv algorithms for every new tile shape and keeps the fastest. Faster with "
                     "fixed tiles after a slow first tile; turn off if memory spikes at the start or shapes vary.")),
-                io.Boolean.Input("tf32", default=True, tooltip=(
+                io.Boolean.Input("tf32", default=DEFAULTS.tf32, tooltip=(
                     "TensorFloat-32 for float32 matmuls and convs (Ampere and newer): much faster fp32 with a 10-bit "
                     "mantissa. Turn off for bit-exact fp32 comparisons. No effect in bf16/fp16.")),
-                io.Boolean.Input("channels_last_3d", default=False, tooltip=(
+                io.Boolean.Input("channels_last_3d", default=DEFAULTS.channels_last_3d, tooltip=(
                     "Store conv weights channels-last (NDHWC) so cuDNN picks channels-last kernels: large speed-up "
                     "for conv3d on PyTorch 2.9. Turn off if it is slower on your GPU or PyTorch version.")),
-                io.Boolean.Input("fused_norm_silu", default=True, tooltip=(
+                io.Boolean.Input("fused_norm_silu", default=DEFAULTS.fused_norm_silu, tooltip=(
                     "Norm + SiLU in one pass written straight into the next conv's input buffer (less memory "
                     "traffic). Turn off only to compare against the straightforward path.")),
-                io.Combo.Input("attention_backend", options=list(KERNELS), default="auto", tooltip=(
+                io.Combo.Input("attention_backend", options=list(KERNELS), default=DEFAULTS.attention, tooltip=(
                     "Kernel for the mid-block attention (one head of 384-512 channels). auto = PyTorch's choice; "
                     "flash / efficient / cudnn ask for one: a kernel that cannot take this head width (flash: up to "
                     "256, cudnn: up to 128) is replaced by one that can, and Load VAE says which runs; math = the "
                     "reference kernel, slow, for debugging.")),
-                io.Boolean.Input("conv3d_workaround", default=True, tooltip=(
+                io.Boolean.Input("conv3d_workaround", default=DEFAULTS.conv3d_workaround, tooltip=(
                     "PyTorch 2.9/2.10 with cuDNN 9.10-9.14 route half-precision conv3d to a slow path using ~3x the "
                     "memory (ComfyUI#10373); this calls cuDNN directly there. Only acts where that combination is "
                     "detected; turn off if you see wrong colours or crashes in conv layers.")),
@@ -92,8 +93,8 @@ class GPUOptimizations(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, cudnn_benchmark=False, tf32=True, channels_last_3d=False, fused_norm_silu=True,
-                attention_backend="auto", conv3d_workaround=True) -> io.NodeOutput:
-        flags = BackendFlags(cudnn_benchmark=cudnn_benchmark, tf32=tf32, conv3d_workaround=conv3d_workaround)
-        return io.NodeOutput(GpuOptions(flags, channels_last_3d=channels_last_3d, fused_norm_silu=fused_norm_silu,
-                                        attention=attention_backend))
+    def execute(cls, cudnn_benchmark=DEFAULTS.cudnn_benchmark, tf32=DEFAULTS.tf32, channels_last_3d=DEFAULTS.channels_last_3d,
+                fused_norm_silu=DEFAULTS.fused_norm_silu, attention_backend=DEFAULTS.attention,
+                conv3d_workaround=DEFAULTS.conv3d_workaround) -> io.NodeOutput:
+        return io.NodeOutput(GpuOptions(cudnn_benchmark, tf32, channels_last_3d, fused_norm_silu, attention_backend,
+                                        conv3d_workaround))

@@ -28,7 +28,8 @@ def node_module(name: str):
         for package, path in ((pack, REPO), (f"{pack}.nodes", REPO / "nodes")):
             sys.modules[package] = types.ModuleType(package)
             sys.modules[package].__path__ = [str(path)]
-        sys.modules[f"{pack}.vae"] = vae
+    for library in [name for name in sys.modules if name == "vae" or name.startswith("vae.")]:
+        sys.modules.setdefault(f"{pack}.{library}", sys.modules[library])  # one copy: a test may patch it
     return importlib.import_module(f"{pack}.nodes.{name}")
 
 
