@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from . import execution
-from .latents import read_latent
+from .latents import latent_source_input, read_latent
 from .run_settings import RunSettings, check_tiling, tiling_inputs
 from .types import STREAMVAE
 
@@ -33,6 +33,7 @@ class Decode(io.ComfyNode):
                     "Precision of the IMAGE in RAM: fp32 = 12 bytes per pixel of every frame; fp16 = 6 (half the RAM, "
                     "about 1/8 of an 8-bit level of rounding). auto = fp32, or fp16 when ComfyUI runs with "
                     "--fp16-intermediates. For long clips use StreamVAE Decode to Video, whose RAM does not grow.")),
+                latent_source_input(io),
             ],
             outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
                                              "of every clip one after another.")],
@@ -44,11 +45,11 @@ class Decode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae, samples, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
-                tiling="exact", nonfinite="error", output_dtype="auto") -> io.NodeOutput:
+                tiling="exact", nonfinite="error", output_dtype="auto", latent_source="auto") -> io.NodeOutput:
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:
             raise ValueError(error)
-        latent = read_latent(samples, vae.model)
+        latent = read_latent(samples, vae.model, latent_source)
         settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         image, report = execution.decode(vae, latent, settings, nonfinite, execution.image_dtype(output_dtype))
         return io.NodeOutput(image, ui={"streamvae_run": [report.as_dict()]})

@@ -193,6 +193,9 @@ def decode_clips(handle, latent: LatentClips, settings: RunSettings, target: Cal
     report.latent_layout = latent.layout
     if latent.layout != CORE_LAYOUT:
         log.info("StreamVAE decode: LATENT read as %s", latent.layout)
+    for note in latent.notes:
+        report.notes.append(note)
+        log.info("StreamVAE decode: %s", note)
     progress = Progress(b, report)
     with _engine_scope(handle):
         workers = multi_device.workers(handle)  # None: one device

@@ -75,5 +75,5 @@ class EncodeFromVideo(io.ComfyNode):
                          resize_filter) as reader:
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
         report.notes.append(f"read {reader.frames} frames {reader.width}x{reader.height} at {float(reader.fps):g} fps")
-        latent = make_latent(samples, [reader.frames], (reader.height, reader.width))
+        latent = make_latent(samples, [reader.frames], (reader.height, reader.width), float(reader.fps))
         return io.NodeOutput(latent, float(reader.fps), ui={"streamvae_run": [report.as_dict()]})

@@ -13,7 +13,7 @@ from ..vae.video_codecs import BIT_DEPTHS, CODECS, MAX_CRF, PIXEL_FORMATS, resol
 from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
 from . import execution
-from .latents import read_latent
+from .latents import LatentClips, latent_source_input, read_latent
 from .run_settings import RunSettings, check_tiling, streamed_tiling_inputs
 from .types import STREAMVAE
 
@@ -24,6 +24,10 @@ try:
 except ImportError:
     folder_paths = comfy_args = InputImpl = None
 
+# The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
+# 16 fps; Wan2.2-TI2V-5B: 24 fps). SeedVR2 restores videos of any rate: 24 unless the source is known.
+FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": 24.0}
+FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2"}
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
 
@@ -73,6 +77,16 @@ def _metadata(prompt, extra_pnginfo, description: str) -> dict[str, str]:
     return tags
 
 
+def frame_rate(fps: float, latent: LatentClips, family: str) -> tuple[float, str]:
+    """The rate to write at and why: `fps`, or with 0 (auto) the source video's (a LATENT from Encode
+    from Video), else the rate `family`'s video model makes."""
+    if fps:
+        return fps, "set on the node"
+    if latent.fps:
+        return latent.fps, "auto: the source video's"
+    return FAMILY_FPS[family], f"auto: {FAMILY_NAMES[family]}'s"
+
+
 def _audio(audio):
     """ComfyUI AUDIO {"waveform": B,C,S, "sample_rate"} -> (C,S of the first entry, rate) for the writer."""
     if audio is None:
@@ -102,7 +116,7 @@ class DecodeToVideo(io.ComfyNode):
                     "h264 (.mp4; plays everywhere), h265 (.mp4; smaller files), ffv1 (.mkv; lossless: the file holds "
                     "the decoded 8/16-bit values exactly), prores (.mov; for editing). Only what this PyAV build "
                     "has is accepted.")),
-                io.Float.Input("fps", default=24.0, min=0.01, max=1000.0, step=0.001, tooltip=(
+                io.Float.Input("fps", default=0.0, min=0.0, max=1000.0, step=0.001, tooltip=(
                     "Frame rate in frames per second (23.976 and 29.97 are stored exactly as NTSC rates).")),
                 io.Int.Input("crf", default=19, min=0, max=MAX_CRF, step=1, tooltip=(
                     "Quality in CRF units for h264/h265: 0 = best (x264: lossless in YUV), 17-23 = visually good, "
@@ -118,6 +132,7 @@ class DecodeToVideo(io.ComfyNode):
                 io.Audio.Input("audio", optional=True, tooltip=(
                     "Sound to mux into the file (AAC in .mp4, FLAC in .mkv, PCM in .mov), cut to the video's length "
                     "in frames / fps.")),
+                latent_source_input(io),
             ],
             outputs=[
                 io.Video.Output(tooltip="The written file as a VIDEO, for Save Video, Get Video Components or "
@@ -136,20 +151,21 @@ class DecodeToVideo(io.ComfyNode):
             return error
         if None not in (codec, pixel_format, bit_depth, crf, fps):
             try:
-                resolve(codec, pixel_format, bit_depth, crf, fps)
+                resolve(codec, pixel_format, bit_depth, crf, fps or FAMILY_FPS["seedvr2"])  # 0: auto
             except ValueError as problem:
                 return str(problem)
         return True
 
     @classmethod
-    def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=24.0, crf=19,
+    def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=0.0, crf=19,
                 pixel_format="auto", bit_depth="auto", tile_size=0, tile_overlap=64, temporal_chunk=0,
-                memory_budget_gb=0.0, audio=None) -> io.NodeOutput:
+                memory_budget_gb=0.0, audio=None, latent_source="auto") -> io.NodeOutput:
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
+        latent = read_latent(samples, vae.model, latent_source)
+        fps, why = frame_rate(fps, latent, vae.family)
         encoding = resolve(codec, pixel_format, bit_depth, crf, fps)
-        latent = read_latent(samples, vae.model)
         _, _, _, h, w = latent.samples.shape
         height, width = latent.size if latent.size is not None else (h * vae.spatial_factor, w * vae.spatial_factor)
         encoding.check_size(width, height)
@@ -161,7 +177,8 @@ class DecodeToVideo(io.ComfyNode):
         with VideoWriter(path, encoding, width, height, total, audio=_audio(audio), metadata=metadata) as writer:
             _, report = execution.decode(vae, latent, settings, sink=FileSink(writer, preview.observe))
             path = writer.finish()
-        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}")
+        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()} "
+                            f"({float(encoding.fps):g} fps: {why})")
         written = {"filename": path.name, "subfolder": subfolder, "type": "output", "frames": total,
                    "width": width, "height": height, "fps": float(encoding.fps), "format": encoding.describe()}
         shown = ui.PreviewImage(preview.image(), cls=cls).as_dict()
