@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from . import execution
-from .images import MAX_FRAMES, check_batch_size, check_image, split_clips
+from .images import MAX_FRAMES, check_batch_size, check_image, clip_batch, split_clips
 from .latents import make_latent
 from .run_settings import RunSettings, check_tiling, tiling_inputs
 from .types import STREAMVAE
@@ -45,7 +45,9 @@ class Encode(io.ComfyNode):
         error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
+        image, batch_size, batch_notes = clip_batch(image, batch_size)
         image, notes = check_image(image)
+        notes = batch_notes + notes
         clips = split_clips(image.shape[0], batch_size)
         settings = RunSettings.from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         samples, report = execution.encode(vae, image, clips, settings, notes)

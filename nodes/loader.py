@@ -1,8 +1,13 @@
-"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE."""
+"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE, and the same model
+as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo, SeedVR2 nodes then run StreamVAE).
+"""
+import logging
+
 from comfy_api.latest import io
 
 from . import checkpoints
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
+from .run_settings import RunSettings
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
 try:
@@ -10,9 +15,22 @@ try:
 except ImportError:  # outside ComfyUI
     folder_paths = None
 
+log = logging.getLogger("streamvae")
+
 
 def vae_files() -> list[str]:
     return folder_paths.get_filename_list("vae") if folder_paths is not None else []
+
+
+def core_vae(handle: StreamVAEHandle):
+    """`handle` as a core VAE with automatic tiles, chunks and budget (the weights are the handle's),
+    or None where this core's VAE class cannot be adapted (then only the STREAMVAE output works)."""
+    try:
+        from .core_vae import StreamVAECoreVAE
+    except Exception as error:  # core internals differ: the loader itself must keep working
+        log.warning("StreamVAE Load VAE: no core VAE output with this ComfyUI (%s); use StreamVAE Decode/Encode", error)
+        return None
+    return StreamVAECoreVAE(handle, RunSettings.from_inputs())
 
 
 class LoadVAE(io.ComfyNode):
@@ -60,7 +78,10 @@ class LoadVAE(io.ComfyNode):
                     "then split over them (one worker process per GPU). Unconnected: one device, as set above.")),
             ],
             outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
-                                                 tooltip="The loaded video VAE, for StreamVAE Encode/Decode.")],
+                                                 tooltip="The loaded video VAE, for StreamVAE Encode/Decode."),
+                     io.Vae.Output(display_name="VAE", tooltip=(
+                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, SeedVR2): they then run StreamVAE, "
+                         "with automatic tiles. The weights are loaded once."))],
         )
 
     @classmethod
@@ -83,4 +104,4 @@ class LoadVAE(io.ComfyNode):
         path = folder_paths.get_full_path_or_raise("vae", vae_name)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
                                       kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
-        return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})
+        return io.NodeOutput(handle, core_vae(handle), ui={"streamvae_model": [handle.info()]})
