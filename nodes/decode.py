@@ -1,7 +1,7 @@
 """StreamVAE Decode: LATENT -> IMAGE frames, tiled and chunked within a memory budget."""
 from comfy_api.latest import io
 
-from . import execution
+from . import core_api, execution
 from .latents import latent_source_input, read_latent
 from .run_settings import RunSettings, check_tiling, tiling_inputs
 from .types import STREAMVAE
@@ -10,33 +10,30 @@ from .types import STREAMVAE
 class Decode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEDecode",
             display_name="StreamVAE Decode",
             category="StreamVAE",
-            description="Decodes a LATENT to video frames in tiles and chunks that fit the memory budget. Takes what "
-                        "core's VAE Decode takes (SeedVR2 LATENTs scaled by 0.9152 as core's SeedVR2 VAE makes them, "
-                        "Wan LATENTs raw): from StreamVAE Encode (trimmed back to the original frame count and size), "
-                        "core's VAE Encode, samplers and empty-latent nodes.",
+            search_aliases=["VAE Decode", "VAE Decode (Tiled)", "tiled", "decode video", "SeedVR2", "Wan"],
+            description="LATENT -> video frames, exactly as the untiled VAE would, in tiles and chunks that fit the "
+                        "memory budget. Takes what core's VAE Decode takes (samplers, VAE Encode, Load Latent), and "
+                        "WanVideoWrapper's latents.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
-                                                          "match the latent's channel count."),
-                io.Latent.Input("samples", tooltip=(
-                    "Latent, every batch entry one clip: B,C,T,H,W (core's layout), B,T,H,W,C (channels last, read "
-                    "so when dim 1 is not C), B,C,H,W (one frame), or SeedVR2's B,16*T,H,W (frames folded into "
-                    "channels). The layout read is in the node's run report.")),
+                                                          "match the latent."),
+                io.Latent.Input("samples", tooltip="A LATENT in core's convention (sampler, VAE Encode, Load Latent, "
+                                                   "StreamVAE Encode); every batch entry is one clip."),
                 *tiling_inputs(io),
-                io.Combo.Input("nonfinite", options=["error", "zero"], default="error", tooltip=(
-                    "A latent with NaN/Inf values (a diverged sampler): 'error' stops and names the latent frames; "
-                    "'zero' decodes them with those values set to 0, with a warning.")),
-                io.Combo.Input("output_dtype", options=["auto", *execution.IMAGE_DTYPES], default="auto", tooltip=(
-                    "Precision of the IMAGE in RAM: fp32 = 12 bytes per pixel of every frame; fp16 = 6 (half the RAM, "
-                    "about 1/8 of an 8-bit level of rounding). auto = fp32, or fp16 when ComfyUI runs with "
-                    "--fp16-intermediates. For long clips use StreamVAE Decode to Video, whose RAM does not grow.")),
+                io.Combo.Input("nonfinite", options=["error", "zero"], default="error", **core_api.advanced(), tooltip=(
+                    "NaN/Inf in the latent (a diverged sampler): error = stop and name the frames; zero = decode them "
+                    "as 0, with a warning.")),
+                io.Combo.Input("output_dtype", options=["auto", *execution.IMAGE_DTYPES], default="auto",
+                               **core_api.advanced(), tooltip=(
+                    "IMAGE precision in RAM: fp32 = 12 bytes per pixel of every frame, fp16 = 6. auto = fp32, or fp16 "
+                    "under --fp16-intermediates.")),
                 latent_source_input(io),
             ],
-            outputs=[io.Image.Output(tooltip="Video frames along the batch axis (N,H,W,3), values 0..1; the frames "
-                                             "of every clip one after another.")],
+            outputs=[io.Image.Output(tooltip="Video frames (N,H,W,3, values 0..1), the clips one after another.")],
         )
 
     @classmethod

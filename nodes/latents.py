@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..vae.geometry import latent_frames, pixel_frames
+from .core_api import advanced
 
 FRAMES_KEY = "streamvae_frames"
 SIZE_KEY = "streamvae_size"
@@ -145,7 +146,8 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
 
 def latent_source_input(io):
     """Decode's `latent_source` input (`io` is comfy_api's io); optional, so older prompts still run."""
-    return io.Combo.Input("latent_source", options=list(LATENT_SOURCES), default="auto", optional=True, tooltip=(
+    return io.Combo.Input("latent_source", options=list(LATENT_SOURCES), default="auto", optional=True,
+                          **advanced(), tooltip=(
         "Which convention a Wan LATENT follows. auto: core's, or WanVideoWrapper's normalized one when its sampler's "
         "keys are present. Set it after Save/Load Latent."))
 

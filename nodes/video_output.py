@@ -12,7 +12,7 @@ from comfy_api.latest import io, ui
 from ..vae.video_codecs import BIT_DEPTHS, CODECS, MAX_CRF, PIXEL_FORMATS, resolve
 from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
-from . import execution
+from . import core_api, execution
 from .latents import LatentClips, latent_source_input, read_latent
 from .run_settings import RunSettings, check_tiling, streamed_tiling_inputs
 from .types import STREAMVAE
@@ -97,41 +97,37 @@ def _audio(audio):
 class DecodeToVideo(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEDecodeToVideo",
             display_name="StreamVAE Decode to Video",
             category="StreamVAE",
-            description="Decodes a raw latent straight into a video file in ComfyUI's output folder: each chunk is "
-                        "encoded while the next one decodes, so RAM does not grow with the clip's length (no IMAGE "
-                        "is made). Every frame of every clip is written, in order, at the latent's true size.",
+            search_aliases=["Save Video", "VAE Decode", "video file", "mp4", "long video", "SeedVR2", "Wan"],
+            description="LATENT -> a video file in ComfyUI's output folder, written while the chunks decode, so RAM "
+                        "does not grow with the clip's length (no IMAGE is made). Every frame, in order, at the "
+                        "latent's true size.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
-                                                          "match the latent's channel count."),
-                io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); the clips of the batch are "
-                                                   "written one after another into one file."),
+                                                          "match the latent."),
+                io.Latent.Input("samples", tooltip="A LATENT in core's convention; the clips of a batch go into the "
+                                                   "file one after another."),
                 io.String.Input("filename_prefix", default="StreamVAE/video", tooltip=(
-                    "File name in ComfyUI's output folder, with subfolders; _00001_ and the extension are added "
-                    "(the counter never overwrites). %date:yyyy-MM-dd%-style and %width%/%height% work as in core.")),
+                    "File name in ComfyUI's output folder (subfolders allowed); a counter and the extension are added.")),
                 io.Combo.Input("codec", options=list(CODECS), default="h264", tooltip=(
-                    "h264 (.mp4; plays everywhere), h265 (.mp4; smaller files), ffv1 (.mkv; lossless: the file holds "
-                    "the decoded 8/16-bit values exactly), prores (.mov; for editing). Only what this PyAV build "
-                    "has is accepted.")),
+                    "h264 / h265 (.mp4, play everywhere), ffv1 (.mkv, lossless), prores (.mov, for editing).")),
                 io.Float.Input("fps", default=0.0, min=0.0, max=1000.0, step=0.001, tooltip=(
-                    "Frame rate in frames per second (23.976 and 29.97 are stored exactly as NTSC rates).")),
+                    "Video frames per second. 0 = auto: the source video's rate, else the model's (Wan2.1 16, "
+                    "Wan2.2-5B 24, SeedVR2 24).")),
                 io.Int.Input("crf", default=19, min=0, max=MAX_CRF, step=1, tooltip=(
-                    "Quality in CRF units for h264/h265: 0 = best (x264: lossless in YUV), 17-23 = visually good, "
-                    "51 = smallest. ffv1 is always lossless and prores uses its HQ/4444 profile, so they ignore it.")),
-                io.Combo.Input("pixel_format", options=list(PIXEL_FORMATS), default="auto", tooltip=(
-                    "yuv420/yuv422/yuv444: YUV with the BT.709 matrix in limited range, chroma at 1/4, 1/2 or full "
-                    "resolution (4:2:0 needs even width and height). rgb: the R, G, B values themselves (lossless "
-                    "with ffv1). auto: yuv420 for h264/h265, yuv422 for prores, rgb for ffv1.")),
-                io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", tooltip=(
-                    "Bits per channel. auto: 8, or 10 for prores. 10/12 bit cut banding in gradients (h265, prores, "
-                    "ffv1); 16 bit with ffv1 rgb keeps 16-bit values exactly.")),
+                    "h264/h265 quality in CRF units: 0 = best, 17-23 = visually good, 51 = smallest. ffv1 and prores "
+                    "ignore it.")),
+                io.Combo.Input("pixel_format", options=list(PIXEL_FORMATS), default="auto", **core_api.advanced(),
+                               tooltip="yuv420/422/444 (BT.709, limited range) or rgb. auto: yuv420 for h264/h265, "
+                                       "yuv422 for prores, rgb for ffv1."),
+                io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", **core_api.advanced(), tooltip=(
+                    "Bits per channel. auto: 8, or 10 for prores; 10 or more cut banding where the codec allows.")),
                 *streamed_tiling_inputs(io),
-                io.Audio.Input("audio", optional=True, tooltip=(
-                    "Sound to mux into the file (AAC in .mp4, FLAC in .mkv, PCM in .mov), cut to the video's length "
-                    "in frames / fps.")),
+                io.Audio.Input("audio", optional=True, tooltip="Optional sound, muxed into the file and cut to the "
+                                                               "video's length."),
                 latent_source_input(io),
             ],
             outputs=[
