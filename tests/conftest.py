@@ -99,6 +99,7 @@ def comfy_server(comfy_tree, tmp_path_factory):
     server.stop()
     # pytest keeps old temp dirs around; do not leave a link into the working tree in them.
     (base / "custom_nodes" / environment.PACK_FOLDER).unlink()
+    (base / "custom_nodes" / environment.PROBE_FOLDER).unlink()
 
 
 @pytest.fixture
