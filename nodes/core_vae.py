@@ -1,6 +1,6 @@
 """StreamVAE to core VAE: a core ComfyUI `VAE` whose encode/decode run StreamVAE, so core nodes (VAE
 Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
-what core's own VAE of that family would give them: the same LATENTs (`latents.MODEL_SPACE_FAMILIES`),
+what core's own VAE of that family would give them: the same LATENTs (`VideoVAE.to_comfy_latent`),
 frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
 latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
 core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by

@@ -2,7 +2,7 @@
 reads, and the clip metadata StreamVAE adds.
 
 LATENT: {"samples": B,C,T',h,w} exactly as core's VAE Encode makes them (Wan raw, SeedVR2 scaled by
-0.9152, core's intermediate dtype; see `MODEL_SPACE_FAMILIES`). StreamVAE adds `streamvae_frames`
+0.9152, core's intermediate dtype; `VideoVAE.to_comfy_latent`). StreamVAE adds `streamvae_frames`
 (true pixel frames of each of the B clips), `streamvae_size` ([H, W] in pixels) so Decode trims
 the padding Encode added, and `streamvae_fps` where the frames came from a video file. Other nodes
 (KSampler) copy the dict, so the keys survive sampling; Decode ignores them when they no longer fit
@@ -24,12 +24,6 @@ FRAMES_KEY = "streamvae_frames"
 SIZE_KEY = "streamvae_size"
 FPS_KEY = "streamvae_fps"
 
-# Core's VAE nodes keep a SeedVR2 LATENT in its diffusion model's space (raw * 0.9152: core's SeedVR2
-# VAE scales after encoding and unscales before decoding) and Wan LATENTs raw (Wan's latent format
-# normalises inside the diffusion model). StreamVAE's LATENTs follow core, so either side's nodes and
-# samplers take the other's; the library (`vae`) stays raw.
-MODEL_SPACE_FAMILIES = ("seedvr2",)
-
 # The layouts a LATENT can arrive in, as Decode reports them.
 CORE_LAYOUT = "B,C,T,H,W"
 FOLDED_LAYOUT = "B,C*T,H,W (frames folded into channels)"
@@ -43,16 +37,6 @@ LATENT_SOURCES = ("auto", "core", "WanVideoWrapper")
 WRAPPER_KEYS = ("looped", "has_ref", "drop_last")
 WRAPPER_FIX = ("set StreamVAE Decode's latent_source to WanVideoWrapper (straight from its sampler) or core (after "
                "WanVideoLatentReScale wrapper_to_comfy)")
-
-
-def to_core_latent(model, z: torch.Tensor) -> torch.Tensor:
-    """The library's raw latent -> what core's VAE Encode makes for `model`'s family."""
-    return model.to_model_space(z) if model.family in MODEL_SPACE_FAMILIES else z
-
-
-def from_core_latent(model, z: torch.Tensor) -> torch.Tensor:
-    """What core's VAE Decode takes for `model`'s family -> the library's raw latent."""
-    return model.from_model_space(z) if model.family in MODEL_SPACE_FAMILIES else z
 
 
 def make_latent(samples: torch.Tensor, frames: list[int], size: tuple[int, int], fps: float | None = None) -> dict:
@@ -99,7 +83,7 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     """Validate a LATENT against the loaded VAE (`model`: the library's VideoVAE), bring it to the
     library's raw B,C,T',h,w and recover its clip metadata.
 
-    Takes core's LATENTs (see `MODEL_SPACE_FAMILIES`) in any layout `latent_layout` reads, and Wan
+    Takes core's LATENTs (`VideoVAE.from_comfy_latent`) in any layout `latent_layout` reads, and Wan
     LATENTs from WanVideoWrapper (`source`, see `wan_source`). Raises ValueError with what to do when
     the channel count does not match the VAE.
     """
@@ -133,7 +117,7 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
             and -(-size[0] // spatial) == h and -(-size[1] // spatial) == w):
         size = None
     # float32 before unscaling, as core's SeedVR2 VAE divides in its float32 compute dtype on the CPU
-    samples = from_core_latent(model, z.to(torch.float32).contiguous())
+    samples = model.from_comfy_latent(z.to(torch.float32).contiguous())
     notes = []
     if family != "seedvr2" and wan_source(latent, samples, model, source) == "WanVideoWrapper":
         samples = model.from_model_space(samples)

@@ -236,6 +236,7 @@ class SeedVR2VAE(VideoVAE):
     family = "seedvr2"
     spatial_factor = 8
     temporal_factor = 4
+    comfy_latent_in_model_space = True
     probe_keys = ("decoder.up_blocks.2.upsamplers.0.upscale_conv.weight", "encoder.conv_out.weight", "decoder.conv_in.weight")
 
     @classmethod
