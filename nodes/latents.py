@@ -119,7 +119,7 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     # float32 before unscaling, as core's SeedVR2 VAE divides in its float32 compute dtype on the CPU
     samples = model.from_comfy_latent(z.to(torch.float32).contiguous())
     notes = []
-    if family != "seedvr2" and wan_source(latent, samples, model, source) == "WanVideoWrapper":
+    if family.startswith("wan") and wan_source(latent, samples, model, source) == "WanVideoWrapper":
         samples = model.from_model_space(samples)
         notes.append("LATENT in WanVideoWrapper's normalized space: converted to core's raw Wan latent")
     fps = latent.get(FPS_KEY)

@@ -26,7 +26,8 @@ except ImportError:
 
 # The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
 # 16 fps; Wan2.2-TI2V-5B: 24 fps). SeedVR2 restores videos of any rate: 24 unless the source is known.
-FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": 24.0}
+DEFAULT_FPS = 24.0
+FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS}
 FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2"}
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
@@ -84,7 +85,7 @@ def frame_rate(fps: float, latent: LatentClips, family: str) -> tuple[float, str
         return fps, "set on the node"
     if latent.fps:
         return latent.fps, "auto: the source video's"
-    return FAMILY_FPS[family], f"auto: {FAMILY_NAMES[family]}'s"
+    return FAMILY_FPS.get(family, DEFAULT_FPS), f"auto: {FAMILY_NAMES.get(family, family)}'s"
 
 
 def _audio(audio):
@@ -147,7 +148,7 @@ class DecodeToVideo(io.ComfyNode):
             return error
         if None not in (codec, pixel_format, bit_depth, crf, fps):
             try:
-                resolve(codec, pixel_format, bit_depth, crf, fps or FAMILY_FPS["seedvr2"])  # 0: auto
+                resolve(codec, pixel_format, bit_depth, crf, fps or DEFAULT_FPS)  # 0: auto, known when it runs
             except ValueError as problem:
                 return str(problem)
         return True
