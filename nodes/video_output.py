@@ -82,10 +82,10 @@ def frame_rate(fps: float, latent: LatentClips, family: str) -> tuple[float, str
     """The rate to write at and why: `fps`, or with 0 (auto) the source video's (a LATENT from Encode
     from Video), else the rate `family`'s video model makes."""
     if fps:
-        return fps, "set on the node"
+        return fps, "fps as set on the node"
     if latent.fps:
-        return latent.fps, "auto: the source video's"
-    return FAMILY_FPS.get(family, DEFAULT_FPS), f"auto: {FAMILY_NAMES.get(family, family)}'s"
+        return latent.fps, "the source video's rate (fps 0 = auto)"
+    return FAMILY_FPS.get(family, DEFAULT_FPS), f"{FAMILY_NAMES.get(family, family)}'s rate (fps 0 = auto)"
 
 
 def _audio(audio):
@@ -174,8 +174,7 @@ class DecodeToVideo(io.ComfyNode):
         with VideoWriter(path, encoding, width, height, total, audio=_audio(audio), metadata=metadata) as writer:
             _, report = execution.decode(vae, latent, settings, sink=FileSink(writer, preview.observe))
             path = writer.finish()
-        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()} "
-                            f"({float(encoding.fps):g} fps: {why})")
+        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}; {why}")
         written = {"filename": path.name, "subfolder": subfolder, "type": "output", "frames": total,
                    "width": width, "height": height, "fps": float(encoding.fps), "format": encoding.describe()}
         shown = ui.PreviewImage(preview.image(), cls=cls).as_dict()
