@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from comfy_support.server import ComfyServer, build_base_directory  # noqa: E402
+from comfy_support.server import ComfyServer, build_base_directory, unlink_working_tree  # noqa: E402
 from reference import load_tiny  # noqa: E402
 from test_bad_inputs_server import interrupt_at_first_step  # noqa: E402
 from test_nodes_server import as_uint8, node, saved_images, saved_latent, vae_file, video_of  # noqa: E402
@@ -215,7 +215,7 @@ def main() -> int:
         final = soak.settle()
     finally:
         server.stop()
-        (server.base / "custom_nodes" / "StreamVAE").unlink(missing_ok=True)
+        unlink_working_tree(server.base)
     drift = final / baseline - 1
     counts = soak.counts
     print(f"\nsoak: {args.prompts} prompts (seed {args.seed}) in {time.monotonic() - started:.0f} s")

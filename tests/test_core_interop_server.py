@@ -33,8 +33,8 @@ from bench.common import random_state_dict
 from bench.families import FULL_CONFIGS
 import vae
 
-from comfy_support.environment import PACK_FOLDER, PROBE_FOLDER, STUBS
-from comfy_support.server import build_base_directory
+from comfy_support.environment import STUBS
+from comfy_support.server import build_base_directory, unlink_working_tree
 from test_nodes_server import (FAMILIES, node, object_info, saved_images, saved_latent, upload_frames,  # noqa: F401
                                vae_file)
 
@@ -156,9 +156,8 @@ def test_dynamic_vram_leaves_streamvae_a_plain_patcher_with_core_results(comfy_t
     try:
         run = subprocess.run([str(comfy_tree.python), probe, str(base), vae_file("wan21")], cwd=comfy_tree.root,
                              env=env, capture_output=True, text=True, timeout=300)
-    finally:  # no links into the working tree left in pytest's temporary folders
-        (base / "custom_nodes" / PACK_FOLDER).unlink()
-        (base / "custom_nodes" / PROBE_FOLDER).unlink()
+    finally:
+        unlink_working_tree(base)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # StreamVAE's weights are plain torch modules, which core's dynamic patcher cannot stream: like

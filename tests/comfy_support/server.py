@@ -52,6 +52,12 @@ def build_base_directory(base: Path) -> Path:
     return base
 
 
+def unlink_working_tree(base: Path) -> None:
+    """Remove `build_base_directory`'s links into this repository (pytest keeps old temporary folders)."""
+    for folder in (PACK_FOLDER, PROBE_FOLDER):
+        (base / "custom_nodes" / folder).unlink(missing_ok=True)
+
+
 def install_fixture(source: Path, target: Path, config: dict | None) -> None:
     """Copy a fixture checkpoint; with `config`, rewrite it with that config in its metadata."""
     if not config:
