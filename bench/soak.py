@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from bench import models
 
 try:  # the tests' ComfyUI harness, imported as pytest imports it (top-level names from tests/)
-    from comfy_support.server import ComfyServer, build_base_directory
+    from comfy_support.server import ComfyServer, build_base_directory, unlink_working_tree
     from test_bad_inputs_server import interrupt_at_first_step
     from test_nodes_server import as_uint8, node, saved_images, saved_latent, vae_file, video_of
 except ModuleNotFoundError as error:
@@ -217,7 +217,7 @@ def main() -> int:
         final = soak.settle()
     finally:
         server.stop()
-        (server.base / "custom_nodes" / "StreamVAE").unlink(missing_ok=True)
+        unlink_working_tree(server.base)
     drift = final / baseline - 1
     counts = soak.counts
     print(f"\nsoak: {args.prompts} prompts (seed {args.seed}) in {time.monotonic() - started:.0f} s")

@@ -3,12 +3,32 @@ tested, 0.38.1 read; the whole comparison is in docs/comfyui-compat.md). Each an
 running core where it has the feature and is core's own older behaviour where it has not; outside
 ComfyUI (tools, library-level tests) the answers are ComfyUI's defaults.
 """
+import dataclasses
+import inspect
+
 import torch
 
 try:
     import comfy.model_management as mm
+    from comfy_api.latest import io
 except ImportError:
-    mm = None
+    mm = io = None
+
+
+def advanced() -> dict:
+    """The input keyword that marks an expert input, which frontends from 1.4x keep folded until "show
+    advanced inputs" (0.33.0 and newer); nothing where the running core's inputs lack it (0.3.75)."""
+    if io is not None and "advanced" in inspect.signature(io.Int.Input.__init__).parameters:
+        return {"advanced": True}
+    return {}
+
+
+def schema(search_aliases: list[str], **fields):
+    """`io.Schema(**fields)`, with the names the node search also finds it by where the running core
+    has them (0.33.0 and newer)."""
+    if "search_aliases" in {f.name for f in dataclasses.fields(io.Schema)}:
+        fields["search_aliases"] = search_aliases
+    return io.Schema(**fields)
 
 
 def intermediate_device() -> torch.device:

@@ -1,6 +1,6 @@
 """StreamVAE to core VAE: a core ComfyUI `VAE` whose encode/decode run StreamVAE, so core nodes (VAE
 Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
-what core's own VAE of that family would give them: the same LATENTs (`latents.MODEL_SPACE_FAMILIES`),
+what core's own VAE of that family would give them: the same LATENTs (`VideoVAE.to_comfy_latent`),
 frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
 latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
 core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by
@@ -170,14 +170,13 @@ class StreamVAECoreVAE(comfy.sd.VAE):
 class ToCoreVAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEToCoreVAE",
             display_name="StreamVAE to core VAE",
             category="StreamVAE",
-            description="Wraps a StreamVAE model as a core VAE, so core nodes (VAE Decode, VAE Decode (Tiled), "
-                        "WanImageToVideo, ...) encode and decode through StreamVAE and get what core's own VAE "
-                        "would give them (LATENTs, frame counts, cropping). VAE Decode (Tiled) keeps its own tile "
-                        "size; the inputs here apply to every other call.",
+            search_aliases=["core VAE", "VAE", "WanImageToVideo"],
+            description="A core VAE with these tile and memory settings, for core nodes (Load VAE's VAE output is the "
+                        "same with automatic settings). VAE Decode (Tiled) keeps its own tile size.",
             inputs=[io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
                     *tiling_inputs(io)],
             outputs=[io.Vae.Output(tooltip="A core VAE for any node with a VAE input.")],

@@ -1,9 +1,9 @@
 """StreamVAE Encode: IMAGE frames -> LATENT, split into clips, tiled and chunked within a memory budget."""
 from comfy_api.latest import io
 
-from . import execution
+from . import core_api, execution
 from .alpha import encode_input
-from .images import MAX_FRAMES, check_batch_size, split_clips
+from .images import MAX_FRAMES, check_batch_size, clip_batch, split_clips
 from .latents import make_latent
 from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
@@ -12,31 +12,29 @@ from .types import STREAMVAE
 class Encode(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEEncode",
             display_name="StreamVAE Encode",
             category="StreamVAE",
-            description="Encodes video frames to a LATENT (B,C,T',H',W') exactly as the untiled VAE would, in tiles "
-                        "and chunks that fit the memory budget; the LATENT is what core's VAE Encode makes (SeedVR2 "
-                        "scaled by 0.9152, Wan raw). Any frame count works: it is padded to 4n+1 and the true count "
-                        "travels in the LATENT, so StreamVAE Decode gives every frame back.",
+            search_aliases=["VAE Encode", "VAE Encode (Tiled)", "tiled", "encode video", "SeedVR2", "Wan"],
+            description="Video frames -> LATENT, exactly as the untiled VAE would, in tiles and chunks that fit the "
+                        "memory budget. The LATENT is core's VAE Encode's; any frame count and size, given back whole "
+                        "by StreamVAE Decode.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
-                io.Image.Input("image", tooltip="Video frames along the batch axis (N,H,W,3), values 0..1. "
-                                                "Width and height need not be multiples of 8 or 16 (edges are padded)."),
-                io.Int.Input("batch_size", default=0, min=0, max=MAX_FRAMES, step=1, tooltip=(
-                    "Frames per clip. 0 = the whole batch is one video; 1 = every frame is an independent image "
-                    "(unrelated images never bleed into each other through the causal cache); otherwise 4n+1 "
-                    "(5, 9, 13, ...): the batch is cut into clips of that many frames, the last one padded.")),
+                io.Image.Input("image", tooltip="Video frames (N,H,W,3, values 0..1), any count and size; a 5-D "
+                                                "B,T,H,W,C IMAGE is B clips."),
+                io.Int.Input("batch_size", default=0, min=0, max=MAX_FRAMES, step=1, **core_api.advanced(), tooltip=(
+                    "Frames per clip. 0 = the whole batch is one video; 1 = independent images; else 4n+1 (5, 9, "
+                    "13, ...).")),
                 *tiling_inputs(io),
                 io.Mask.Input("mask", optional=True, tooltip=(
                     "For RGBA VAEs (Qwen-Image-Layered): transparency as Load Image gives it, 1 - alpha per pixel "
                     "(one mask, or one per frame; resized to the frames). Unconnected: the IMAGE's own alpha, "
                     "else opaque. RGB VAEs ignore it.")),
             ],
-            outputs=[io.Latent.Output(tooltip="Latent B,C,T',H/f,W/f (f = 8, or 16 for Wan2.2) as core's VAE Encode "
-                                              "makes it, one clip per batch entry, with the true frame counts for "
-                                              "StreamVAE Decode.")],
+            outputs=[io.Latent.Output(tooltip="LATENT as core's VAE Encode makes it, one clip per batch entry, with the "
+                                              "true frame counts for StreamVAE Decode.")],
         )
 
     @classmethod
@@ -50,7 +48,9 @@ class Encode(io.ComfyNode):
         error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
+        image, batch_size, batch_notes = clip_batch(image, batch_size)
         image, notes = encode_input(image, mask, vae.model.in_channels)
+        notes = batch_notes + notes
         clips = split_clips(image.shape[0], batch_size)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         samples, report = execution.encode(vae, image, clips, settings, notes)

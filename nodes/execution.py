@@ -18,8 +18,8 @@ from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
-from .latents import CORE_LAYOUT, LatentClips, to_core_latent
 from ..vae.planning import Settings
+from .latents import CORE_LAYOUT, LatentClips
 
 try:
     import comfy.model_management as mm
@@ -144,7 +144,7 @@ def _describe(kind: str, tensor: torch.Tensor) -> str:
 
 def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tuple, settings: Settings,
                  notes=()) -> tuple[torch.Tensor, RunReport]:
-    """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`latents.to_core_latent`,
+    """`n` clips -> LATENT samples n,C,T',h,w as core's VAE Encode makes them (`VideoVAE.to_comfy_latent`,
     core's intermediate device and dtype). `clip(i)` gives clip i as 1,3,T,H,W in [-1, 1]; every clip
     has `shape` (1,3,T,H,W). `notes` (input adaptations) are reported and logged."""
     out_device = core_api.intermediate_device()
@@ -165,7 +165,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
             else:
                 z = run_with_fallback(vae.encode, handle.model, video, report.plan, opts=handle.opts,
                                       out_device=out_device, progress=progress, cancel=_cancel)
-            z = to_core_latent(handle.model, z)
+            z = handle.model.to_comfy_latent(z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
             samples[i:i + 1] = z
@@ -198,6 +198,9 @@ def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callab
     report.latent_layout = latent.layout
     if latent.layout != CORE_LAYOUT:
         log.info("StreamVAE decode: LATENT read as %s", latent.layout)
+    for note in latent.notes:
+        report.notes.append(note)
+        log.info("StreamVAE decode: %s", note)
     progress = Progress(b, report)
     with _engine_scope(handle):
         workers = multi_device.workers(handle)  # None: one device

@@ -79,6 +79,19 @@ class Clips:
         return [stop - start for start, stop in self.spans]
 
 
+def clip_batch(image, batch_size: int) -> tuple[torch.Tensor, int, list[str]]:
+    """A 5-D IMAGE B,T,H,W,C (B clips of T frames, as core's SeedVR2 Pre-Process makes it) as the
+    N,H,W,C frames of B clips of T (`batch_size` T, with a note); any other IMAGE as it is. Raises
+    ValueError when a `batch_size` other than 0 or T contradicts the clips."""
+    if not isinstance(image, torch.Tensor) or image.dim() != 5:
+        return image, batch_size, []
+    b, t = image.shape[:2]
+    if batch_size not in (0, t):
+        raise ValueError(f"this IMAGE holds {b} clips of {t} frames (5-D B,T,H,W,C), but batch_size is {batch_size}: "
+                         "set batch_size to 0")
+    return image.reshape(b * t, *image.shape[2:]), t, [f"5-D IMAGE: {b} clip(s) of {t} frames"]
+
+
 def split_clips(num_frames: int, batch_size: int) -> Clips:
     """How `num_frames` IMAGE frames become clips: 0 = one clip, k = clips of k frames."""
     if num_frames < 1:

@@ -2,25 +2,27 @@
 reads, and the clip metadata StreamVAE adds.
 
 LATENT: {"samples": B,C,T',h,w} exactly as core's VAE Encode makes them (Wan raw, SeedVR2 scaled by
-0.9152, core's intermediate dtype; see `MODEL_SPACE_FAMILIES`). StreamVAE adds `streamvae_frames`
-(true pixel frames of each of the B clips) and `streamvae_size` ([H, W] in pixels) so Decode trims
-the padding Encode added. Other nodes (KSampler) copy the dict, so the keys survive sampling; Decode
-ignores them when they no longer fit the latent. Core's VAE Decode ignores them always.
+0.9152, core's intermediate dtype; `VideoVAE.to_comfy_latent`). StreamVAE adds `streamvae_frames`
+(true pixel frames of each of the B clips), `streamvae_size` ([H, W] in pixels) so Decode trims
+the padding Encode added, and `streamvae_fps` where the frames came from a video file. Other nodes
+(KSampler) copy the dict, so the keys survive sampling; Decode ignores them when they no longer fit
+the latent. Core's VAE Decode ignores them always.
+
+WanVideoWrapper's sampler hands out Wan latents in its normalized space, (raw - mean) / std per
+channel (what the Wan DiT sees; `VideoVAE.to_model_space`), in a LATENT with keys of its own
+(`WRAPPER_KEYS`); its WanVideoLatentReScale node converts them to core's raw latents and keeps the
+keys. `read_latent` tells the two apart (`latent_source`).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..vae.geometry import latent_frames, pixel_frames
+from .core_api import advanced
 
 FRAMES_KEY = "streamvae_frames"
 SIZE_KEY = "streamvae_size"
-
-# Core's VAE nodes keep a SeedVR2 LATENT in its diffusion model's space (raw * 0.9152: core's SeedVR2
-# VAE scales after encoding and unscales before decoding) and Wan LATENTs raw (Wan's latent format
-# normalises inside the diffusion model). StreamVAE's LATENTs follow core, so either side's nodes and
-# samplers take the other's; the library (`vae`) stays raw.
-MODEL_SPACE_FAMILIES = ("seedvr2",)
+FPS_KEY = "streamvae_fps"
 
 # The layouts a LATENT can arrive in, as Decode reports them.
 CORE_LAYOUT = "B,C,T,H,W"
@@ -28,19 +30,20 @@ FOLDED_LAYOUT = "B,C*T,H,W (frames folded into channels)"
 CHANNELS_LAST_LAYOUT = "B,T,H,W,C (channels last)"
 IMAGE_LAYOUT = "B,C,H,W (one frame)"
 
-
-def to_core_latent(model, z: torch.Tensor) -> torch.Tensor:
-    """The library's raw latent -> what core's VAE Encode makes for `model`'s family."""
-    return model.to_model_space(z) if model.family in MODEL_SPACE_FAMILIES else z
-
-
-def from_core_latent(model, z: torch.Tensor) -> torch.Tensor:
-    """What core's VAE Decode takes for `model`'s family -> the library's raw latent."""
-    return model.from_model_space(z) if model.family in MODEL_SPACE_FAMILIES else z
+# Where a Wan LATENT comes from (Decode's `latent_source` input): "auto" reads the keys and statistics.
+LATENT_SOURCES = ("auto", "core", "WanVideoWrapper")
+# Keys WanVideoWrapper's samplers put into their LATENTs (its WanVideoSampler's return value); core's
+# nodes and StreamVAE never write them.
+WRAPPER_KEYS = ("looped", "has_ref", "drop_last")
+WRAPPER_FIX = ("set StreamVAE Decode's latent_source to WanVideoWrapper (straight from its sampler) or core (after "
+               "WanVideoLatentReScale wrapper_to_comfy)")
 
 
-def make_latent(samples: torch.Tensor, frames: list[int], size: tuple[int, int]) -> dict:
-    return {"samples": samples, FRAMES_KEY: list(frames), SIZE_KEY: [int(size[0]), int(size[1])]}
+def make_latent(samples: torch.Tensor, frames: list[int], size: tuple[int, int], fps: float | None = None) -> dict:
+    latent = {"samples": samples, FRAMES_KEY: list(frames), SIZE_KEY: [int(size[0]), int(size[1])]}
+    if fps is not None:
+        latent[FPS_KEY] = float(fps)
+    return latent
 
 
 def latent_layout(z: torch.Tensor, family: str, channels: int) -> tuple[torch.Tensor, str]:
@@ -72,14 +75,17 @@ class LatentClips:
     frames: list[int]
     size: tuple[int, int] | None
     layout: str = CORE_LAYOUT
+    fps: float | None = None  # the source video's frame rate, when the frames came from a file
+    notes: list[str] = field(default_factory=list)  # how the LATENT was read, for the run report
 
 
-def read_latent(latent: dict, model) -> LatentClips:
+def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     """Validate a LATENT against the loaded VAE (`model`: the library's VideoVAE), bring it to the
     library's raw B,C,T',h,w and recover its clip metadata.
 
-    Takes core's LATENTs (see `MODEL_SPACE_FAMILIES`) in any layout `latent_layout` reads. Raises
-    ValueError with what to do when the channel count does not match the VAE.
+    Takes core's LATENTs (`VideoVAE.from_comfy_latent`) in any layout `latent_layout` reads, and Wan
+    LATENTs from WanVideoWrapper (`source`, see `wan_source`). Raises ValueError with what to do when
+    the channel count does not match the VAE.
     """
     family, channels = model.family, model.latent_channels
     spatial, temporal = model.spatial_factor, model.temporal_factor
@@ -111,5 +117,49 @@ def read_latent(latent: dict, model) -> LatentClips:
             and -(-size[0] // spatial) == h and -(-size[1] // spatial) == w):
         size = None
     # float32 before unscaling, as core's SeedVR2 VAE divides in its float32 compute dtype on the CPU
-    samples = from_core_latent(model, z.to(torch.float32).contiguous())
-    return LatentClips(samples, list(frames), None if size is None else (int(size[0]), int(size[1])), layout)
+    samples = model.from_comfy_latent(z.to(torch.float32).contiguous())
+    notes = []
+    if family.startswith("wan") and wan_source(latent, samples, model, source) == "WanVideoWrapper":
+        samples = model.from_model_space(samples)
+        notes.append("LATENT in WanVideoWrapper's normalized space: converted to core's raw Wan latent")
+    fps = latent.get(FPS_KEY)
+    fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
+    return LatentClips(samples, list(frames), None if size is None else (int(size[0]), int(size[1])), layout,
+                       fps, notes)
+
+
+def latent_source_input(io):
+    """Decode's `latent_source` input (`io` is comfy_api's io); optional, so older prompts still run."""
+    return io.Combo.Input("latent_source", options=list(LATENT_SOURCES), default="auto", optional=True,
+                          **advanced(), tooltip=(
+        "Which convention a Wan LATENT follows. auto: core's, or WanVideoWrapper's normalized one when its sampler's "
+        "keys are present. Set it after Save/Load Latent."))
+
+
+def _distance_from_unit_normal(z: torch.Tensor) -> float:
+    """How far the channels of `z` (B,C,T,h,w) are from mean 0 and standard deviation 1: the mean over
+    channels of mean^2 + log(std)^2 (0 for normalized latents)."""
+    channels = z.transpose(0, 1).reshape(z.shape[1], -1)  # C, B*T*h*w
+    std, mean = torch.std_mean(channels, dim=1)
+    return float((mean.square() + std.clamp_min(1e-6).log().square()).mean())
+
+
+def wan_source(latent: dict, z: torch.Tensor, model, source: str = "auto") -> str:
+    """"core" or "WanVideoWrapper": which space the Wan latent `z` (B,C,T,h,w, float32, as the LATENT
+    holds it) is in. `source` other than "auto" is the answer. Auto: a LATENT without the wrapper's
+    keys is core's; with them it is the wrapper sampler's, normalized (channels near mean 0, std 1)
+    or already rescaled to core's (channels near Wan's own means and stds, which spread over 1.1-3.3
+    for Wan2.1 and 0.35-1.7 for Wan2.2): the nearer one wins by a factor of 2, else ValueError names
+    the fix. Statistics alone never decide: noise and empty latents look normalized too."""
+    if source != "auto":
+        return source
+    if not any(key in latent for key in WRAPPER_KEYS):
+        return "core"
+    as_normalized = _distance_from_unit_normal(z)
+    as_core = _distance_from_unit_normal(model.to_model_space(z))
+    if as_normalized * 2 < as_core:
+        return "WanVideoWrapper"
+    if as_core * 2 < as_normalized:
+        return "core"
+    raise ValueError(f"this LATENT comes from WanVideoWrapper, and its values fit neither its normalized space nor "
+                     f"core's raw Wan latents clearly (distance {as_normalized:.2f} vs {as_core:.2f}): {WRAPPER_FIX}")

@@ -1,8 +1,13 @@
-"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE."""
+"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE, and the same model
+as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo, SeedVR2 nodes then run StreamVAE).
+"""
+import logging
+
 from comfy_api.latest import io
 
-from . import checkpoints
+from . import checkpoints, core_api
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
+from .run_settings import settings_from_inputs
 from .types import COMPILE, DEVICES, GPU_OPTIONS, STREAMVAE
 
 try:
@@ -10,57 +15,66 @@ try:
 except ImportError:  # outside ComfyUI
     folder_paths = None
 
+log = logging.getLogger("streamvae")
+
 
 def vae_files() -> list[str]:
     return folder_paths.get_filename_list("vae") if folder_paths is not None else []
 
 
+def core_vae(handle: StreamVAEHandle):
+    """`handle` as a core VAE with automatic tiles, chunks and budget (the weights are the handle's),
+    or None where this core's VAE class cannot be adapted (then only the STREAMVAE output works)."""
+    try:
+        from .core_vae import StreamVAECoreVAE
+    except Exception as error:  # core internals differ: the loader itself must keep working
+        log.warning("StreamVAE Load VAE: no core VAE output with this ComfyUI (%s); use StreamVAE Decode/Encode", error)
+        return None
+    return StreamVAECoreVAE(handle, settings_from_inputs())
+
+
 class LoadVAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        dtype_help = ("auto = {auto}; fp32 = exact reference; bf16 = about half the memory and faster where native "
-                      "(see auto); fp16 = like bf16, but can overflow to black or NaN frames.")
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
             category="StreamVAE",
-            description="Loads a SeedVR2, Wan2.1 or Wan2.2 video VAE for the StreamVAE Encode/Decode nodes. "
-                        "The family is detected from the checkpoint.",
+            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "video VAE"],
+            description="Loads a SeedVR2, Wan2.1 or Wan2.2 video VAE (the family is detected from the file). STREAMVAE "
+                        "feeds the StreamVAE nodes; VAE replaces core's Load VAE for VAE Decode, WanImageToVideo "
+                        "and SeedVR2 nodes, which then run StreamVAE.",
             inputs=[
                 io.Combo.Input("vae_name", options=vae_files(), tooltip=(
-                    "Checkpoint in ComfyUI's models/vae folder: SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 "
-                    "(wan_2.1_vae.safetensors) or Wan2.2 (wan2.2_vae.safetensors). The family is shown after loading.")),
-                io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
-                    "Precision of the encoder weights and compute. " + dtype_help.format(
-                        auto="fp32, because bf16 encode visibly hurts image-to-video"))),
+                    "A SeedVR2, Wan2.1 or Wan2.2 VAE in models/vae; the family is detected from the file.")),
+                io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", **core_api.advanced(),
+                               tooltip="Encoder precision. auto = fp32 (bf16 encode hurts image-to-video); bf16 and "
+                                       "fp16 halve the memory."),
                 io.Combo.Input("decode_dtype", options=list(DTYPE_CHOICES), default="auto", tooltip=(
-                    "Precision of the decoder weights and compute. " + dtype_help.format(
-                        auto="bf16 where the device computes it natively (GPUs: NVIDIA Ampere and newer, AMD "
-                             "CDNA2+/RDNA3+, Apple on macOS 14+; CPUs with AVX-512 BF16 or AMX), near-lossless "
-                             "(46-50 dB PSNR against fp32), else fp32. The node shows which one ran"))),
-                io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", tooltip=(
-                    "Where encode/decode run. auto = ComfyUI's VAE device (honours --cpu-vae); gpu = ComfyUI's "
-                    "main device; cpu = system memory (slow).")),
-                io.Combo.Input("offload_device", options=list(OFFLOAD_CHOICES), default="auto", tooltip=(
-                    "Where the weights wait between runs, so ComfyUI can free the GPU for other models. auto = "
-                    "ComfyUI's choice (cpu, or the GPU with --gpu-only); none = stay on the compute device.")),
-                io.Combo.Input("kernels", options=list(KERNEL_CHOICES), default="measure", optional=True, tooltip=(
-                    "How each layer's exact kernel is picked (all give the same result up to float rounding). "
-                    "measure = the fastest on this machine, timed once per new layer shape (about 0.5-3 s each on a "
-                    "CPU, then remembered on disk per machine, torch and pack version); defaults = fixed rules, "
-                    "the same on every machine (for reproducible timings).")),
+                    "Decoder precision. auto = bf16 where the device computes it natively (near-lossless), else "
+                    "fp32. fp16 can overflow.")),
+                io.Combo.Input("device", options=list(DEVICE_CHOICES), default="auto", **core_api.advanced(), tooltip=(
+                    "Where encode/decode run. auto = ComfyUI's VAE device (honours --cpu-vae); gpu = ComfyUI's main "
+                    "device; cpu = slow.")),
+                io.Combo.Input("offload_device", options=list(OFFLOAD_CHOICES), default="auto", **core_api.advanced(),
+                               tooltip="Where the weights wait between runs. auto = ComfyUI's choice; none = stay on "
+                                       "the compute device."),
+                io.Combo.Input("kernels", options=list(KERNEL_CHOICES), default="measure", optional=True,
+                               **core_api.advanced(), tooltip=(
+                    "measure = the fastest exact kernels on this machine, timed once per layer shape and remembered; "
+                    "defaults = fixed rules, for reproducible timings.")),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
-                    "Optional torch.compile settings from a StreamVAE Torch Compile Settings node; without it "
-                    "the VAE runs eagerly.")),
+                    "Optional torch.compile settings from StreamVAE Torch Compile Settings; unconnected: eager.")),
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
-                    "Optional backend switches from a StreamVAE GPU Optimizations node; without it PyTorch's "
-                    "global settings are left as they are.")),
+                    "Optional switches from StreamVAE GPU Optimizations; unconnected: that node's defaults.")),
                 io.Custom(DEVICES).Input("devices", optional=True, tooltip=(
-                    "Optional: several GPUs from a StreamVAE Multi-GPU node; every Encode/Decode of this VAE is "
-                    "then split over them (one worker process per GPU). Unconnected: one device, as set above.")),
+                    "Optional: several GPUs from StreamVAE Multi-GPU; unconnected: one device.")),
             ],
             outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
-                                                 tooltip="The loaded video VAE, for StreamVAE Encode/Decode.")],
+                                                 tooltip="The loaded video VAE, for the StreamVAE nodes."),
+                     io.Vae.Output(display_name="VAE", tooltip=(
+                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, SeedVR2): they then run StreamVAE, "
+                         "with automatic tiles. The weights are loaded once."))],
         )
 
     @classmethod
@@ -83,4 +97,4 @@ class LoadVAE(io.ComfyNode):
         path = folder_paths.get_full_path_or_raise("vae", vae_name)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
                                       kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
-        return io.NodeOutput(handle, ui={"streamvae_model": [handle.info()]})
+        return io.NodeOutput(handle, core_vae(handle), ui={"streamvae_model": [handle.info()]})

@@ -31,12 +31,20 @@ KERNEL_CHOICES = kernel_choice.MODES  # Optimizations.kernel_choice
 
 @dataclass(frozen=True)
 class GpuOptions:
-    """The GPU Optimizations node's choices: process-wide backend flags plus model-level switches."""
+    """The GPU Optimizations node's choices, whose input defaults are these defaults: Load VAE without
+    the node runs with `GpuOptions()`. `cudnn_benchmark` and `tf32` are process-wide torch switches
+    (set around each run, then restored); the others are per model or per run."""
 
-    flags: BackendFlags
+    cudnn_benchmark: bool = False
+    tf32: bool = True
     channels_last_3d: bool = False
     fused_norm_silu: bool = True
     attention: str = "auto"
+    conv3d_workaround: bool = True
+
+    @property
+    def flags(self) -> BackendFlags:
+        return BackendFlags(cudnn_benchmark=self.cudnn_benchmark, tf32=self.tf32)
 
 
 class PatchedVAE(nn.Module):
@@ -101,7 +109,7 @@ class StreamVAEHandle:
         self.load_device = torch.device(load_device)
         self.offload_device = torch.device(offload_device)
         self.compile_settings = compile_settings
-        self.gpu = gpu
+        self.gpu = gpu if gpu is not None else GpuOptions()  # the node's defaults when it is unconnected
         # The kernels every run of this handle uses (GPU Optimizations may change them).
         self.opts = Optimizations(kernel_choice=kernels)
         self.notes: list[str] = []
@@ -154,8 +162,8 @@ class StreamVAEHandle:
         return self.compile_report.status if self.compile_report is not None else "eager"
 
     @property
-    def backend_flags(self) -> BackendFlags | None:
-        return self.gpu.flags if self.gpu is not None else None
+    def backend_flags(self) -> BackendFlags:
+        return self.gpu.flags
 
     def describe(self) -> str:
         parts = [f"{self.name}: {self.family}", f"{self.latent_channels} latent channels",
@@ -185,18 +193,18 @@ class StreamVAEHandle:
         log.info("StreamVAE %s: %s", self.name, text)
 
     def _apply_gpu_options(self) -> None:
-        """Apply the GPU Optimizations node's choices; each one that does nothing on this device says so."""
+        """Apply the GPU Optimizations node's choices (its defaults when unconnected); each one asked for
+        that does nothing on this device says so."""
         gpu = self.gpu
-        if gpu is None:
-            return
         device = self.load_device
         cuda = device.type == "cuda"
-        self.opts = self.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention)
+        self.opts = self.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention,
+                                    conv3d_workaround=gpu.conv3d_workaround)
         if gpu.channels_last_3d and cuda:
             backend.to_channels_last_3d(self.model)
         elif gpu.channels_last_3d:
             self.warn(f"channels_last_3d: a cuDNN layout, not applied on {device.type}")
-        if gpu.flags.cudnn_benchmark and not cuda:
+        if gpu.cudnn_benchmark and not cuda:
             self.warn(f"cudnn_benchmark: a cuDNN setting, no effect on {device.type}")
         if gpu.attention != "auto":
             heads = sorted({m.channels for m in self.model.modules() if isinstance(m, FrameSelfAttention)})
@@ -204,8 +212,12 @@ class StreamVAEHandle:
                 kernel, why = attention.choose(gpu.attention, head, self.model.decode_dtype, device)
                 if why is not None:
                     self.warn(why)
-        if gpu.flags.conv3d_workaround and backend.conv3d_regression_affected():
-            self.note("PyTorch 2.9 cuDNN conv3d regression detected: workaround on")
+        if cuda and backend.conv3d_regression_affected():  # once per load, on the node and in the log
+            found = f"PyTorch 2.9 cuDNN conv3d regression detected ({backend.describe()})"
+            if gpu.conv3d_workaround:
+                self.note(f"{found}: workaround on, half-precision conv3d calls cuDNN directly")
+            else:
+                self.warn(f"{found}: workaround off (GPU Optimizations), half-precision conv3d needs ~3x the memory")
 
     # -- memory ----------------------------------------------------------------------------------
     def prepare(self, memory_required: int) -> None:

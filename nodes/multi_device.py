@@ -12,6 +12,7 @@ import torch
 from comfy_api.latest import io
 
 from ..vae.workers import RankWorkers
+from . import core_api
 from .types import DEVICES
 
 log = logging.getLogger("streamvae")
@@ -65,21 +66,19 @@ def workers(handle) -> RankWorkers | None:
 class MultiDevice(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEMultiDevice",
             display_name="StreamVAE Multi-GPU",
             category="StreamVAE",
-            description="Splits every StreamVAE Encode/Decode of the connected Load VAE over several local GPUs: one "
-                        "worker process per GPU holds a band of rows of every layer and exchanges the border rows "
-                        "with its neighbours, so the result equals a one-GPU decode. Helps at high resolution "
-                        "with fast links (NVLink); see the README for when it does not.",
+            search_aliases=["multi GPU", "several GPUs", "distributed"],
+            description="Splits every StreamVAE Encode/Decode of the connected Load VAE over several local GPUs, one "
+                        "worker process each, with the one-GPU result. Helps at high resolution with fast links; "
+                        "docs/multi-gpu.md says when.",
             inputs=[
                 io.String.Input("devices", default="cuda:0, cuda:1", tooltip=(
-                    "Devices to split over, comma-separated: cuda:0, cuda:1 (or 0, 1). At least two; every GPU "
-                    "holds a copy of the weights. cpu, cpu runs two CPU worker processes (for testing).")),
+                    "GPUs to split over, comma-separated: cuda:0, cuda:1 (or 0, 1). Each holds a copy of the weights.")),
                 io.Int.Input("timeout_s", default=120, min=10, max=3600, step=10, tooltip=(
-                    "Seconds a worker waits for the others at one exchange before the run fails with an "
-                    "error (a hung or lost GPU). A worker that crashes stops the run at once.")),
+                    "Seconds a worker waits for the others at one exchange before the run fails (a hung GPU).")),
             ],
             outputs=[io.Custom(DEVICES).Output(display_name="DEVICES",
                                                tooltip="Connect to StreamVAE Load VAE's devices input.")],

@@ -3,15 +3,14 @@ share: their definitions (`tiling_inputs`), queue-time validation (`check_tiling
 `vae.Settings` a node's run is planned with (`settings_from_inputs`). Pure torch; the ComfyUI schema
 objects are built in `tiling_inputs()` only.
 """
-from ..vae.geometry import SMALLEST_SPATIAL_FACTOR, TILING_MODES, min_tile, tiling_error
+from ..vae.geometry import TILING_MODES, tiling_error
 from ..vae.planning import Settings
+from .core_api import advanced
 
 MAX_TILE = 8192
 MAX_OVERLAP = 4096
 MAX_CHUNK = 4096  # latent frames
 MAX_BUDGET_GB = 1024.0
-# The smallest tile any family accepts (`vae.geometry`); the node checks the family's own when it runs.
-MIN_TILE = min_tile(SMALLEST_SPATIAL_FACTOR)
 
 
 def settings_from_inputs(tile_size=0, tile_overlap=64, temporal_chunk=0, tiling="exact",
@@ -44,23 +43,24 @@ def check_tiling(tile_size=None, tile_overlap=None, temporal_chunk=None, memory_
 
 
 def tiling_inputs(io) -> list:
-    """The tiling inputs shared by Encode, Decode and the core-VAE adapter (`io` is comfy_api's io)."""
+    """The tiling inputs shared by Encode, Decode and the core-VAE adapter (`io` is comfy_api's io);
+    docs/nodes.md has the long text."""
     return [
         io.Int.Input("tile_size", default=0, min=0, max=MAX_TILE, step=8, tooltip=(
-            "Spatial tile edge in pixels of the video. 0 = automatic: untiled when it fits the memory budget, "
-            f"otherwise the largest tile that fits. Else at least {MIN_TILE} px; 256-512 px is typical.")),
-        io.Int.Input("tile_overlap", default=64, min=0, max=MAX_OVERLAP, step=8, tooltip=(
-            "Overlap between neighbouring tiles in pixels; must be smaller than tile_size. Exact tiling is seamless "
-            "without it; fast tiling blends over it (64-128 px hides seams). Ignored when untiled.")),
-        io.Int.Input("temporal_chunk", default=0, min=0, max=MAX_CHUNK, step=1, tooltip=(
-            "Latent frames per step (1 latent frame = 4 video frames). 0 = automatic: the most that fit the memory "
-            "budget. Every value gives the same result (the causal cache is carried); smaller uses less memory.")),
+            "Tile edge in video pixels. 0 = automatic: untiled if it fits the memory budget, else the largest tile "
+            "that fits.")),
+        io.Int.Input("tile_overlap", default=64, min=0, max=MAX_OVERLAP, step=8, **advanced(), tooltip=(
+            "Overlap of neighbouring tiles in pixels, below tile_size. Exact tiling needs none; fast tiling blends "
+            "over it.")),
+        io.Int.Input("temporal_chunk", default=0, min=0, max=MAX_CHUNK, step=1, **advanced(), tooltip=(
+            "Latent frames per step (one latent frame = 4 video frames). 0 = automatic. Every value gives the same "
+            "result.")),
         io.Float.Input("memory_budget_gb", default=0.0, min=0.0, max=MAX_BUDGET_GB, step=0.25, tooltip=(
-            "GiB the VAE may use on its device. 0 = automatic: the free memory after ComfyUI "
-            "unloads other models, minus a safety margin. Tiles and chunks shrink to fit.")),
-        io.Combo.Input("tiling", options=list(TILING_MODES), default="exact", tooltip=(
-            "exact: tiles add up to exactly the untiled result (seamless; slower). fast: independent tiles blended "
-            "with cosine ramps over the overlap (less memory and time; faint seams are possible).")),
+            "GiB the VAE may use on its device. 0 = automatic: what is free after ComfyUI unloads other models. "
+            "Tiles and chunks shrink to fit.")),
+        io.Combo.Input("tiling", options=list(TILING_MODES), default="exact", **advanced(), tooltip=(
+            "exact: tiles add up to the untiled result (seamless). fast: independent blended tiles, less memory "
+            "and time, faint seams possible.")),
     ]
 
 

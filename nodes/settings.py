@@ -1,47 +1,46 @@
 """The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
 from comfy_api.latest import io
 
-from ..vae.optimizations import BackendFlags, CompileSettings
+from ..vae.optimizations import CompileSettings
 from ..vae.optimizations.attention import KERNELS
 from ..vae.optimizations.compile import MODES
+from . import core_api
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS
 
+DEFAULTS = GpuOptions()  # what Load VAE runs with when the GPU Optimizations node is unconnected
 COMPILE_BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
 
 
 class TorchCompileSettings(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAETorchCompileSettings",
             display_name="StreamVAE Torch Compile Settings",
             category="StreamVAE",
-            description="torch.compile for the VAE's encoder/decoder blocks: one graph per block, compiled for the "
-                        "first chunk and for the chunks after it (and a shorter last chunk), per frame size. Exact-tile "
-                        "steps and steps with offloaded caches run eagerly (the run's notes say so). Where "
-                        "inductor/Triton cannot run (e.g. Windows without triton-windows) the VAE runs eagerly and one "
-                        "warning says why. Connect to StreamVAE Load VAE.",
+            search_aliases=["torch.compile", "compile", "inductor"],
+            description="torch.compile for the VAE's blocks, one graph per block; exact-tile steps run eagerly. Where "
+                        "inductor/Triton cannot run, the VAE runs eagerly with one warning. Connect to StreamVAE Load "
+                        "VAE.",
             inputs=[
                 io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor", tooltip=(
-                    "inductor = generated Triton (GPU) / C++ (CPU) kernels, the fast one; cudagraphs = replay CUDA "
-                    "graphs without kernel generation; aot_eager / eager = trace only, for debugging.")),
+                    "inductor = generated kernels, the fast one; cudagraphs = CUDA graph replay; aot_eager / eager = "
+                    "trace only, for debugging.")),
                 io.Combo.Input("mode", options=list(MODES), default="default", tooltip=(
-                    "inductor mode. default = quick compile; max-autotune = benchmark kernels (minutes of compile, "
-                    "fastest); -no-cudagraphs skips CUDA graphs; reduce-overhead = CUDA graphs, more memory.")),
-                io.Boolean.Input("fullgraph", default=False, tooltip=(
-                    "Require one graph per block; a block with a graph break then falls back to eager. Off lets "
-                    "dynamo split blocks at graph breaks (recommended).")),
-                io.Boolean.Input("dynamic", default=False, tooltip=(
-                    "Compile shape-generic graphs. Off = one graph per tile/chunk shape, fastest for fixed tiles; on "
-                    "avoids recompiling when sizes keep changing, but is often slower.")),
-                io.Int.Input("dynamo_recompile_limit", default=64, min=1, max=4096, step=1, tooltip=(
-                    "Graphs allowed per block (each new frame size costs two or three) before that block runs "
-                    "eagerly, named in the run's notes; torch._dynamo.config.recompile_limit (formerly "
-                    "cache_size_limit).")),
-                io.Int.Input("dynamo_cache_size_limit", default=512, min=1, max=65536, step=1, tooltip=(
-                    "Compiled graphs kept over all blocks together (torch._dynamo.config.accumulated_recompile_limit); "
-                    "raise it when the log says the accumulated limit was hit.")),
+                    "inductor mode: default = quick compile; max-autotune = minutes of compile, fastest; "
+                    "reduce-overhead = CUDA graphs, more memory.")),
+                io.Boolean.Input("fullgraph", default=False, **core_api.advanced(), tooltip=(
+                    "Require one graph per block; a block with a graph break then runs eagerly.")),
+                io.Boolean.Input("dynamic", default=False, **core_api.advanced(), tooltip=(
+                    "Shape-generic graphs: fewer recompiles when sizes keep changing, but often slower. Off = one "
+                    "graph per tile and chunk shape.")),
+                io.Int.Input("dynamo_recompile_limit", default=64, min=1, max=4096, step=1, **core_api.advanced(),
+                             tooltip="Graphs allowed per block before it runs eagerly; each new frame size costs two "
+                                     "or three."),
+                io.Int.Input("dynamo_cache_size_limit", default=512, min=1, max=65536, step=1, **core_api.advanced(),
+                             tooltip="Compiled graphs kept over all blocks together; raise it when the log says the "
+                                     "limit was hit."),
             ],
             outputs=[io.Custom(COMPILE).Output(display_name="COMPILE", tooltip="Connect to StreamVAE Load VAE's compile input.")],
         )
@@ -57,43 +56,41 @@ class TorchCompileSettings(io.ComfyNode):
 class GPUOptimizations(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEGPUOptimizations",
             display_name="StreamVAE GPU Optimizations",
             category="StreamVAE",
-            description="Backend switches for StreamVAE on GPUs (NVIDIA; AMD ROCm where noted). They apply only while "
-                        "StreamVAE runs; PyTorch's global settings are restored afterwards. A switch that has no effect "
-                        "on the device in use says so on Load VAE.",
+            search_aliases=["cudnn", "tf32", "GPU settings", "conv3d"],
+            description="Backend switches for StreamVAE on GPUs, applied only while it runs. Load VAE without this "
+                        "node runs with these defaults. A switch that does nothing on the device says so on Load VAE.",
             inputs=[
-                io.Boolean.Input("cudnn_benchmark", default=False, tooltip=(
-                    "cuDNN times its conv algorithms for every new tile shape and keeps the fastest. Faster with "
-                    "fixed tiles after a slow first tile; turn off if memory spikes at the start or shapes vary.")),
-                io.Boolean.Input("tf32", default=True, tooltip=(
-                    "TensorFloat-32 for float32 matmuls and convs (Ampere and newer): much faster fp32 with a 10-bit "
-                    "mantissa. Turn off for bit-exact fp32 comparisons. No effect in bf16/fp16.")),
-                io.Boolean.Input("channels_last_3d", default=False, tooltip=(
-                    "Store conv weights channels-last (NDHWC) so cuDNN picks channels-last kernels: large speed-up "
-                    "for conv3d on PyTorch 2.9. Turn off if it is slower on your GPU or PyTorch version.")),
-                io.Boolean.Input("fused_norm_silu", default=True, tooltip=(
-                    "Norm + SiLU in one pass written straight into the next conv's input buffer (less memory "
-                    "traffic). Turn off only to compare against the straightforward path.")),
-                io.Combo.Input("attention_backend", options=list(KERNELS), default="auto", tooltip=(
-                    "Kernel for the mid-block attention (one head of 384-512 channels). auto = PyTorch's choice; "
-                    "flash / efficient / cudnn ask for one: a kernel that cannot take this head width (flash: up to "
-                    "256, cudnn: up to 128) is replaced by one that can, and Load VAE says which runs; math = the "
-                    "reference kernel, slow, for debugging.")),
-                io.Boolean.Input("conv3d_workaround", default=True, tooltip=(
-                    "PyTorch 2.9/2.10 with cuDNN 9.10-9.14 route half-precision conv3d to a slow path using ~3x the "
-                    "memory (ComfyUI#10373); this calls cuDNN directly there. Only acts where that combination is "
-                    "detected; turn off if you see wrong colours or crashes in conv layers.")),
+                io.Boolean.Input("cudnn_benchmark", default=DEFAULTS.cudnn_benchmark, tooltip=(
+                    "cuDNN times its conv algorithms per tile shape and keeps the fastest: faster with fixed tiles, "
+                    "slow first call, possible memory spikes.")),
+                io.Boolean.Input("tf32", default=DEFAULTS.tf32, tooltip=(
+                    "TensorFloat-32 for fp32 matmuls and convs on Ampere and newer: much faster fp32, 10-bit "
+                    "mantissa. No effect in bf16/fp16.")),
+                io.Boolean.Input("channels_last_3d", default=DEFAULTS.channels_last_3d, **core_api.advanced(), tooltip=(
+                    "Conv weights stored channels-last: 2x slower on an H100 with torch 2.11; reported to help "
+                    "torch 2.9.")),
+                io.Boolean.Input("fused_norm_silu", default=DEFAULTS.fused_norm_silu, **core_api.advanced(), tooltip=(
+                    "Norm + SiLU in one pass, straight into the next conv's input. Off only to compare with the "
+                    "straightforward path.")),
+                io.Combo.Input("attention_backend", options=list(KERNELS), default=DEFAULTS.attention,
+                               **core_api.advanced(), tooltip=(
+                    "Mid-block attention kernel. auto = PyTorch's choice; a forced kernel that cannot take this head "
+                    "width is replaced, and Load VAE says so.")),
+                io.Boolean.Input("conv3d_workaround", default=DEFAULTS.conv3d_workaround, tooltip=(
+                    "Where PyTorch 2.9/2.10 with cuDNN 9.10-9.14 would use ~3x the memory for half-precision conv3d, "
+                    "call cuDNN directly. Acts only there.")),
             ],
             outputs=[io.Custom(GPU_OPTIONS).Output(display_name="GPU_OPTIONS",
                                                    tooltip="Connect to StreamVAE Load VAE's gpu_options input.")],
         )
 
     @classmethod
-    def execute(cls, cudnn_benchmark=False, tf32=True, channels_last_3d=False, fused_norm_silu=True,
-                attention_backend="auto", conv3d_workaround=True) -> io.NodeOutput:
-        flags = BackendFlags(cudnn_benchmark=cudnn_benchmark, tf32=tf32, conv3d_workaround=conv3d_workaround)
-        return io.NodeOutput(GpuOptions(flags, channels_last_3d=channels_last_3d, fused_norm_silu=fused_norm_silu,
-                                        attention=attention_backend))
+    def execute(cls, cudnn_benchmark=DEFAULTS.cudnn_benchmark, tf32=DEFAULTS.tf32, channels_last_3d=DEFAULTS.channels_last_3d,
+                fused_norm_silu=DEFAULTS.fused_norm_silu, attention_backend=DEFAULTS.attention,
+                conv3d_workaround=DEFAULTS.conv3d_workaround) -> io.NodeOutput:
+        return io.NodeOutput(GpuOptions(cudnn_benchmark, tf32, channels_last_3d, fused_norm_silu, attention_backend,
+                                        conv3d_workaround))

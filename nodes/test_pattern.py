@@ -5,6 +5,7 @@ import math
 import torch
 from comfy_api.latest import io
 
+from . import core_api
 from .images import MAX_FRAMES
 
 PATTERNS = ("bars", "checker", "zoneplate")
@@ -33,21 +34,22 @@ def render(pattern: str, frames: int, height: int, width: int) -> torch.Tensor:
 class TestPattern(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAETestPattern",
             display_name="StreamVAE Test Pattern",
             category="StreamVAE",
+            search_aliases=["test video", "synthetic frames"],
             description="Synthetic moving test frames (no files needed), for trying tile sizes and comparing "
                         "exact and fast tiling.",
             inputs=[
                 io.Int.Input("width", default=512, min=16, max=8192, step=8, tooltip="Frame width in pixels."),
                 io.Int.Input("height", default=320, min=16, max=8192, step=8, tooltip="Frame height in pixels."),
                 io.Int.Input("frames", default=17, min=1, max=MAX_FRAMES, step=1, tooltip=(
-                    "Number of frames. Video VAEs work in groups of 4n+1 (1, 5, 9, 17, 33, 81, ...); StreamVAE "
-                    "Encode also takes other counts and pads them.")),
+                    "Number of frames. Video VAEs work in 4n+1 frames (1, 5, 9, 17, ...); StreamVAE Encode pads "
+                    "other counts.")),
                 io.Combo.Input("pattern", options=list(PATTERNS), default="bars", tooltip=(
-                    "bars = drifting colour bars; checker = sliding checkerboard (sharp edges show seams); "
-                    "zoneplate = rings of rising frequency (shows aliasing and tile seams).")),
+                    "bars = drifting colour bars; checker = sliding checkerboard (shows seams); zoneplate = rings "
+                    "(shows aliasing and seams).")),
             ],
             outputs=[io.Image.Output(tooltip="Frames along the batch axis (N,H,W,3), values 0..1.")],
         )

@@ -3,7 +3,7 @@ long input never becomes one IMAGE tensor (`vae.video_reader.VideoReader`)."""
 from comfy_api.latest import io
 
 from ..vae.video_reader import RESIZE_FILTERS, VideoReader
-from . import execution
+from . import core_api, execution
 from .encode import image_vae_layout
 from .images import MAX_FRAMES
 from .latents import make_latent
@@ -24,37 +24,34 @@ def video_source(video):
 class EncodeFromVideo(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEEncodeFromVideo",
             display_name="StreamVAE Encode from Video",
             category="StreamVAE",
-            description="Encodes frames of a video file to a raw latent, decoding from the file only the frames each "
-                        "chunk needs, so RAM does not grow with the clip. The same latent as Load Video -> StreamVAE "
-                        "Encode of those frames; any frame count (padded to 4n+1, trimmed again by Decode).",
+            search_aliases=["VAE Encode", "Load Video", "encode video", "video file", "SeedVR2", "Wan"],
+            description="A video file -> LATENT, reading only the frames each chunk needs, so RAM does not grow with "
+                        "the clip. The same LATENT as Load Video -> StreamVAE Encode of those frames.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE."),
-                io.Video.Input("video", tooltip="A video file, e.g. from Load Video (upload) or StreamVAE Decode to "
-                                                "Video. YUV files are converted with the matrix and range they are "
-                                                "tagged with; 10-bit and deeper files are read at 16 bits."),
+                io.Video.Input("video", tooltip="A video file, e.g. from Load Video or StreamVAE Decode to Video."),
                 io.Int.Input("start_frame", default=0, min=0, max=10**7, step=1, tooltip=(
                     "First frame to encode (0-based frame index in the file).")),
                 io.Int.Input("frame_count", default=0, min=0, max=MAX_FRAMES, step=1, tooltip=(
                     "Frames to encode; 0 = all frames to the end of the file.")),
                 io.Int.Input("every_nth", default=1, min=1, max=1000, step=1, tooltip=(
-                    "Take every n-th frame from start_frame on (2 halves the frame rate; the fps output says the "
-                    "new rate).")),
+                    "Take every n-th frame (2 halves the frame rate; the fps output says the new rate).")),
                 io.Int.Input("width", default=0, min=0, max=MAX_SIZE, step=1, tooltip=(
                     "Resize to this width in pixels; 0 = the file's (or, with height set, keep the aspect ratio).")),
                 io.Int.Input("height", default=0, min=0, max=MAX_SIZE, step=1, tooltip=(
                     "Resize to this height in pixels; 0 = the file's (or, with width set, keep the aspect ratio).")),
-                io.Combo.Input("resize_filter", options=list(RESIZE_FILTERS), default="bicubic", tooltip=(
-                    "How frames are resized (FFmpeg swscale): bicubic, bilinear, lanczos (sharpest), area (best for "
-                    "shrinking), nearest (no new values).")),
+                io.Combo.Input("resize_filter", options=list(RESIZE_FILTERS), default="bicubic", **core_api.advanced(),
+                               tooltip="How frames are resized: bicubic, bilinear, lanczos (sharpest), area (best "
+                                       "for shrinking), nearest."),
                 *streamed_tiling_inputs(io),
             ],
             outputs=[
-                io.Latent.Output(tooltip="Raw latent 1,C,T',H/f,W/f (f = 8, or 16 for Wan2.2) with the true frame "
-                                         "count and size, for StreamVAE Decode / Decode to Video."),
+                io.Latent.Output(tooltip="LATENT in core's convention with the true frame count, size and frame rate, "
+                                         "for StreamVAE Decode / Decode to Video."),
                 io.Float.Output(display_name="fps", tooltip="Frame rate of the encoded frames in frames per second "
                                                             "(the file's, divided by every_nth)."),
             ],
@@ -76,5 +73,6 @@ class EncodeFromVideo(io.ComfyNode):
                          resize_filter, vae.model.in_channels) as reader:  # RGBA VAEs: the file's alpha, else opaque
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
         report.notes.append(f"read {reader.frames} frames {reader.width}x{reader.height} at {float(reader.fps):g} fps")
-        latent = make_latent(*image_vae_layout(vae.model, samples, [reader.frames]), (reader.height, reader.width))
+        latent = make_latent(*image_vae_layout(vae.model, samples, [reader.frames]), (reader.height, reader.width),
+                             float(reader.fps))
         return io.NodeOutput(latent, float(reader.fps), ui={"streamvae_run": [report.as_dict()]})

@@ -12,9 +12,9 @@ from comfy_api.latest import io, ui
 from ..vae.video_codecs import BIT_DEPTHS, CODECS, MAX_CRF, PIXEL_FORMATS, resolve
 from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
-from . import execution
-from .latents import read_latent
-from .run_settings import settings_from_inputs, check_tiling, streamed_tiling_inputs
+from . import core_api, execution
+from .latents import LatentClips, latent_source_input, read_latent
+from .run_settings import check_tiling, settings_from_inputs, streamed_tiling_inputs
 from .types import STREAMVAE
 
 try:
@@ -24,6 +24,11 @@ try:
 except ImportError:
     folder_paths = comfy_args = InputImpl = None
 
+# The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
+# 16 fps; Wan2.2-TI2V-5B: 24 fps). SeedVR2 restores videos of any rate: 24 unless the source is known.
+DEFAULT_FPS = 24.0
+FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS}
+FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2"}
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
 
@@ -73,6 +78,16 @@ def _metadata(prompt, extra_pnginfo, description: str) -> dict[str, str]:
     return tags
 
 
+def frame_rate(fps: float, latent: LatentClips, family: str) -> tuple[float, str]:
+    """The rate to write at and why: `fps`, or with 0 (auto) the source video's (a LATENT from Encode
+    from Video), else the rate `family`'s video model makes."""
+    if fps:
+        return fps, "fps as set on the node"
+    if latent.fps:
+        return latent.fps, "the source video's rate (fps 0 = auto)"
+    return FAMILY_FPS.get(family, DEFAULT_FPS), f"{FAMILY_NAMES.get(family, family)}'s rate (fps 0 = auto)"
+
+
 def _audio(audio):
     """ComfyUI AUDIO {"waveform": B,C,S, "sample_rate"} -> (C,S of the first entry, rate) for the writer."""
     if audio is None:
@@ -83,41 +98,38 @@ def _audio(audio):
 class DecodeToVideo(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        return io.Schema(
+        return core_api.schema(
             node_id="StreamVAEDecodeToVideo",
             display_name="StreamVAE Decode to Video",
             category="StreamVAE",
-            description="Decodes a raw latent straight into a video file in ComfyUI's output folder: each chunk is "
-                        "encoded while the next one decodes, so RAM does not grow with the clip's length (no IMAGE "
-                        "is made). Every frame of every clip is written, in order, at the latent's true size.",
+            search_aliases=["Save Video", "VAE Decode", "video file", "mp4", "long video", "SeedVR2", "Wan"],
+            description="LATENT -> a video file in ComfyUI's output folder, written while the chunks decode, so RAM "
+                        "does not grow with the clip's length (no IMAGE is made). Every frame, in order, at the "
+                        "latent's true size.",
             inputs=[
                 io.Custom(STREAMVAE).Input("vae", tooltip="The video VAE from StreamVAE Load VAE; its family must "
-                                                          "match the latent's channel count."),
-                io.Latent.Input("samples", tooltip="Raw latent B,C,T',H',W' (or 4-D); the clips of the batch are "
-                                                   "written one after another into one file."),
+                                                          "match the latent."),
+                io.Latent.Input("samples", tooltip="A LATENT in core's convention; the clips of a batch go into the "
+                                                   "file one after another."),
                 io.String.Input("filename_prefix", default="StreamVAE/video", tooltip=(
-                    "File name in ComfyUI's output folder, with subfolders; _00001_ and the extension are added "
-                    "(the counter never overwrites). %date:yyyy-MM-dd%-style and %width%/%height% work as in core.")),
+                    "File name in ComfyUI's output folder (subfolders allowed); a counter and the extension are added.")),
                 io.Combo.Input("codec", options=list(CODECS), default="h264", tooltip=(
-                    "h264 (.mp4; plays everywhere), h265 (.mp4; smaller files), ffv1 (.mkv; lossless: the file holds "
-                    "the decoded 8/16-bit values exactly), prores (.mov; for editing). Only what this PyAV build "
-                    "has is accepted.")),
-                io.Float.Input("fps", default=24.0, min=0.01, max=1000.0, step=0.001, tooltip=(
-                    "Frame rate in frames per second (23.976 and 29.97 are stored exactly as NTSC rates).")),
+                    "h264 / h265 (.mp4, play everywhere), ffv1 (.mkv, lossless), prores (.mov, for editing).")),
+                io.Float.Input("fps", default=0.0, min=0.0, max=1000.0, step=0.001, tooltip=(
+                    "Video frames per second. 0 = auto: the source video's rate, else the model's (Wan2.1 16, "
+                    "Wan2.2-5B 24, SeedVR2 24).")),
                 io.Int.Input("crf", default=19, min=0, max=MAX_CRF, step=1, tooltip=(
-                    "Quality in CRF units for h264/h265: 0 = best (x264: lossless in YUV), 17-23 = visually good, "
-                    "51 = smallest. ffv1 is always lossless and prores uses its HQ/4444 profile, so they ignore it.")),
-                io.Combo.Input("pixel_format", options=list(PIXEL_FORMATS), default="auto", tooltip=(
-                    "yuv420/yuv422/yuv444: YUV with the BT.709 matrix in limited range, chroma at 1/4, 1/2 or full "
-                    "resolution (4:2:0 needs even width and height). rgb: the R, G, B values themselves (lossless "
-                    "with ffv1). auto: yuv420 for h264/h265, yuv422 for prores, rgb for ffv1.")),
-                io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", tooltip=(
-                    "Bits per channel. auto: 8, or 10 for prores. 10/12 bit cut banding in gradients (h265, prores, "
-                    "ffv1); 16 bit with ffv1 rgb keeps 16-bit values exactly.")),
+                    "h264/h265 quality in CRF units: 0 = best, 17-23 = visually good, 51 = smallest. ffv1 and prores "
+                    "ignore it.")),
+                io.Combo.Input("pixel_format", options=list(PIXEL_FORMATS), default="auto", **core_api.advanced(),
+                               tooltip="yuv420/422/444 (BT.709, limited range) or rgb. auto: yuv420 for h264/h265, "
+                                       "yuv422 for prores, rgb for ffv1."),
+                io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", **core_api.advanced(), tooltip=(
+                    "Bits per channel. auto: 8, or 10 for prores; 10 or more cut banding where the codec allows.")),
                 *streamed_tiling_inputs(io),
-                io.Audio.Input("audio", optional=True, tooltip=(
-                    "Sound to mux into the file (AAC in .mp4, FLAC in .mkv, PCM in .mov), cut to the video's length "
-                    "in frames / fps.")),
+                io.Audio.Input("audio", optional=True, tooltip="Optional sound, muxed into the file and cut to the "
+                                                               "video's length."),
+                latent_source_input(io),
             ],
             outputs=[
                 io.Video.Output(tooltip="The written file as a VIDEO, for Save Video, Get Video Components or "
@@ -136,20 +148,21 @@ class DecodeToVideo(io.ComfyNode):
             return error
         if None not in (codec, pixel_format, bit_depth, crf, fps):
             try:
-                resolve(codec, pixel_format, bit_depth, crf, fps)
+                resolve(codec, pixel_format, bit_depth, crf, fps or DEFAULT_FPS)  # 0: auto, known when it runs
             except ValueError as problem:
                 return str(problem)
         return True
 
     @classmethod
-    def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=24.0, crf=19,
+    def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=0.0, crf=19,
                 pixel_format="auto", bit_depth="auto", tile_size=0, tile_overlap=64, temporal_chunk=0,
-                memory_budget_gb=0.0, audio=None) -> io.NodeOutput:
+                memory_budget_gb=0.0, audio=None, latent_source="auto") -> io.NodeOutput:
         error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
+        latent = read_latent(samples, vae.model, latent_source)
+        fps, why = frame_rate(fps, latent, vae.family)
         encoding, alpha_note = resolve(codec, pixel_format, bit_depth, crf, fps).with_alpha(vae.model.out_channels)
-        latent = read_latent(samples, vae.model)
         height, width = output_size(vae.model, latent)
         encoding.check_size(width, height)
         path, subfolder = output_path(filename_prefix, encoding.extension, width, height)
@@ -161,7 +174,7 @@ class DecodeToVideo(io.ComfyNode):
             _, report = execution.decode(vae, latent, settings, sink=FileSink(writer, preview.observe))
             path = writer.finish()
         report.notes += [alpha_note] if alpha_note else []
-        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}")
+        report.notes.append(f"wrote {path.name}: {total} frames {width}x{height}, {encoding.describe()}; {why}")
         written = {"filename": path.name, "subfolder": subfolder, "type": "output", "frames": total,
                    "width": width, "height": height, "fps": float(encoding.fps), "format": encoding.describe()}
         shown = ui.PreviewImage(preview.image(), cls=cls).as_dict()

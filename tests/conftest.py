@@ -84,7 +84,7 @@ def comfy_server(comfy_tree, tmp_path_factory):
     """
     environment.require_comfyui(comfy_tree)
     environment.require_fixtures()
-    from comfy_support.server import ComfyServer, ServerDied, build_base_directory
+    from comfy_support.server import ComfyServer, ServerDied, build_base_directory, unlink_working_tree
 
     base = build_base_directory(tmp_path_factory.mktemp(f"comfyui-{comfy_tree.id}"))
     server = ComfyServer(base, tree=comfy_tree)
@@ -97,8 +97,7 @@ def comfy_server(comfy_tree, tmp_path_factory):
         pytest.fail(failure, pytrace=False)
     yield server
     server.stop()
-    # pytest keeps old temp dirs around; do not leave a link into the working tree in them.
-    (base / "custom_nodes" / environment.PACK_FOLDER).unlink()
+    unlink_working_tree(base)
 
 
 @pytest.fixture

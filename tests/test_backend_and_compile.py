@@ -16,7 +16,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 def global_state():
-    return torch.backends.cudnn.benchmark, backend._tf32_get(), backend.conv3d_workaround_active()
+    return torch.backends.cudnn.benchmark, backend._tf32_get()
 
 
 # -- backend flags -----------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def test_backend_flags_are_restored_after_an_error():
 def test_none_leaves_switches_alone():
     before = global_state()
     with backend.applied(BackendFlags()):  # cudnn_benchmark=None, tf32=None
-        assert global_state()[:2] == before[:2]
+        assert global_state() == before
     with backend.applied(None):
         assert global_state() == before
 
@@ -52,9 +52,7 @@ def test_none_leaves_switches_alone():
 def test_conv3d_workaround_probe(monkeypatch):
     assert backend.torch_version() >= (2, 0)
     if not torch.cuda.is_available():
-        assert not backend.conv3d_regression_affected()
-        with backend.applied(BackendFlags(conv3d_workaround=True)):
-            assert not backend.conv3d_workaround_active()  # nothing to work around here
+        assert not backend.conv3d_regression_affected()  # nothing to work around here
     assert "torch" in backend.describe()
 
 

@@ -28,7 +28,8 @@ def node_module(name: str):
         for package, path in ((pack, REPO), (f"{pack}.nodes", REPO / "nodes")):
             sys.modules[package] = types.ModuleType(package)
             sys.modules[package].__path__ = [str(path)]
-        sys.modules[f"{pack}.vae"] = vae
+    for library in [name for name in sys.modules if name == "vae" or name.startswith("vae.")]:
+        sys.modules.setdefault(f"{pack}.{library}", sys.modules[library])  # one copy: a test may patch it
     return importlib.import_module(f"{pack}.nodes.{name}")
 
 
@@ -252,6 +253,34 @@ def test_every_latent_layout_reads_as_the_same_clip():
     # dim 1 wins when the last dim has the channel count too: read as core's layout, and said so
     square = latents.read_latent({"samples": torch.zeros(1, 16, 2, 3, 16)}, wan21)
     assert square.layout == latents.CORE_LAYOUT and square.samples.shape == (1, 16, 2, 3, 16)
+
+
+@pytest.mark.parametrize("family", ["wan21", "wan22"])
+def test_wanvideowrapper_latents_read_as_the_raw_latent_they_came_from(family):
+    """WanVideoWrapper's sampler hands out (raw - mean) / std per channel, with keys of its own, and its
+    WanVideoLatentReScale turns that into core's raw latent and keeps the keys. Both, and core's own,
+    read as the same raw latent; only the normalized one is converted, and the report says so."""
+    model = load_tiny(family)
+    g = torch.Generator().manual_seed(7)
+    c = model.latent_channels
+    # A clip's channels sit near Wan's data-set statistics, not on them: means off by up to 0.2 std,
+    # spreads by up to 20 %.
+    shift, scale = (torch.rand(1, c, 1, 1, 1, generator=g) * 2 - 1) * 0.2, 1 + (torch.rand(1, c, 1, 1, 1, generator=g) * 2 - 1) * 0.2
+    raw = model.from_model_space(torch.randn(1, c, 3, 6, 8, generator=g) * scale + shift)
+    keys = {"looped": False, "end_image": None, "has_ref": False, "drop_last": False}  # the sampler's LATENT
+    normalized = latents.read_latent({"samples": model.to_model_space(raw), **keys}, model)
+    rescaled = latents.read_latent({"samples": raw.clone(), **keys}, model)  # after wrapper_to_comfy
+    core = latents.read_latent({"samples": raw.clone()}, model)
+    for clips in (normalized, rescaled, core):
+        torch.testing.assert_close(clips.samples, raw, rtol=1e-5, atol=1e-5)
+    assert "WanVideoWrapper" in normalized.notes[0] and rescaled.notes == core.notes == []
+    # Save Latent / Load Latent drops the keys: latent_source says where it came from
+    keyless = latents.read_latent({"samples": model.to_model_space(raw)}, model, "WanVideoWrapper")
+    torch.testing.assert_close(keyless.samples, raw, rtol=1e-5, atol=1e-5)
+    assert latents.read_latent({"samples": raw.clone(), **keys}, model, "core").notes == []
+    # values that fit neither space clearly (an empty latent with the keys) are refused with the fix
+    with pytest.raises(ValueError, match="latent_source to WanVideoWrapper"):
+        latents.read_latent({"samples": torch.zeros(1, c, 3, 6, 8), **keys}, model)
 
 
 # -- tiling values ComfyUI does not range-check once a node validates them -------------------------------

@@ -39,7 +39,8 @@ def blur_chain(blurs, size=256, first_sigma=2.0):
 
 
 def ui_workflow():
-    """The same graph as `scale_prompt()` in the frontend's UI format (docs/comfyui.md section 5)."""
+    """The same graph as `scale_prompt()` in the frontend's UI format (version 0.4: widgets_values in widget
+    order, links [id, source, slot, target, slot, type])."""
     def node(id, type, order, pos, widgets, inputs=(), outputs=()):
         return {"id": id, "type": type, "pos": [pos, 100], "size": [300, 130], "flags": {}, "order": order,
                 "mode": 0, "properties": {"Node name for S&R": type}, "widgets_values": widgets,

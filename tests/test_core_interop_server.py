@@ -33,7 +33,7 @@ from bench import models
 import vae
 
 from comfy_support.environment import STUBS
-from comfy_support.server import build_base_directory
+from comfy_support.server import build_base_directory, unlink_working_tree
 from test_nodes_server import (FAMILIES, node, object_info, saved_images, saved_latent, upload_frames,  # noqa: F401
                                vae_file)
 
@@ -153,7 +153,7 @@ def test_dynamic_vram_leaves_streamvae_a_plain_patcher_with_core_results(comfy_t
         run = subprocess.run([str(comfy_tree.python), probe, str(base), vae_file("wan21")], cwd=comfy_tree.root,
                              env=env, capture_output=True, text=True, timeout=300)
     finally:
-        (base / "custom_nodes" / "StreamVAE").unlink()
+        unlink_working_tree(base)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     # StreamVAE's weights are plain torch modules, which core's dynamic patcher cannot stream: like

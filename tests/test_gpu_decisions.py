@@ -182,8 +182,9 @@ def test_attention_requests_off_the_gpu_run_pytorchs_choice_and_compute_attentio
 # -- the conv3d workaround is wired into the dispatch ----------------------------------------------------
 
 
-def test_affected_installs_route_half_precision_convs_through_cudnn(monkeypatch):
-    x, w, b = torch.randn(1, 4, 3, 6, 6), torch.randn(8, 4, 3, 3, 3), torch.randn(8)
+def emulate_conv3d_regression(monkeypatch) -> list:
+    """Every conv meets the PyTorch 2.9 regression (an affected install, a GPU half-precision input), and
+    `cudnn_conv3d` is F.conv3d that records its calls (their paddings), returned."""
     calls = []
 
     def fake_cudnn(x, weight, bias, stride, padding):
@@ -191,22 +192,54 @@ def test_affected_installs_route_half_precision_convs_through_cudnn(monkeypatch)
         return F.conv3d(x, weight, bias, stride, padding)
 
     monkeypatch.setattr(backend, "cudnn_conv3d", fake_cudnn)
-    monkeypatch.setattr(backend, "wants_cudnn_conv3d", lambda t: True)  # an affected install, a GPU tensor
-    torch.testing.assert_close(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1)), F.conv3d(x, w, b, 1, (0, 1, 1)))
+    monkeypatch.setattr(backend, "wants_cudnn_conv3d", lambda t: True)
+    return calls
+
+
+def test_affected_installs_route_half_precision_convs_through_cudnn(monkeypatch):
+    x, w, b = torch.randn(1, 4, 3, 6, 6), torch.randn(8, 4, 3, 3, 3), torch.randn(8)
+    calls = emulate_conv3d_regression(monkeypatch)
+    expected = F.conv3d(x, w, b, 1, (0, 1, 1))
+    torch.testing.assert_close(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=True), expected)
     assert calls == [(0, 1, 1)]
+    torch.testing.assert_close(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=False), expected)
+    assert calls == [(0, 1, 1)]  # the run's Optimizations turned it off: PyTorch's own path
 
 
-def test_the_workaround_is_active_only_where_the_regression_is(monkeypatch):
-    flags = backend.BackendFlags(conv3d_workaround=True)
+def test_the_workaround_applies_only_where_the_regression_is(monkeypatch):
     gpu_half = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16)  # all the decision reads of a tensor
     for affected in (False, True):
         monkeypatch.setattr(backend, "conv3d_regression_affected", lambda: affected)
-        with backend.applied(flags):
-            assert backend.conv3d_workaround_active() is affected
-            assert backend.wants_cudnn_conv3d(gpu_half) is affected
-            assert not backend.wants_cudnn_conv3d(SimpleNamespace(is_cuda=True, dtype=torch.float32))
-            assert not backend.wants_cudnn_conv3d(SimpleNamespace(is_cuda=False, dtype=torch.bfloat16))
-        assert not backend.conv3d_workaround_active()
+        assert backend.wants_cudnn_conv3d(gpu_half) is affected
+        assert not backend.wants_cudnn_conv3d(SimpleNamespace(is_cuda=True, dtype=torch.float32))
+        assert not backend.wants_cudnn_conv3d(SimpleNamespace(is_cuda=False, dtype=torch.bfloat16))
+
+
+def test_unconnected_gpu_optimizations_node_applies_the_conv3d_workaround(monkeypatch, caplog):
+    """Load VAE without GPU Optimizations runs with the node's defaults: on an affected install (emulated)
+    every conv of a decode goes through cuDNN directly, the load says so once, and the frames are the
+    plain decode's; the node's switch turned off (connected) keeps PyTorch's path."""
+    from tests.test_bad_inputs import node_module
+
+    model_nodes = node_module("model")
+    model = load_tiny("wan21")
+    z = torch.randn(1, 16, 2, 4, 4)
+    expected = vae.decode(model, z, opts=Optimizations(kernel_choice="defaults", conv3d_workaround=False))
+    calls = emulate_conv3d_regression(monkeypatch)
+    monkeypatch.setattr(backend, "conv3d_regression_affected", lambda: True)
+    with caplog.at_level(logging.INFO, logger="streamvae"):
+        handle = model_nodes.StreamVAEHandle(model, "tiny", torch.device("cuda"), torch.device("cpu"), kernels="defaults")
+    assert handle.gpu == model_nodes.GpuOptions() and handle.opts.conv3d_workaround
+    assert [r.message for r in caplog.records if "conv3d" in r.message] == [
+        f"StreamVAE tiny: PyTorch 2.9 cuDNN conv3d regression detected ({backend.describe()}): workaround on, "
+        "half-precision conv3d calls cuDNN directly"]
+    torch.testing.assert_close(vae.decode(model, z, opts=handle.opts), expected, rtol=1e-5, atol=1e-5)
+    assert len(calls) > 10
+    calls.clear()
+    off = model_nodes.StreamVAEHandle(model, "tiny", torch.device("cuda"), torch.device("cpu"), kernels="defaults",
+                                      gpu=model_nodes.GpuOptions(conv3d_workaround=False))
+    vae.decode(model, z, opts=off.opts)
+    assert calls == [] and "workaround off" in off.notes[-1]
 
 
 def test_tf32_switch_works_on_torch_before_2_9(monkeypatch):

@@ -37,17 +37,17 @@ def execution_error(entry) -> dict:
 
 
 def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_info, uploaded_clip, clip, models):
-    """One prompt, three outputs of the same latent: a lossless FFV1 file (pixel-exact against the
-    library's decode), a default H.264 file (metadata, colour tags, every frame decodes) and the IMAGE
-    path in fp16 (output_dtype)."""
+    """One prompt, three outputs of the same latent: a lossless FFV1 file at an NTSC rate (pixel-exact
+    against the library's decode), a default H.264 file (metadata, colour tags, every frame decodes,
+    Wan2.1's 16 fps by default) and the IMAGE path in fp16 (output_dtype)."""
     prompt = {
         "1": node(object_info, "LoadImage", image=uploaded_clip),
         "2": node(object_info, "StreamVAELoader", vae_name=vae_file(FAMILY)),
         "3": node(object_info, "StreamVAEEncode", vae=["2", 0], image=["1", 0]),
         "4": node(object_info, "StreamVAEDecodeToVideo", vae=["2", 0], samples=["3", 0], codec="ffv1",
-                  filename_prefix="streamvae_test/lossless", fps=12.5, temporal_chunk=1),
+                  filename_prefix="streamvae_test/lossless", fps=23.976, temporal_chunk=1),
         "5": node(object_info, "StreamVAEDecodeToVideo", vae=["2", 0], samples=["3", 0],
-                  filename_prefix="streamvae_test/h264", fps=23.976),
+                  filename_prefix="streamvae_test/h264"),
         "6": node(object_info, "StreamVAEDecode", vae=["2", 0], samples=["3", 0], output_dtype="fp16"),
         "7": node(object_info, "PreviewImage", images=["6", 0]),
     }
@@ -59,7 +59,7 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
     path, info = written_file(comfy_server, entry, "4")
     assert path.name == "lossless_00001_.mkv" and info["frames"] == FRAMES
     meta = probe(path)
-    assert (meta.frames, meta.width, meta.height, meta.fps) == (FRAMES, WIDTH, HEIGHT, 12.5)
+    assert (meta.frames, meta.width, meta.height, meta.fps) == (FRAMES, WIDTH, HEIGHT, resolve(fps=23.976).fps)
     assert_lossless(file_frames(path), expected)
     assert len(entry["outputs"]["4"]["images"]) == FRAMES  # the preview: up to 8 frames
 
@@ -67,7 +67,8 @@ def test_decode_to_video_writes_every_frame(comfy_server, comfy_client, object_i
     meta = probe(path)
     assert path.suffix == ".mp4" and "BT.709 matrix, limited range" in info["format"]
     assert (meta.codec, meta.pix_fmt, meta.colorspace, meta.color_range) == ("h264", "yuv420p", 1, 1)
-    assert (meta.frames, meta.width, meta.height, meta.fps) == (FRAMES, WIDTH, HEIGHT, resolve(fps=23.976).fps)
+    assert (meta.frames, meta.width, meta.height, meta.fps) == (FRAMES, WIDTH, HEIGHT, 16)  # fps auto: Wan2.1's
+    assert entry["outputs"]["5"]["streamvae_run"][0]["notes"][-1].endswith("16 fps; Wan2.1's rate (fps 0 = auto)")
     assert len(file_frames(path)) == FRAMES
     assert not list(path.parent.glob("*.partial.*"))
 
@@ -96,7 +97,8 @@ def assert_lossless(pixels: np.ndarray, expected: torch.Tensor) -> None:
 @pytest.mark.comfy_trees("0.3.75")
 def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_client, object_info, clip):
     """The clip as a lossless video file in ComfyUI's input folder: Encode from Video gives the latent
-    that core Load Video -> Get Video Components -> StreamVAE Encode gives for the same frames.
+    that core Load Video -> Get Video Components -> StreamVAE Encode gives for the same frames, and
+    Decode to Video writes it back at the file's rate (fps auto), not the family's.
     (0.3.75 only: 0.33.0's Get Video Components converts through FFmpeg's float RGB path, which moves
     8-bit RGB values by up to 1.1 levels, so its frames are not the file's.)"""
     name = "streamvae_clip.mkv"
@@ -111,12 +113,15 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
         "5": node(object_info, "GetVideoComponents", video=["1", 0]),
         "6": node(object_info, "StreamVAEEncode", vae=["2", 0], image=["5", 0]),
         "7": node(object_info, "SaveLatent", samples=["6", 0], filename_prefix="from_image"),
+        "8": node(object_info, "StreamVAEDecodeToVideo", vae=["2", 0], samples=["3", 0],
+                  filename_prefix="streamvae_test/source_rate"),
     }
     entry = comfy_client.run(prompt, timeout=180)
     from_file, from_image = saved_latent(comfy_server, entry, "4"), saved_latent(comfy_server, entry, "7")
     assert from_file.shape == (1, 16, geometry.latent_frames(FRAMES), math.ceil(HEIGHT / 8), math.ceil(WIDTH / 8))
     torch.testing.assert_close(from_file, from_image, rtol=1e-5, atol=1e-5)
     assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames {WIDTH}x{HEIGHT}")
+    assert probe(written_file(comfy_server, entry, "8")[0]).fps == 15
 
 
 def test_cancel_mid_run_leaves_only_a_partial_file(comfy_server, comfy_client, object_info):

@@ -16,7 +16,8 @@ diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
 
 Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: core's SeedVR2 VAE
 returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
-are raw (the Wan latent format normalises inside the model). The node pack converts at its edges.
+are raw (the Wan latent format normalises inside the model). `m.to_comfy_latent(z)` /
+`m.from_comfy_latent(samples)` convert; the node pack and the CLI's latent files do so at their edges.
 
 How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is asked for as
 `vae.Settings` and decided as a `vae.Plan`, computed once: `p = vae.plan(m, "decode", z.shape,

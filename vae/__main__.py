@@ -7,8 +7,9 @@ latent files without holding the clip in memory.
 
 Without an input a moving test pattern is generated; without a checkpoint the tiny SeedVR2 fixture
 model from ../shared/reference is used (random weights: the output only shows that the pipeline runs).
-Latent files hold `latent_tensor` (the raw latent, as ComfyUI's Save Latent writes it) and, in the
-safetensors metadata, the frame count, pixel size and frame rate to decode back to.
+Latent files are ComfyUI's (Save Latent / Load Latent): `latent_tensor` holds the family's ComfyUI
+LATENT (SeedVR2: raw x 0.9152; Wan: raw; `VideoVAE.to_comfy_latent`), and the safetensors metadata the
+frame count, pixel size and frame rate to decode back to. `decode` reads core's files the same way.
 """
 import argparse
 import math
@@ -29,6 +30,7 @@ from .video_reader import RESIZE_FILTERS, VideoReader
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC_OF_SUFFIX = {".mp4": "h264", ".mkv": "ffv1", ".mov": "prores"}
+LATENT_SPACE_KEY = "streamvae_latent_space"  # latent file metadata: "comfyui" (ComfyUI's LATENT) or "raw"
 
 
 def tiny_fixture() -> tuple[Path, dict]:
@@ -140,8 +142,9 @@ def encode(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"streamvae_frames": str(clip.frames), "streamvae_size": f"{clip.height},{clip.width}",
-                "fps": str(clip.fps), "family": model.family}
-    save_file({"latent_tensor": z.float().contiguous(), "latent_format_version_0": torch.tensor([])}, str(out), metadata)
+                "fps": str(clip.fps), "family": model.family, LATENT_SPACE_KEY: "comfyui"}
+    samples = model.to_comfy_latent(z).float().contiguous()
+    save_file({"latent_tensor": samples, "latent_format_version_0": torch.tensor([])}, str(out), metadata)
     print(f"wrote {out}: latent {tuple(z.shape)} for {clip.frames} frames {clip.height}x{clip.width} at {float(clip.fps):g} fps")
 
 
@@ -154,6 +157,9 @@ def decode(args: argparse.Namespace) -> None:
         metadata = file.metadata() or {}
         z = file.get_tensor("latent_tensor")
     model = load_model(args)
+    # Files from before this key held the raw latent; every other one holds ComfyUI's LATENT.
+    if metadata.get(LATENT_SPACE_KEY, "comfyui" if "streamvae_frames" not in metadata else "raw") == "comfyui":
+        z = model.from_comfy_latent(z.float())
     frames = int(metadata["streamvae_frames"]) if "streamvae_frames" in metadata else None
     height, width = (int(v) for v in metadata["streamvae_size"].split(",")) if "streamvae_size" in metadata else (None, None)
     fps = args.fps or Fraction(metadata.get("fps", "24"))

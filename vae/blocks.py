@@ -36,8 +36,11 @@ class StreamContext:
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
-        # The Winograd filter-transform cache the convs use (None: Winograd off).
-        self.winograd = filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None
+        # How every conv of the run picks its kernel (`optimizations.conv3d`'s keyword arguments): the
+        # Winograd filter-transform cache (None: Winograd off), measured or fixed choices, and the
+        # PyTorch 2.9 cuDNN workaround.
+        self.conv_options = {"winograd": filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None,
+                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround}
 
     @property
     def eager_reason(self) -> str | None:
@@ -56,10 +59,11 @@ def _triple(v) -> tuple[int, int, int]:
 
 
 class Conv3d(nn.Conv3d):
-    """nn.Conv3d through the pack's conv dispatch (fast half precision where the CPU lacks it)."""
+    """nn.Conv3d through the pack's conv dispatch (fast half precision where the CPU lacks it; the run's
+    PyTorch 2.9 cuDNN workaround). SeedVR2's 1x1x1 convs: no Winograd, nothing to measure."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return conv3d(x, self.weight, self.bias, self.stride, self.padding)
+    def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround)
 
 
 # A producer of conv input: fill(view, rows, cols) writes rows x cols (slices of the unpadded input
@@ -225,11 +229,10 @@ class CausalConv3d(Conv3d):
             ctx.cache.put(self, torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2), owned=True)
         else:
             ctx.cache.put(self, tail)
-        wino, kernels = ctx.winograd, ctx.opts.kernel_choice
         outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
-                       self.padding, winograd=wino, kernels=kernels) for j in range(min(n_head, n_out))]
+                       self.padding, **ctx.conv_options) for j in range(min(n_head, n_out))]
         if t >= kt:
-            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, winograd=wino, kernels=kernels))
+            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
@@ -248,8 +251,7 @@ class CausalConv3d(Conv3d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
         padding = self.padding if padded else (0, 0, 0)
-        return conv3d(buf, self.weight, self.bias, self.stride, padding, winograd=ctx.winograd,
-                      kernels=ctx.opts.kernel_choice)
+        return conv3d(buf, self.weight, self.bias, self.stride, padding, **ctx.conv_options)
 
 
 def _copy_fill(x: torch.Tensor) -> Fill:
@@ -321,16 +323,15 @@ class FrameConv2d(nn.Conv2d):
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
         """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
         padding = (0,) + (self.padding if padded else (0, 0))
-        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, winograd=ctx.winograd,
-                      kernels=ctx.opts.kernel_choice)
+        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, **ctx.conv_options)
 
     def upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
         if ctx.execution is not None:
-            return ctx.execution.local(self._upsampled, x, scale=2, halo=1)
-        return self._upsampled(x)
+            return ctx.execution.local(lambda part: self._upsampled(part, ctx), x, scale=2, halo=1)
+        return self._upsampled(x, ctx)
 
-    def _upsampled(self, x: torch.Tensor) -> torch.Tensor:
+    def _upsampled(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """conv(nearest 2x upsample of x) for a 3x3, stride-1, padding-1 conv: B,C,T,H,W -> B,C',T,2H,2W.
 
         Output pixel (2i + a, 2j + b) reads upsampled rows 2i + a - 1 .. 2i + a + 1, i.e. input rows
@@ -342,7 +343,8 @@ class FrameConv2d(nn.Conv2d):
         assert self.kernel_size == (3, 3) and self.stride == (1, 1) and self.padding == (1, 1), "3x3 same convs only"
         b, _, t, h, w = x.shape
         bias = None if self.bias is None else self.bias.repeat(4)
-        y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1))
+        y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1),
+                   cudnn_workaround=ctx.opts.conv3d_workaround)
         y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
         out = x.new_empty((b, self.out_channels, t, 2 * h, 2 * w))
         phases = out.view(b, self.out_channels, t, h, 2, w, 2)

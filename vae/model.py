@@ -12,7 +12,7 @@ in order, with `ctx.first_chunk` True for the part that holds the stage's frame 
 gives the frames it gives on the whole input (its causal caches carry the rest). So the engine may
 feed the stages at full resolution one frame at a time (`engine._stream_stages`).
 
-Latents are raw, i.e. unscaled: a SeedVR2 LATENT from ComfyUI core's VAE Encode is `to_model_space(z)` instead.
+Latents are raw, i.e. unscaled; ComfyUI's LATENTs are `to_comfy_latent(z)` (for SeedVR2 `to_model_space(z)`).
 """
 from typing import Callable
 
@@ -98,6 +98,19 @@ class VideoVAE(nn.Module):
     def from_model_space(self, z: torch.Tensor) -> torch.Tensor:
         """Inverse of `to_model_space`."""
         raise NotImplementedError
+
+    # ComfyUI's LATENT of this family (what core's VAE nodes make and take, and its .latent files hold):
+    # the raw latent (Wan: its latent format normalises inside the diffusion model), or, where this is
+    # True, `to_model_space(z)` (SeedVR2: core's VAE scales after encoding, unscales before decoding).
+    comfy_latent_in_model_space: bool = False
+
+    def to_comfy_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latent -> ComfyUI's LATENT samples for this family."""
+        return self.to_model_space(z) if self.comfy_latent_in_model_space else z
+
+    def from_comfy_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """ComfyUI's LATENT samples for this family -> raw latent."""
+        return self.from_model_space(z) if self.comfy_latent_in_model_space else z
 
     # --- dtypes and devices --------------------------------------------------------------------
     @property

@@ -52,7 +52,7 @@ class SeedVR2ResnetBlock3D(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         h = self.conv1(x, ctx, norm=self.norm1)
         h = self.conv2(h, ctx, norm=self.norm2)
-        skip = self.conv_shortcut(x) if self.conv_shortcut is not None else x
+        skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
         return residual_add(h, skip, ctx)
 
 
@@ -122,14 +122,14 @@ class SeedVR2Upsample3D(nn.Module):
         drop = 1 if (self.temporal_up and ctx.first_chunk) else 0
         shape = (b, c, t * zt - drop, h * 2, w * 2)
         if ctx.opts.native_pixel_shuffle and ctx.opts.buffered_causal_pad:
-            return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop), x))
-        y = self.upscale_conv(x).reshape(b, 2, 2, zt, c, t, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2)
+            return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop, ctx), x))
+        y = self.upscale_conv(x, ctx).reshape(b, 2, 2, zt, c, t, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2)
         y = y.reshape(b, c, t * zt, h * 2, w * 2)
         if drop:
             y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
         return self.conv(y, ctx)
 
-    def _shuffle_into(self, x: torch.Tensor, body: torch.Tensor, drop: int) -> None:
+    def _shuffle_into(self, x: torch.Tensor, body: torch.Tensor, drop: int, ctx: StreamContext) -> None:
         """Wide conv + shuffle a few latent frames at a time, writing straight into `body`.
 
         Working on small frame groups keeps the 4-8x wider conv output small (it would otherwise
@@ -140,7 +140,7 @@ class SeedVR2Upsample3D(nn.Module):
         step = max(1, (1 << 22) // max(1, c * h * w))  # frames per group: about 4M input elements
         for start in range(0, t, step):
             stop = min(t, start + step)
-            wide = self.upscale_conv(x[:, :, start:stop]).view(b, 2, 2, zt, c, stop - start, h, w)
+            wide = self.upscale_conv(x[:, :, start:stop], ctx).view(b, 2, 2, zt, c, stop - start, h, w)
             src = wide.permute(0, 4, 5, 3, 6, 1, 7, 2)  # b, c, f, z, h, x, w, y
             first = start * zt - (drop if start else 0)
             if drop and start == 0:
@@ -235,6 +235,7 @@ class SeedVR2VAE(VideoVAE):
     family = "seedvr2"
     spatial_factor = 8
     temporal_factor = 4
+    comfy_latent_in_model_space = True
     probe_keys = ("decoder.up_blocks.2.upsamplers.0.upscale_conv.weight", "encoder.conv_out.weight", "decoder.conv_in.weight")
 
     @classmethod

@@ -31,6 +31,7 @@ STUBS = Path(__file__).resolve().parent / "stubs"
 # Folder name of our pack under <base>/custom_nodes, as ComfyUI reports it in logs and in
 # `python_module` ("custom_nodes.StreamVAE").
 PACK_FOLDER = "StreamVAE"
+PROBE_FOLDER = "streamvae_test_probes"  # comfy_support/probe_nodes
 
 # Tiny fixture checkpoints, installed into models/vae under names a test can recognise.
 FIXTURE_VAES = {

@@ -2,6 +2,7 @@
 
 The base directory (`--base-directory`) holds everything ComfyUI would otherwise write into its own tree:
 `custom_nodes/StreamVAE` (a symlink to this repository, so the server imports our working copy),
+`custom_nodes/streamvae_test_probes` (probe_nodes/: test-only nodes that look inside core's conditioning),
 `models/vae` (the tiny fixture checkpoints), `input/`, `output/`, `temp/` and `user/`.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import requests
 
 from .client import ComfyClient
-from .environment import FIXTURE_CONFIGS, FIXTURE_VAES, PACK_FOLDER, REPO, SHARED, STUBS, TREES, ComfyTree
+from .environment import FIXTURE_CONFIGS, FIXTURE_VAES, PACK_FOLDER, PROBE_FOLDER, REPO, SHARED, STUBS, TREES, ComfyTree
 
 STARTUP_TIMEOUT_S = 120
 LOG_TAIL_CHARS = 6000
@@ -43,11 +44,18 @@ def build_base_directory(base: Path) -> Path:
     for sub in ("custom_nodes", "models/vae", "input", "output", "temp", "user/default"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     (base / "custom_nodes" / PACK_FOLDER).symlink_to(REPO, target_is_directory=True)
+    (base / "custom_nodes" / PROBE_FOLDER).symlink_to(Path(__file__).parent / "probe_nodes", target_is_directory=True)
     for name, rel in FIXTURE_VAES.items():
         install_fixture(SHARED / rel, base / "models" / "vae" / name, FIXTURE_CONFIGS.get(name))
     settings = base / "user" / "default" / "comfy.settings.json"
     settings.write_text(json.dumps(FRONTEND_SETTINGS))
     return base
+
+
+def unlink_working_tree(base: Path) -> None:
+    """Remove `build_base_directory`'s links into this repository (pytest keeps old temporary folders)."""
+    for folder in (PACK_FOLDER, PROBE_FOLDER):
+        (base / "custom_nodes" / folder).unlink(missing_ok=True)
 
 
 def install_fixture(source: Path, target: Path, config: dict | None) -> None:

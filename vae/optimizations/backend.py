@@ -14,12 +14,12 @@ the TF32 API changed in 2.9 (`torch.backends.cudnn.conv.fp32_precision`).
 The PyTorch 2.9 cuDNN conv3d regression (ComfyUI#10373, pytorch#166643): PyTorch 2.9-2.10 stop using
 cuDNN for half-precision conv3d when cuDNN is 9.10-9.14, because of a cuDNN bug seen on one data
 centre GPU, and fall back to a vol2col path that needs ~3x the memory and is several times slower.
-`conv3d_regression_affected()` probes for that combination; while `conv3d_workaround` is on and the
-probe says yes, `cudnn_conv3d` calls cuDNN directly (what ComfyUI core does for its own convs). The
-conv dispatch consults `conv3d_workaround_active()` to route CUDA half-precision convs there.
+`conv3d_regression_affected()` probes for that combination (once per process: a fact of the install).
+Where it says yes and the run's `Optimizations.conv3d_workaround` is on (the default), the conv
+dispatch routes CUDA half-precision convs to `cudnn_conv3d`, which calls cuDNN directly (what ComfyUI
+core does for its own convs); `wants_cudnn_conv3d` is that test for one input.
 """
 import contextlib
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -38,13 +38,11 @@ class BackendFlags:
     cudnn_benchmark: let cuDNN time the conv algorithms for each new input shape (faster for fixed
         tile shapes once warmed up; more memory and a slow first call).
     tf32: TensorFloat-32 for float32 matmuls and convs on Ampere and newer (10-bit mantissa).
-    conv3d_workaround: call cuDNN directly for half-precision conv3d where the PyTorch 2.9
-        regression is detected (no effect elsewhere).
+    (The conv3d workaround is a kernel choice, not a global switch: `Optimizations.conv3d_workaround`.)
     """
 
     cudnn_benchmark: bool | None = None
     tf32: bool | None = None
-    conv3d_workaround: bool = True
 
 
 # --- version probe ---------------------------------------------------------------------------------
@@ -70,21 +68,10 @@ def conv3d_regression_affected() -> bool:
 def describe() -> str:
     """One line about the backend, for logs and bug reports."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    text = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'}"
-    if conv3d_regression_affected():
-        text += " (affected by the PyTorch 2.9 cuDNN conv3d memory regression; workaround available)"
-    return text
+    return f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'}"
 
 
 # --- the conv3d workaround -----------------------------------------------------------------------
-
-_state = threading.local()
-
-
-def conv3d_workaround_active() -> bool:
-    """True inside `applied(flags)` with `conv3d_workaround` on, on an affected install."""
-    return getattr(_state, "conv3d_workaround", False)
-
 
 def cudnn_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding) -> torch.Tensor:
     """conv3d through cuDNN directly (no dilation, no groups), bypassing PyTorch's vol2col fallback."""
@@ -96,8 +83,9 @@ def cudnn_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def wants_cudnn_conv3d(x: torch.Tensor) -> bool:
-    """Whether a conv3d on `x` should go through `cudnn_conv3d` right now."""
-    return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and conv3d_workaround_active()
+    """Whether a conv3d on `x` meets the regression: a CUDA half-precision input on an affected install
+    (the caller's `Optimizations.conv3d_workaround` decides whether to work around it)."""
+    return x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and conv3d_regression_affected()
 
 
 # --- applying and restoring ------------------------------------------------------------------------
@@ -135,19 +123,16 @@ def applied(flags: BackendFlags | None):
         return
     saved_benchmark = torch.backends.cudnn.benchmark
     saved_tf32 = _tf32_get()
-    saved_workaround = conv3d_workaround_active()
     try:
         if flags.cudnn_benchmark is not None:
             torch.backends.cudnn.benchmark = flags.cudnn_benchmark
         if flags.tf32 is not None:
             value = _tf32_value(flags.tf32, saved_tf32[0])
             _tf32_set((saved_tf32[0], value, value))
-        _state.conv3d_workaround = flags.conv3d_workaround and conv3d_regression_affected()
         yield
     finally:
         torch.backends.cudnn.benchmark = saved_benchmark
         _tf32_set(saved_tf32)
-        _state.conv3d_workaround = saved_workaround
 
 
 def to_channels_last_3d(module: torch.nn.Module) -> int:

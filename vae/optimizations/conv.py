@@ -1,7 +1,8 @@
 """Convolution dispatch.
 
 On GPUs, convs go to cuDNN through F.conv3d, or straight to cuDNN where PyTorch 2.9/2.10 would send
-half-precision conv3d to its slow vol2col path (`backend.wants_cudnn_conv3d`).
+half-precision conv3d to its slow vol2col path (`backend.wants_cudnn_conv3d`) and the caller's
+`Optimizations.conv3d_workaround` is on (`cudnn_workaround=`).
 
 On the CPU, float32 convs go straight to oneDNN: PyTorch's own heuristic sends convs with few
 channels (< 64) to an im2col fallback that is 2-5x slower here. On CPUs without native bf16/fp16
@@ -86,7 +87,8 @@ def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) ->
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-           *, winograd: FilterCache | None = None, kernels: str = "defaults") -> torch.Tensor:
+           *, winograd: FilterCache | None = None, kernels: str = "defaults",
+           cudnn_workaround: bool = False) -> torch.Tensor:
     """F.conv3d (no dilation, no groups) of x (B,C,T,H,W), by the fastest exact kernel for the device.
 
     `winograd` (the filter cache of the caller's `Optimizations`, None when its `winograd_conv` is
@@ -95,8 +97,10 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     float32 rounding. Not while torch.compile traces (its worker threads and cache are not traceable):
     compiled blocks use inductor's convs. `kernels` (`Optimizations.kernel_choice`): "defaults" runs the
     fixed rules, "measure" the candidate measured fastest for this layer shape on this machine.
+    `cudnn_workaround` (`Optimizations.conv3d_workaround`): cuDNN called directly where the PyTorch 2.9
+    regression would slow this conv down (`backend.wants_cudnn_conv3d`).
     """
-    candidates, default = conv_candidates(x, weight, bias, stride, padding, winograd)
+    candidates, default = conv_candidates(x, weight, bias, stride, padding, winograd, cudnn_workaround)
     if kernels == "measure" and len(candidates) > 1 and not torch.compiler.is_compiling():
         # Timed on at most two output frames of at most PROBE_SIDE^2 pixels (a few seconds per shape).
         frames = min(x.shape[2], weight.shape[2] + stride[0])
@@ -133,11 +137,12 @@ def uses_winograd(device, dtype: torch.dtype, weight_shape, stride) -> bool | No
 
 
 def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
-                    winograd: FilterCache | None) -> tuple[dict, str]:
+                    winograd: FilterCache | None, cudnn_workaround: bool = False) -> tuple[dict, str]:
     """({name: run(input) -> output}, default name): the exact kernels that can run this conv here
-    (`winograd`: the filter cache, None when Winograd is off)."""
-    # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly while the workaround is on.
-    workaround = backend.wants_cudnn_conv3d(x)
+    (`winograd`: the filter cache, None when Winograd is off; `cudnn_workaround`: see `conv3d`)."""
+    # The PyTorch 2.9 cuDNN regression (backend.py): cuDNN called directly (the default kernel) where
+    # it hits and the run's workaround is on.
+    workaround = cudnn_workaround and backend.wants_cudnn_conv3d(x)
     if x.device.type != "cpu" or workaround:
         candidates = {"torch": lambda inp: F.conv3d(inp, weight, bias, stride, padding)}  # cuDNN on CUDA
         if x.is_cuda:

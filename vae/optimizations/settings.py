@@ -4,7 +4,7 @@ Every optimization StreamVAE applies inside the network has a flag here, so the 
 path (what the upstream reference code does) can be timed against it side by side and tests can
 prove both give the same numbers. An `Optimizations` value belongs to one run, not to a model: the
 caller passes it to `vae.encode`/`vae.decode` (`opts=`), and the engine hands it to every block
-through the run's `StreamContext`.
+through the run's `StreamContext`; nothing else decides which kernel runs.
 """
 from dataclasses import dataclass, fields, replace
 
@@ -51,6 +51,10 @@ class Optimizations:
     # Cap of the Winograd filter-transform cache in bytes (winograd.filter_cache); None: an eighth of
     # the RAM within 1-4 GiB, or STREAMVAE_WINOGRAD_CACHE_GB.
     winograd_cache_bytes: int | None = None
+    # The PyTorch 2.9/2.10 cuDNN regression (backend.py): on an affected NVIDIA install, half-precision
+    # conv3d calls cuDNN directly instead of PyTorch's vol2col path (~3x the memory, several times
+    # slower). No effect on any other install, device or dtype.
+    conv3d_workaround: bool = True
     # How the exact kernel of each conv (and, on GPUs, norm) is picked (kernel_choice.py): "measure" =
     # the candidate measured fastest once per layer shape on this machine, remembered on disk;
     # "defaults" = fixed rules (tuned on an AVX2 CPU), the same kernels on every machine.

@@ -1,7 +1,7 @@
 """What every module of the torchvision and torchaudio stand-ins is made of.
 
 The stand-ins sit first on the PYTHONPATH of the test ComfyUI servers only. PyPI has no CPU builds of
-torchvision or torchaudio that match the CPU torch here (docs/comfyui.md section 1), yet ComfyUI
+torchvision or torchaudio that match the CPU torch here (CONTRIBUTING.md), yet ComfyUI
 imports both at start-up (0.33.0: `torchvision.ops.roi_align`, `torchvision.transforms.functional`,
 `torchvision.models.optical_flow`, `torchaudio.functional`, ...) for models a VAE test never runs.
 So every module is real and importable, every name in it can be imported, and any use of a name
