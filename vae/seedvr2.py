@@ -157,12 +157,11 @@ class SeedVR2DownBlock3D(nn.Module):
         self.resnets = nn.ModuleList([SeedVR2ResnetBlock3D(cin if i == 0 else cout, cout, cfg) for i in range(n_layers)])
         self.downsamplers = nn.ModuleList([SeedVR2Downsample3D(cout, downsample == "temporal")]) if downsample else None
 
+    def stages(self) -> list[Stage]:
+        return [*self.resnets, *(self.downsamplers or [])]
+
     def forward(self, x, ctx):
-        for resnet in self.resnets:
-            x = resnet(x, ctx)
-        if self.downsamplers is not None:
-            x = self.downsamplers[0](x, ctx)
-        return x
+        return run_stages(self.stages(), x, ctx)
 
 
 class SeedVR2UpBlock3D(nn.Module):
@@ -171,12 +170,11 @@ class SeedVR2UpBlock3D(nn.Module):
         self.resnets = nn.ModuleList([SeedVR2ResnetBlock3D(cin if i == 0 else cout, cout, cfg) for i in range(n_layers)])
         self.upsamplers = nn.ModuleList([SeedVR2Upsample3D(cout, upsample == "temporal")]) if upsample else None
 
+    def stages(self) -> list[Stage]:
+        return [*self.resnets, *(self.upsamplers or [])]
+
     def forward(self, x, ctx):
-        for resnet in self.resnets:
-            x = resnet(x, ctx)
-        if self.upsamplers is not None:
-            x = self.upsamplers[0](x, ctx)
-        return x
+        return run_stages(self.stages(), x, ctx)
 
 
 class SeedVR2Encoder3D(nn.Module):
@@ -199,7 +197,9 @@ class SeedVR2Encoder3D(nn.Module):
         self.conv_out = _conv(ch[-1], 2 * cfg.latent_channels)
 
     def stages(self) -> list[Stage]:
-        return [self.conv_in, *self.down_blocks, self.mid_block, partial(self.conv_out, norm=self.conv_norm_out)]
+        # every resnet and resampler a stage of its own: a stage's input stays alive while it runs
+        blocks = [stage for block in self.down_blocks for stage in block.stages()]
+        return [self.conv_in, *blocks, self.mid_block, partial(self.conv_out, norm=self.conv_norm_out)]
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return run_stages(self.stages(), x, ctx)
@@ -223,7 +223,8 @@ class SeedVR2Decoder3D(nn.Module):
         self.conv_out = _conv(ch[-1], cfg.out_channels)
 
     def stages(self) -> list[Stage]:
-        return [self.conv_in, self.mid_block, *self.up_blocks, partial(self.conv_out, norm=self.conv_norm_out)]
+        blocks = [stage for block in self.up_blocks for stage in block.stages()]
+        return [self.conv_in, self.mid_block, *blocks, partial(self.conv_out, norm=self.conv_norm_out)]
 
     def forward(self, z: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return run_stages(self.stages(), z, ctx)

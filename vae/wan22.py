@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from .blocks import StreamContext
 from .layers import residual_add
+from .model import Stage
 from . import wan_layout
 from .wan21 import (WanDecoderStages, WanEncoderStages, WanHead, WanMidBlock, WanResample, WanResidualBlock,
                     WanSequence, WanVAEBase, wan_conv)
@@ -145,6 +146,11 @@ class Wan22UpBlock(nn.Module):
             blocks.append(WanResample(cout, "up3d" if temporal else "up2d", cout, temporal_kernel))
         self.upsamples = WanSequence(blocks)
 
+    def stages(self) -> list[Stage]:
+        """The block as one stage (its shortcut adds the block's input to the last output), or, in the
+        last stage, which has none, its residual blocks one by one."""
+        return list(self.upsamples) if self.avg_shortcut is None else [self]
+
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         main = self.upsamples(x, ctx)
         if self.avg_shortcut is None:
@@ -183,6 +189,9 @@ class Wan22Decoder(WanDecoderStages):
             Wan22UpBlock(cin, cout, cfg.num_res_blocks + 1, i < last and bool(temporal_up[i]), i < last, tk)
             for i, (cin, cout) in enumerate(zip(dims[:-1], dims[1:]))])
         self.head = WanHead(dims[-1], cfg.in_channels * cfg.patch_size ** 2, tk)
+
+    def stages(self) -> list[Stage]:
+        return [self.conv1, self.middle, *[stage for block in self.upsamples for stage in block.stages()], self.head]
 
 
 class Wan22VAE(WanVAEBase):

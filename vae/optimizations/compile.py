@@ -19,6 +19,7 @@ causal caches may already hold part of the failed step.
         y = run_with_fallback(vae.decode, model, z)
 """
 import contextlib
+import functools
 import logging
 import shutil
 import types
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+
+from ..model import VideoVAE
 
 log = logging.getLogger("streamvae")
 
@@ -154,7 +157,20 @@ def _has_cpp_compiler() -> bool:
 # --- compiling -------------------------------------------------------------------------------------
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules compiled one by one: children of the encoder/decoder modules, lists expanded."""
+    """The modules compiled one by one: a VideoVAE's stages that hold weights (the units the engine runs
+    a chunk through, `VideoVAE.encode_stages` / `decode_stages`, so a frame-streamed run calls the
+    compiled forwards too); for another model, or stages that hold none (an image family's per-image
+    wrapper), the children of the encoder/decoder modules, lists expanded."""
+    if isinstance(model, VideoVAE):
+        names = {module: name for name, module in model.named_modules()}
+        found = []
+        for stage in [*model.encode_stages(), *model.decode_stages()]:
+            module = stage.func if isinstance(stage, functools.partial) else stage
+            if isinstance(module, nn.Module) and any(True for _ in module.parameters()):
+                root, _, path = names[module].partition(".")
+                found.append((f"{type(getattr(model, root)).__name__}.{path}" if path else type(module).__name__, module))
+        if found:
+            return found
     roots = list(model.encode_modules()) + list(model.decode_modules())
     found = []
     for root in roots:

@@ -88,6 +88,7 @@ class ExactTiles:
                 self.step()
             if banded:
                 ctx.cache.put_rows(conv, new_cache, band_rows.start, h)
+                head = new_cache = None  # before the next row's bands are read and allocated
         if banded:
             ctx.cache.commit(conv)
         elif new_cache is not None:
