@@ -3,7 +3,7 @@ the real decoder with the real band strategy on the meta device, and predicted t
 
 Only one GPU is ever available here, so nothing in the predicted columns is measured on several GPUs:
 - measured (exactly, no GPU needed): bytes each rank sends per conv layer and per latent chunk, and how
-  many exchanges a chunk makes, from `TrafficCount` — `BandExecution` with its sends counted instead
+  many exchanges a chunk makes, from `TrafficCount` — `RowBands` with its sends counted instead
   of made, on meta tensors of the full released configs (the busiest rank: the middle one);
 - from bench/RESULTS.md section 0 (one H100, bf16, measured): the single-GPU time T1 of a workload,
   or T1 scaled by pixels where that workload was not run (marked);

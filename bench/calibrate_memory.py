@@ -34,10 +34,10 @@ FAMILIES = models.FAMILIES
 FIT_POINTS = {
     "untiled": [(96, None), (160, None)],
     "exact": [(96, 48), (128, 64), (160, 64)],
-    "streamed": [(128, 64), (192, 64), (192, 128), (256, 64), (256, 128)],
+    "streamed": [(96, 48), (128, 64), (160, 48), (192, 96)],
 }
 CHECK_POINTS = {"untiled": [(128, None), (224, None)], "exact": [(160, 48), (256, 128)], "fast": [(160, 64), (256, 128)],
-                "streamed": [(160, 96), (288, 144)]}
+                "streamed": [(176, 64), (256, 128)]}
 CUDA_FIT_POINTS = {"untiled": [(256, None), (512, None)], "exact": [(384, 128), (512, 192), (640, 256)],
                    "streamed": [(512, 256), (768, 256), (768, 512), (1024, 512)]}
 CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)], "fast": [(768, 256)],

@@ -36,7 +36,8 @@ def main() -> None:
     parser.add_argument("--budgets-gib", nargs="+", type=float, default=[], help="budgets in GiB (instead)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    parser.add_argument("--no-untiled", action="store_true", help="skip the untiled rows (too large for the device)")
+    parser.add_argument("--no-untiled", action="store_true",
+                        help="no untiled runs (too large for the device): no reference row, no error column")
     parser.add_argument("--out", default=None, help="JSON lines file (default: bench/results/memory_sweep_<device>.json)")
     args = parser.parse_args()
     out = Path(args.out or Path(__file__).parent / "results" / f"memory_sweep_{args.device}_{args.family}.json")
@@ -55,13 +56,14 @@ def main() -> None:
         untiled = None if args.no_untiled else run_worker("bench.memory_worker", base)
         budgets = [g * GIB for g in args.budgets_gib] or [f * untiled["peak_bytes"] for f in args.fractions]
         runs = ([(None, untiled)] if untiled else []) + [
-            (int(budget), run_worker("bench.memory_worker", dict(base, memory_budget=int(budget), compare_untiled=True)))
+            (int(budget), run_worker("bench.memory_worker", dict(base, memory_budget=int(budget),
+                                                                 compare_untiled=untiled is not None)))
             for budget in budgets]
         for budget, result in runs:
             row = dict(size=size, budget_gib=None if budget is None else round(budget / GIB, 3), **result)
             rows.append(row)
             predicted = "-" if result["predicted_bytes"] is None else f"{result['predicted_bytes'] / GIB:.3f}"
-            error = f"{result['max_err']:.1e}" if "max_err" in result else "(reference)"
+            error = f"{result['max_err']:.1e}" if "max_err" in result else "(reference)" if budget is None else "-"
             print(f"| {size} | {'none' if budget is None else f'{budget / GIB:.3f}'} | {result['plan']} | {predicted} | "
                   f"{result['peak_bytes'] / GIB:.3f} | {result['seconds']:.1f} | {error} |", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

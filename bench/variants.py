@@ -85,7 +85,7 @@ NOT_MEASURED = [
     ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
     ("chunked upsampling (4-8x channel-expansion peak)", "Part of native_pixel_shuffle (its row): the expanding conv runs "
                                                          "a few frames at a time."),
-    ("preallocated outputs, cached blend ramps, separable blending", "Tiling/streaming engine (vae/tiling.py, "
+    ("preallocated outputs, cached blend ramps, separable blending", "Engine and fast tiles (vae/strategies/fast_tiles.py, "
                                                                      "vae/engine.py); always on, not timed here."),
 ]
 

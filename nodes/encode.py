@@ -29,9 +29,8 @@ class Encode(io.ComfyNode):
                     "13, ...).")),
                 *tiling_inputs(io),
                 io.Mask.Input("mask", optional=True, tooltip=(
-                    "For RGBA VAEs (Qwen-Image-Layered): transparency as Load Image gives it, 1 - alpha per pixel "
-                    "(one mask, or one per frame; resized to the frames). Unconnected: the IMAGE's own alpha, "
-                    "else opaque. RGB VAEs ignore it.")),
+                    "RGBA VAEs only: transparency as Load Image gives it (1 - alpha, one mask or one per frame). "
+                    "Unconnected: the IMAGE's own alpha, else opaque.")),
             ],
             outputs=[io.Latent.Output(tooltip="LATENT as core's VAE Encode makes it, one clip per batch entry, with the "
                                               "true frame counts for StreamVAE Decode.")],

@@ -72,8 +72,10 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
     else:
         io_on_device = tuple(same_device(d, model.device) for d in io_devices)
         plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
-    if plan.fits is False and isinstance(how, Settings) and isinstance(how.memory_budget, int):
+    if plan.fits is False and bands is None and isinstance(how, Settings) and isinstance(how.memory_budget, int):
         raise ValueError(plan.below_floor())  # a budget the caller gave: refused before any work
+    if plan.fits is False and bands is not None:
+        return plan  # a band cannot be tiled yet: `RowBands.plan` said so, and it runs a chunk at a time
     if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
         log.warning("StreamVAE %s: even %s is predicted above the free memory (%.2f GiB); trying it anyway (an "
                     "out-of-memory error shrinks it to its floor, then stops with what it tried): to fit, free "
@@ -247,7 +249,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
             tile_plan = _stream_plan(model, plan, pixels.shape)
             tile_h, tile_w = tile_plan.clip.latent_hw
             parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
-            _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, Steps(tile_plan.grid[2], None, cancel),
+            _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
                            WHOLE_FRAME)
             return parts
 
@@ -398,7 +400,7 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
             tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
                                    device=out.device)
             _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
-                           tile_plan, opts, Steps(tile_plan.grid[2], None, cancel), WHOLE_FRAME)
+                           tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME)
             return tile_out
 
         decode_fast(model, z, out, grid, decode_tile, steps.check)

@@ -148,7 +148,7 @@ class Plan:
         floor = self.peak_bytes / 2**30
         return (f"this {self.op} needs at least {floor:.2f} GiB (its smallest plan: {self.settings()}), more than "
                 f"the memory budget of {self.budget_bytes / 2**30:.2f} GiB: set {setting} to at least "
-                f"{math.ceil(floor * 4) / 4:g} GiB (or 0 / None for no limit), or {self.op} fewer pixels per frame")
+                f"{math.ceil(floor * 100) / 100:g} GiB (or 0 / None for no limit), or {self.op} fewer pixels per frame")
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -283,7 +283,8 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     than tiling); exact tiles from the largest down to STREAM_BELOW_TILE px, the same way; then frame
     streaming (one latent frame per chunk, its stages one frame at a time, caches offloaded), untiled
     and with every tile down to the family's smallest: below STREAM_BELOW_TILE px tiles cost more
-    time than streaming frames does."""
+    time than streaming frames does. The smaller tiles without streaming come last (where streaming
+    has no calibration, or is not allowed)."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
     max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
     chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
@@ -297,15 +298,20 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
     tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
     whole = [None] if settings.tile_size is None or (limit[0] >= height and limit[1] >= width) else []
-    streaming = settings.stream_frames is not False and settings.tiling == "exact"
-    if settings.stream_frames is not True:
-        for tile in whole + [t for t in tiles if max(t) >= STREAM_BELOW_TILE or not streaming]:
-            for offload in offloads:
-                for chunk in chunks:
-                    yield chunk, tile, offload, False
-    if streaming:
+    large = [tile for tile in tiles if max(tile) >= STREAM_BELOW_TILE]
+
+    def whole_chunks(tiles):
+        if settings.stream_frames is not True:
+            for tile in tiles:
+                for offload in offloads:
+                    for chunk in chunks:
+                        yield chunk, tile, offload, False
+
+    yield from whole_chunks(whole + large)
+    if settings.stream_frames is not False and settings.tiling == "exact":
         for tile in whole + tiles:
             yield 1, tile, offloads[-1], True
+    yield from whole_chunks([tile for tile in tiles if tile not in large])
 
 
 @lru_cache(maxsize=64)

@@ -24,6 +24,14 @@ class Steps:
         self.chunks, self.chunks_done, self.per_chunk, self.done, self.convs = chunks, 0, 1, 0, convs
         self.progress, self.cancel = progress, cancel
         self.silent = False
+        self.parent: Steps | None = None  # a run that counts this stream's chunks as its units
+
+    def stream(self, chunks: int) -> "Steps":
+        """The steps of one stream of this run (a fast tile): each of its chunks is one unit of this
+        run, its tiles only check cancellation."""
+        child = Steps(chunks, None, self.cancel)
+        child.parent = self
+        return child
 
     @property
     def total(self) -> int:
@@ -70,6 +78,8 @@ class Steps:
         if self.silent:
             self.check()
             return
+        if self.parent is not None:
+            self.parent()
         self.chunks_done += 1
         self.done = self.chunks_done * self.per_chunk
         self._report()

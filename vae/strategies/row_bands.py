@@ -112,7 +112,7 @@ class RowBands:
         tallest = self.bands.tallest * (1 if op == "decode" else model.spatial_factor)
         band_shape = tuple(input_shape[:3]) + (tallest, input_shape[4])
         band = dataclasses.replace(settings, temporal_chunk=settings.temporal_chunk or clip.latent_frames,
-                                   tile_size=None, tiling="exact")
+                                   tile_size=None, tiling="exact", stream_frames=False)
         fitted = planning.plan(model, op, band_shape, band, io_on_device=(False, False), opts=opts)
         chunk = fitted.temporal_chunk
         if settings.memory_budget is not None:
@@ -123,7 +123,7 @@ class RowBands:
                 chunk = 1
             chunk = self._smallest(chunk, model.device)  # every rank must run the same chunks
         return dataclasses.replace(fitted, input_shape=tuple(input_shape), clip=clip, temporal_chunk=chunk,
-                                   tile_size=None, grid=(1, 1, clip.chunks(chunk)))
+                                   tile_size=None, streamed=False, grid=(1, 1, clip.chunks(chunk)))
 
     def agree(self, values: Sequence[int], device, what: str) -> None:
         """Raise on every rank unless every rank passed the same `values` (shapes and settings)."""
