@@ -58,13 +58,19 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten)."""
+    """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten),
+    and group them for pytest-xdist (`-n 2 --dist loadgroup`, as CI runs): every test of one ComfyUI
+    tree on one worker, so each tree's server starts once, and every other test with the rest of its
+    module, so a module's fixtures are made once."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & (SERVER_FIXTURES | BROWSER_FIXTURES):
             item.add_marker(pytest.mark.comfy)
         if used & BROWSER_FIXTURES:
             item.add_marker(pytest.mark.browser)
+        callspec = getattr(item, "callspec", None)
+        tree = callspec.params.get("comfy_tree") if callspec is not None else None
+        item.add_marker(pytest.mark.xdist_group(f"comfyui-{tree}" if tree else item.module.__name__))
 
 
 @pytest.fixture(scope="session")

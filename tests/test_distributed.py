@@ -8,6 +8,7 @@ mid-decode, fails at start, or the caller cancels: a clear error within seconds 
 """
 import io
 import os
+import queue
 import signal
 import time
 
@@ -98,7 +99,16 @@ def gathered(tmp_path_factory):
     store = str(tmp_path_factory.mktemp("distributed") / "store")
     processes = mp.start_processes(_rank_main, args=(store, results), nprocs=3, join=False, start_method="spawn")
     try:
-        found = torch.load(io.BytesIO(results.get(timeout=300)), weights_only=True)
+        deadline = time.monotonic() + 300
+        while True:  # a rank that failed ends the wait at once (join raises with its traceback)
+            try:
+                payload = results.get(timeout=1)
+                break
+            except queue.Empty:
+                processes.join(0)
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the ranks gave no result in 300 s") from None
+        found = torch.load(io.BytesIO(payload), weights_only=True)
         processes.join(60)
     finally:
         for process in processes.processes:

@@ -63,6 +63,10 @@ class Conv3d(nn.Conv3d):
     PyTorch 2.9 cuDNN workaround). SeedVR2's 1x1x1 convs: no Winograd, nothing to measure."""
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        return self.conv5d(x, ctx)
+
+    def conv5d(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
+        """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
         return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround)
 
 
@@ -139,7 +143,7 @@ class CausalConv3d(Conv3d):
         if ctx.execution is not None:
             # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
             stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
-            fill = _norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
+            fill = norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
             return ctx.execution.conv(self, ctx, x.shape, x, fill)
         if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):
             x, norm = norm.act(x, ctx), None
@@ -147,7 +151,7 @@ class CausalConv3d(Conv3d):
             return self._forward_concat(x, ctx)
         if norm is None and not self.temporal and not any(self.buffer_pad):
             return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
-        return self.run(ctx, x.shape, x, _norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
+        return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
     # -- the causal state, one definition for the untiled path and for exact tiles ------------------
     def head(self, ctx: StreamContext) -> tuple[torch.Tensor | None, int]:
@@ -258,8 +262,8 @@ def _copy_fill(x: torch.Tensor) -> Fill:
     return lambda view, rows, cols: view.copy_(x[..., rows, cols])
 
 
-def _norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamContext, stats=None) -> Fill:
-    """SiLU(norm(x)) of a region, with whole-frame statistics `stats` when tiling."""
+def norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamContext, stats=None) -> Fill:
+    """SiLU(norm(x)) of a region, with whole-frame statistics `stats` when tiling (or banding)."""
     return lambda view, rows, cols: norm.act(x[..., rows, cols], ctx, out=view, stats=stats)
 
 

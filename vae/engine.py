@@ -112,7 +112,7 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     elif tile is None or (tile[0] >= frame[0] and tile[1] >= frame[1]):
         ctx.execution = None
     else:
-        ctx.execution = ExactTiles(frame, tile, steps)
+        ctx.execution = ExactTiles(frame, tile, steps, chain=plan.streamed)
     steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
 
 

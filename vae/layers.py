@@ -86,6 +86,22 @@ def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamContext) -
     return branch.add_(skip) if ctx.opts.inplace_residual else branch + skip
 
 
+def residual_convs(x: torch.Tensor, ctx: StreamContext, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
+    """conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) (x itself without one), on B,C,T,H,W: the
+    residual block of both families. An execution strategy may compute it without keeping conv1's
+    output or the shortcut whole (`strategies.Execution.residual`)."""
+    if ctx.execution is not None:
+        return ctx.execution.residual(x, ctx, conv1, norm1, conv2, norm2, shortcut)
+    return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
+
+
+def residual_sequence(x: torch.Tensor, ctx: StreamContext, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
+    """`residual_convs` conv by conv (each through the run's execution strategy, if any)."""
+    h = conv1(x, ctx, norm=norm1)
+    h = conv2(h, ctx, norm=norm2)
+    return residual_add(h, shortcut(x, ctx) if shortcut is not None else x, ctx)
+
+
 class FrameSelfAttention(nn.Module):
     """Single-head self-attention among the H*W positions of each frame, plus the residual.
 

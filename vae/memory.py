@@ -129,10 +129,9 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     `streamed`: the chunk's stages run one frame at a time (`strategies.FrameStream`); then the
     activations follow the "streamed" coefficients, calibrated with the caches offloaded and one
     latent frame per chunk: per_pixel per pixel of one frame (what every high-resolution layer holds
-    of one frame), per_tile_pixel per pixel of one frame's tile (the conv buffers) and per_band_pixel
-    per pixel of a band of rows as tall as a tile (the offloaded caches are read and written a band
-    at a time), whatever the chunk; an untiled frame is one tile. The caches are added where they
-    stay on the device.
+    of one frame) and per_tile_pixel per pixel of one frame's tile (the conv buffers), whatever the
+    chunk (an untiled frame is one tile), plus the offloaded caches' bands (`cache_band_elements`);
+    the caches are added whole where they stay on the device.
 
     Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
     coefficients at tile size, plus the tile's own output buffer that is blended into the result.
@@ -162,10 +161,8 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     if streamed:
         th, tw = (min(side, full) for side, full in zip(as_pair(tile_size or (height, width)), (height, width)))
         frame_pixels = b * height * width
-        act = (coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * b * th * tw
-               + coef.get("per_band_pixel", 0.0) * b * th * width)
-        if cache_offload == "none":
-            act += cache_all * frame_pixels
+        act = coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * b * th * tw
+        act += cache_all * frame_pixels if cache_offload == "none" else b * cache_band_elements(cache_largest, th, width)
         return int(resident + elem * (act + coef.get("fixed", 0)))
     # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
     # are whole frames per module whatever the chunk length: they scale with the frame, the rest
@@ -180,6 +177,13 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     if cache_offload != "none":
         act -= (cache_all - 2 * cache_largest) * frame_pixels
     return int(resident + elem * (act + coef.get("fixed", 0)))
+
+
+def cache_band_elements(largest: float, tile_rows: int, width: int) -> float:
+    """Elements of the offloaded caches on the device while a conv runs under exact tiles: the old
+    and the new band of rows of the largest module's cache (`largest`: its elements per video pixel),
+    as tall as a row of tiles with its halo, the frame wide (`strategies.ExactTiles`)."""
+    return 2 * largest * (tile_rows + 2) * width
 
 
 def cache_calibrated(model, op: str, device_type: str) -> bool:

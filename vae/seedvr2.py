@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from .blocks import CausalConv3d, Conv3d, StreamContext, upsampling_fill
-from .layers import FrameGroupNorm, FrameSelfAttention, residual_add
+from .layers import FrameGroupNorm, FrameSelfAttention, residual_convs
 from .model import Stage, VideoVAE, run_stages
 
 
@@ -50,10 +50,7 @@ class SeedVR2ResnetBlock3D(nn.Module):
         self.conv_shortcut = Conv3d(cin, cout, 1) if cin != cout else None
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        h = self.conv1(x, ctx, norm=self.norm1)
-        h = self.conv2(h, ctx, norm=self.norm2)
-        skip = self.conv_shortcut(x, ctx) if self.conv_shortcut is not None else x
-        return residual_add(h, skip, ctx)
+        return residual_convs(x, ctx, self.conv1, self.norm1, self.conv2, self.norm2, self.conv_shortcut)
 
 
 class SeedVR2Attention(FrameSelfAttention):

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
-from .layers import FrameSelfAttention, RMSNorm, residual_add
+from .layers import FrameSelfAttention, RMSNorm, residual_convs
 from .model import Stage, VideoVAE, run_stages
 from . import wan_layout
 
@@ -104,9 +104,7 @@ class WanResidualBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         r = self.residual
-        h = r[2](x, ctx, norm=r[0])
-        h = r[6](h, ctx, norm=r[3])
-        return residual_add(h, self.shortcut(x, ctx) if self.shortcut is not None else x, ctx)
+        return residual_convs(x, ctx, r[2], r[0], r[6], r[3], self.shortcut)
 
 
 class WanAttentionBlock(FrameSelfAttention):

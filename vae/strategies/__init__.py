@@ -41,6 +41,9 @@ class Execution(Protocol):
     def norm_stats(self, norm, x: torch.Tensor, ctx):
         """The norm's whole-frame statistics of x (None for per-position norms)."""
 
+    def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
+        """A residual block, conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) (`layers.residual_convs`)."""
+
     def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
         """The mid-block attention of x (every position attends to the whole frame)."""
 

@@ -9,10 +9,19 @@ attention runs untiled at latent resolution. What exists per tile only: the conv
 causal caches are whole frames, unpadded; when they wait off the device, a conv reads and writes
 them a band of rows at a time (the rows one row of tiles reads, halo included), so no whole-frame
 cache is ever on the device.
+
+With `chain` (the plans that stream frames to reach the lowest peak), a residual block's two convs run
+chained (`residual`): the first conv's output never exists whole. A first pass computes it tile by
+tile only for the second norm's whole-frame statistics (and the first conv's next cache); the second
+conv's tiles then recompute it over their own input regions, and add the shortcut tile by tile. The
+first conv costs twice, and a residual block holds its input and its output instead of three frames.
 """
 import torch
 
+from ..blocks import norm_fill
 from ..geometry import exact_cuts, layer_spans
+from ..layers import FrameGroupNorm, residual_sequence
+from ..optimizations import group_norm_moments, merge_group_moments
 from . import ConvWindow
 
 
@@ -28,11 +37,12 @@ class ExactTiles:
 
     eager_reason = "exact-tile steps"  # per-tile loops, progress and cancellation: nothing a graph replays
 
-    def __init__(self, reference_hw: tuple[int, int], tile_hw: tuple[int, int], step):
+    def __init__(self, reference_hw: tuple[int, int], tile_hw: tuple[int, int], step, chain: bool = False):
         (rh, rw), (th, tw) = reference_hw, tile_hw
         self.reference = (rh, rw)
         self.row_cuts, self.col_cuts = exact_cuts(rh, th), exact_cuts(rw, tw)
         self.step = step
+        self.chain = chain
         self.largest_buffer = 0  # elements of the largest conv input buffer a tile has used so far
 
     @property
@@ -48,7 +58,13 @@ class ExactTiles:
         return (layer_spans(self.row_cuts, self.reference[0], height, multiple),
                 layer_spans(self.col_cuts, self.reference[1], width, multiple))
 
-    def conv(self, conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
+    def _grid_of(self, call: "_ConvCall", ctx):
+        rows, cols = self.spans(*call.window.out_hw)
+        if ctx.opts.whole_frame_small_convs and call.input_elements <= self.largest_buffer:
+            return [(0, call.window.out_hw[0])], [(0, call.window.out_hw[1])]
+        return rows, cols
+
+    def conv(self, conv, ctx, shape, like: torch.Tensor, fill, epilogue=None) -> torch.Tensor:
         """A (causal) conv over new frames of `shape` (B,C,T,H,W), tile by tile.
 
         `conv` (a blocks.CausalConv3d or FrameConv2d) owns the causal state (`head`, `write_head`,
@@ -56,43 +72,63 @@ class ExactTiles:
         (slices of the unpadded frame) into `view`. A tile's buffer is exactly the input region its
         outputs read, and the conv runs on it unpadded, so it computes nothing beyond the tile (Winograd
         has a valid mode for this: a same-padded conv of the region would also compute the halo).
+        `epilogue(tile, rows, cols)` may change each output tile in place (a residual added).
         """
-        b, c, t, h, w = shape
-        window = ConvWindow(conv, tuple(shape))
-        ho, wo = window.out_hw
-        banded = conv.temporal and ctx.cache.offload != "none"  # the cache read and written by bands of rows
-        head, n_head = (None, conv.head_count(ctx)) if banded else conv.head(ctx)
-        n = n_head + t
-        n_out, keep = conv.output_frames(n), conv.kept_from(n)
-        out = like.new_empty((b, conv.out_channels, n_out, ho, wo))
-        new_cache = like.new_empty((b, c, n - keep, h, w)) if conv.temporal and not banded else None
-        rows, cols = self.spans(ho, wo)
-        if ctx.opts.whole_frame_small_convs and b * c * n * h * w <= self.largest_buffer:
-            rows, cols = [(0, ho)], [(0, wo)]
-        for i, out_rows in enumerate(rows):
-            (iy0, iy1), _ = window.reads(out_rows, (0, wo))
-            band_rows = slice(max(iy0, 0), min(iy1, h))  # the input rows this row of tiles reads
-            if banded:
-                head = ctx.cache.rows(conv, band_rows.start, band_rows.stop)  # B,C,n_head,band,W
-                new_cache = like.new_empty((b, c, n - keep, band_rows.stop - band_rows.start, w))
+        call = _ConvCall(conv, ctx, shape, like)
+        ho, wo = call.window.out_hw
+        out = like.new_empty((shape[0], conv.out_channels, call.n_out, ho, wo))
+        rows, cols = self._grid_of(call, ctx)
+        for out_rows in rows:
+            call.start_row(out_rows)
             for out_cols in cols:
-                buf, inner, rows_in, cols_in = window.buffer(like, n, *window.reads(out_rows, out_cols))
-                self.largest_buffer = max(self.largest_buffer, buf.numel())
-                fill(inner[:, :, n_head:], rows_in, cols_in)
-                in_band = slice(0, band_rows.stop - band_rows.start) if banded else rows_in
-                conv.write_head(inner, head, n_head, in_band, cols_in)
-                if new_cache is not None:
-                    new_cache[..., in_band, cols_in] = inner[:, :, keep:]
-                if n_out:
-                    out[..., slice(*out_rows), slice(*out_cols)] = conv.conv5d(buf, ctx, padded=False)
+                tile = call.tile(out_rows, out_cols, fill, keep_cache=True)
+                self.largest_buffer = max(self.largest_buffer, call.last_buffer)
+                if call.n_out:
+                    view = out[..., slice(*out_rows), slice(*out_cols)]
+                    view.copy_(tile)
+                    if epilogue is not None:
+                        epilogue(view, slice(*out_rows), slice(*out_cols))
                 self.step()
-            if banded:
-                ctx.cache.put_rows(conv, new_cache, band_rows.start, h)
-                head = new_cache = None  # before the next row's bands are read and allocated
-        if banded:
-            ctx.cache.commit(conv)
-        elif new_cache is not None:
-            ctx.cache.put(conv, new_cache, owned=True)
+            call.end_row()
+        call.finish()
+        return out
+
+    def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
+        """conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) on x (B,C,T,H,W), chained when `chain`
+        and conv2's frame is tiled (see the module docstring); else conv by conv."""
+        call1 = _ConvCall(conv1, ctx, x.shape, x)
+        h, w = call1.window.out_hw
+        if not self.chain or not call1.n_out or self.spans(h, w) == ([(0, h)], [(0, w)]):
+            return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
+        fill1 = norm_fill(x, norm1, ctx, norm1.stats(x, ctx))
+        # Pass 1: conv1's output tile by tile, for norm2's statistics and conv1's next cache (stored
+        # but not committed: pass 2 reads the cache this call started with).
+        parts = []
+        rows, cols = self._grid_of(call1, ctx)
+        for out_rows in rows:
+            call1.start_row(out_rows)
+            for out_cols in cols:
+                tile = call1.tile(out_rows, out_cols, fill1, keep_cache=True)
+                if isinstance(norm2, FrameGroupNorm):
+                    mean, var = group_norm_moments(tile, norm2.num_groups, ctx.opts.triton_norm)
+                    parts.append((mean, var, tile[0, 0, 0].numel() * tile.shape[1] // norm2.num_groups))
+                self.step()
+            call1.end_row()
+        stats2 = None
+        if parts:
+            mean, var = merge_group_moments(parts)
+            stats2 = mean, torch.rsqrt(var + norm2.eps)
+
+        def fill2(view, rows2, cols2):  # conv1's outputs over the region, again, normalised into view
+            norm2.act(call1.region(rows2, cols2, fill1), ctx, out=view, stats=stats2)
+
+        def add_shortcut(view, rows2, cols2):
+            part = x[..., rows2, cols2]
+            view.add_(shortcut.conv5d(part, ctx) if shortcut is not None else part)
+
+        shape1 = (x.shape[0], conv1.out_channels, call1.n_out, h, w)
+        out = self.conv(conv2, ctx, shape1, x, fill2, epilogue=add_shortcut)
+        call1.finish()
         return out
 
     def norm_stats(self, norm, x: torch.Tensor, ctx):
@@ -120,3 +156,80 @@ class ExactTiles:
                 out[..., oy0:oy1, ox0:ox1] = y[..., dy:dy + oy1 - oy0, dx:dx + ox1 - ox0]
                 self.step()
         return out
+
+
+class _ConvCall:
+    """One call of a (causal) conv over new frames of `shape` (B,C,T,H,W) under exact tiles: its window,
+    head frames and next cache. An offloaded cache is read a band of rows at a time (the rows a row of
+    tiles reads: one read per band) and the next one written a row of tiles at a time; on the device
+    the next cache is gathered whole."""
+
+    def __init__(self, conv, ctx, shape, like: torch.Tensor):
+        self.conv, self.ctx, self.like = conv, ctx, like
+        self.shape = tuple(shape)
+        self.window = ConvWindow(conv, self.shape)
+        self.banded = conv.temporal and ctx.cache.offload != "none"
+        self.head, self.n_head = (None, conv.head_count(ctx)) if self.banded else conv.head(ctx)
+        b, c, t, h, w = self.shape
+        self.n = self.n_head + t
+        self.n_out, self.keep = conv.output_frames(self.n), conv.kept_from(self.n)
+        self.input_elements = b * c * self.n * h * w
+        self.next_cache = like.new_empty((b, c, self.n - self.keep, h, w)) if conv.temporal and not self.banded else None
+        self.band = self.band_rows = None  # this row of tiles' rows and its part of the next cache
+        self._read = (None, None)  # (rows, head band) of the last band read
+        self.last_buffer = 0
+
+    def _head(self, rows: slice):
+        """(head frames covering `rows` of the frame, rows as a slice of them)."""
+        if not self.banded:
+            return self.head, rows
+        if self._read[0] != (rows.start, rows.stop):
+            self._read = ((rows.start, rows.stop), None)  # the old band goes before the new one is read
+            self._read = ((rows.start, rows.stop), self.ctx.cache.rows(self.conv, rows.start, rows.stop))
+        return self._read[1], slice(0, rows.stop - rows.start)
+
+    def _buffer(self, out_rows, out_cols, fill):
+        """The input buffer of outputs out_rows x out_cols: filled, head frames written."""
+        buf, inner, rows_in, cols_in = self.window.buffer(self.like, self.n, *self.window.reads(out_rows, out_cols))
+        self.last_buffer = buf.numel()
+        fill(inner[:, :, self.n_head:], rows_in, cols_in)
+        head, head_rows = self._head(rows_in)
+        self.conv.write_head(inner, head, self.n_head, head_rows, cols_in)
+        return buf, inner, rows_in, cols_in
+
+    def start_row(self, out_rows) -> None:
+        """A row of tiles begins: the rows it reads (halo included) and, banded, its part of the next cache."""
+        (iy0, iy1), _ = self.window.reads(out_rows, (0, self.window.out_hw[1]))
+        self.band_rows = slice(max(iy0, 0), min(iy1, self.shape[3]))
+        if self.banded:
+            b, c, _, _, w = self.shape
+            self.band = self.like.new_empty((b, c, self.n - self.keep, self.band_rows.stop - self.band_rows.start, w))
+
+    def tile(self, out_rows, out_cols, fill, keep_cache: bool) -> torch.Tensor:
+        """The conv's outputs out_rows x out_cols (B,C',n_out,rows,cols); its input region goes into the
+        next cache."""
+        buf, inner, rows_in, cols_in = self._buffer(out_rows, out_cols, fill)
+        if keep_cache and self.band is not None:
+            self.band[..., rows_in.start - self.band_rows.start:rows_in.stop - self.band_rows.start, cols_in] = \
+                inner[:, :, self.keep:]
+        elif keep_cache and self.next_cache is not None:
+            self.next_cache[..., rows_in, cols_in] = inner[:, :, self.keep:]
+        return self.conv.conv5d(buf, self.ctx, padded=False) if self.n_out else buf[:, :0]
+
+    def region(self, rows: slice, cols: slice, fill) -> torch.Tensor:
+        """The conv's outputs over rows x cols of its output frame again (from the cache this call started
+        with), without touching the next cache."""
+        return self.tile((rows.start, rows.stop), (cols.start, cols.stop), fill, keep_cache=False)
+
+    def end_row(self) -> None:
+        if self.band is not None:
+            self.ctx.cache.put_rows(self.conv, self.band, self.band_rows.start, self.shape[3])
+            self.band = None  # before the next row's band is allocated
+
+    def finish(self) -> None:
+        """The next cache replaces this call's."""
+        self._read = (None, None)
+        if self.banded:
+            self.ctx.cache.commit(self.conv)
+        elif self.next_cache is not None:
+            self.ctx.cache.put(self.conv, self.next_cache, owned=True)

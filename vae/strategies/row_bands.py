@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import planning
-from ..layers import FrameGroupNorm
+from ..layers import FrameGroupNorm, residual_sequence
 from ..optimizations import group_norm_moments, merge_group_moments
 from . import ConvWindow
 
@@ -261,6 +261,10 @@ class RowBands:
         counts = [per_row * (hi - lo) for lo, hi in (self.bands.rows(r, s) for r in range(self.world))]
         mean, var = merge_group_moments([(p[0], p[1], n) for p, n in zip(parts, counts)])
         return mean, torch.rsqrt(var + norm.eps)
+
+    def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
+        """A residual block conv by conv, each over this rank's band."""
+        return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
 
     def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
         """The mid-block attention for this rank's query rows against the whole frame's keys."""
