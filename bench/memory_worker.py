@@ -120,6 +120,7 @@ def measure(model, spec: dict) -> dict:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
         whole = models.run(model, spec["op"], x, dict(temporal_chunk=x.shape[2]), opts)
         result["max_err"] = float((got.float() - whole.float()).abs().max())
+        result["max_abs"] = float(whole.float().abs().max())
     return result
 
 

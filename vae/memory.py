@@ -43,11 +43,14 @@ def _calibration() -> dict:
 def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     """Calibrated {per_pixel, per_tile_pixel, fixed} for a family/op/mode ("caches": the
     `cache_profile`, elements per pixel, the same on every device) on `device_type`; where that
-    device type has no calibration, the CPU's times UNCALIBRATED_MARGIN."""
+    device type has no calibration, the CPU's times UNCALIBRATED_MARGIN. An entry may say where its
+    numbers come from ("source": "cpu", the CUDA streamed mode until a GPU measures it: tiled one frame
+    at a time, a GPU holds the CPU's live tensors, and the meta-device count of the GPU code path
+    agrees, bench/RESULTS.md section 11); only the numbers are returned."""
     table = _calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:
-        return entry
+        return {name: value for name, value in entry.items() if name != "source"}
     entry = table.get("cpu", {}).get(family, {}).get(op, {}).get(mode)
     if entry:
         return entry if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in entry.items()}
