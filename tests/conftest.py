@@ -36,6 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfy_support import environment, old_torch  # noqa: E402  (needs the path entry above)
 
+# Under pytest-xdist (`-n 2`, as CI runs on its 2 cores) every worker, and every server it starts, computes
+# on one thread: two workers of two threads each on two cores wait on each other's spinning threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 # Kernel choices measured by the tests (and the servers they start) go to a scratch folder, never the
 # user's cache (optimizations/kernel_choice.py).
 os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernels-")

@@ -13,7 +13,7 @@ side's LATENT with the other side's decoder:
   does the adapter (equal LATENTs); StreamVAE pads to 9 and keeps the true count (its first two latent
   frames are core's); core VAE Decode of StreamVAE's LATENT gives all 9 frames, the first 5 equal to
   StreamVAE Decode of core's LATENT.
-Full-size models on 2 CPU cores are slow, so frames are 64 x 64 and the graph computes nothing twice.
+Full-size models on 2 CPU cores are slow, so frames are 32 x 32 and the graph computes nothing twice.
 
 Under core's --fp16-intermediates (a server of its own) IMAGEs and LATENTs from StreamVAE's nodes and
 from the adapter are float16 like core's, and still equal to core's; that server runs the tiny Wan2.1
@@ -38,7 +38,7 @@ from test_nodes_server import (FAMILIES, node, object_info, saved_images, saved_
                                vae_file)
 
 pytestmark = pytest.mark.comfy_trees("0.33.0")
-SIZE = 64
+SIZE = 32
 
 
 def full_size_name(family):
@@ -60,7 +60,7 @@ def full_size_vaes(comfy_server):
 
 @pytest.fixture(scope="module")
 def uploaded_frames(comfy_server):
-    """LoadImage names of a random 6-frame 64 x 64 clip (key 6) and of its first 5 frames (key 5)."""
+    """LoadImage names of a random 6-frame 32 x 32 clip (key 6) and of its first 5 frames (key 5)."""
     clip = np.random.default_rng(11).integers(0, 256, (6, SIZE, SIZE, 3), dtype=np.uint8)
     return {n: upload_frames(comfy_server, clip[:n], f"streamvae_interop_{n}.png") for n in (5, 6)}
 

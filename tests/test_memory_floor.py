@@ -49,7 +49,7 @@ def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_pat
     prediction of that plan lands within 15 % of it, and the frames equal the untiled decode's (fresh
     process, full released config, fp32, 5 frames: a size the calibration did not use)."""
     monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
-    spec = dict(family="seedvr2", op="decode", frames=5, height=192, width=192, kernel_choice="defaults")
+    spec = dict(family="seedvr2", op="decode", frames=5, height=160, width=160, kernel_choice="defaults")
     model = models.meta_model("seedvr2")
     shape = tuple(models.make_input("seedvr2", spec).shape)
     opts = vae.Optimizations(kernel_choice="defaults")
@@ -59,7 +59,7 @@ def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_pat
     budget = int(resident + 0.24 * activations)
     result = run_worker("bench.memory_worker", dict(spec, memory_budget=budget, compare_untiled=True), timeout=900)
     # float32 rounding of a 40-layer network, relative to its output (within 1e-5 of it, as the tiny
-    # models' fixtures are absolutely: measured 2.6e-5 at outputs up to about 4)
+    # models' fixtures are absolutely: measured 2.4e-5 at outputs up to 3.2)
     assert result["fits"] and result["max_err"] <= 1e-5 * max(1.0, result["max_abs"]), result
     assert result["peak_bytes"] <= budget, (result, budget)
     error = result["predicted_bytes"] / result["peak_bytes"] - 1

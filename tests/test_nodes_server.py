@@ -221,7 +221,10 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     latent = saved_latent(comfy_server, entry, "4")
     assert latent.shape == z.shape == (1, model.latent_channels, 3, math.ceil(HEIGHT / model.spatial_factor),
                                       math.ceil(WIDTH / model.spatial_factor))
-    torch.testing.assert_close(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
+    # the server runs the kernels it measured (Winograd or direct convs), the library call its defaults:
+    # fp32 rounding through the encoder, up to 1.8e-4 of the latent's scale seen (old torch, loaded machine)
+    expected = core_latent(family, z)
+    torch.testing.assert_close(latent, expected, rtol=0, atol=5e-4 * expected.abs().max().item())
     images = saved_images(comfy_client, entry, "6")
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3)  # every frame back, padding trimmed
     assert_images_close(images, as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
@@ -313,9 +316,11 @@ def test_latent_of_another_family_is_named_clearly(comfy_client, object_info):
     assert "16 channels" in error["exception_message"] and "48-channel" in error["exception_message"]
 
 
+@pytest.mark.comfy_trees("0.3.75")
 def test_settings_nodes_feed_the_loader(comfy_client, object_info, uploaded_clip, clip, models):
     """Compile settings + GPU options wired in: on CPU compilation falls back to eager (or compiles),
-    the GPU switches are no-ops, and the result is still the library's."""
+    the GPU switches are no-ops, and the result is still the library's. One tree: the wiring is the
+    pack's, and tracing takes 25 s on 2 cores (the older tree, which the old-torch run uses too)."""
     prompt = {
         "1": node(object_info, "LoadImage", image=uploaded_clip),
         "2": node(object_info, "StreamVAETorchCompileSettings", backend="eager"),

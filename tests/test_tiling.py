@@ -114,9 +114,13 @@ def test_budget_picks_untiled_when_it_fits_and_tiles_when_not():
     shape = (1, 16, 3, 32, 48)
     roomy = vae.plan(m, "decode", shape, vae.Settings(memory_budget=2**40))
     assert roomy.tile_size is None and roomy.temporal_chunk == 3 and roomy.fits
-    # caches kept on the device: a budget would offload them first (tests/test_causal_cache.py)
+    # caches kept on the device: a budget would offload them first (tests/test_causal_cache.py);
+    # below the large tiles the planner streams frames untiled first (tests/test_frame_stream.py)
+    budget = _between_tiled_and_untiled(m, shape)
+    streamed = vae.plan(m, "decode", shape, vae.Settings(memory_budget=budget, cache_offload="none"))
+    assert streamed.streamed and streamed.tile_size is None and streamed.fits
     tight = vae.plan(m, "decode", shape,
-                     vae.Settings(memory_budget=_between_tiled_and_untiled(m, shape), cache_offload="none"))
+                     vae.Settings(memory_budget=budget, cache_offload="none", stream_frames=False))
     assert tight.tile_size is not None and tight.fits and tight.peak_bytes <= tight.budget_bytes
     assert min(tight.tile_size) >= 4 * m.spatial_factor
     fast_tiles = vae.Settings(tiling="fast", tile_overlap=64, memory_budget=tight.budget_bytes, cache_offload="none")
@@ -129,7 +133,7 @@ def test_decode_under_a_budget_equals_untiled():
     z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
     whole = vae.decode(m, z)
     budget = _between_tiled_and_untiled(m, tuple(z.shape))
-    settings = vae.Settings(memory_budget=budget, cache_offload="none")
+    settings = vae.Settings(memory_budget=budget, cache_offload="none", stream_frames=False)
     assert vae.plan(m, "decode", tuple(z.shape), settings).tile_size is not None
     assert (vae.decode(m, z, settings, opts=TILE_ALL) - whole).abs().max() <= EXACT_ATOL
 

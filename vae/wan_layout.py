@@ -4,7 +4,7 @@ Many released VAEs are the Wan network at other sizes: pruned widths (LightVAE),
 output (Qwen-Image-Layered), decoders that emit a 2x2 pixel block per pixel (2x upscale decoders),
 deeper and image-only ones (Qwen-Image 2.1). Every size is read from the weights, in the places
 ComfyUI core reads them, for upstream / ComfyUI key names and diffusers' (renamed first by
-`wan21.diffusers_to_native`):
+`diffusers_to_native` below):
 
     dim               encoder.conv1.weight out channels (Wan2.1: decoder.head.0.gamma too, which must agree)
     dec_dim           decoder.head.0.gamma (the Wan2.2 layout's separate decoder width)
@@ -120,3 +120,76 @@ def scale(widths: tuple[int, ...], released: tuple[int, ...]) -> float:
     largest ratio of its widths to the released ones (activations are channels x pixels)."""
     return max(w / r for w, r in zip(widths, released))
 
+
+# --- diffusers key names --------------------------------------------------------------------------
+
+_DIFFUSERS_TOP = {"quant_conv": "conv1", "post_quant_conv": "conv2"}
+_DIFFUSERS_SIDE = {"conv_in": "conv1", "norm_out": "head.0", "conv_out": "head.2"}
+_DIFFUSERS_RESNET = {"norm1": "residual.0", "conv1": "residual.2", "norm2": "residual.3", "conv2": "residual.6",
+                     "conv_shortcut": "shortcut"}
+_BLOCK_KEY = re.compile(r"(encoder|decoder)\.(down|up)_blocks\.(\d+)\.(.+)")
+
+
+def _resnet_leaf(tail: str) -> str:
+    first, _, rest = tail.partition(".")
+    return f"{_DIFFUSERS_RESNET[first]}.{rest}" if first in _DIFFUSERS_RESNET else tail
+
+
+def diffusers_to_native(sd: dict, nested: bool) -> dict:
+    """A diffusers `AutoencoderKLWan` state dict in upstream Wan key names.
+
+    Rules: quant_conv/post_quant_conv -> conv1/conv2; conv_in -> conv1; norm_out/conv_out -> head.0/.2;
+    mid_block.resnets.j -> middle.2j, mid_block.attentions.0 -> middle.1; norm1/conv1/norm2/conv2/
+    conv_shortcut -> residual.0/.2/.3/.6, shortcut. Blocks: Wan2.1 (`nested=False`) keeps the flat
+    encoder index and numbers the decoder's up_blocks.s.{resnets.j, upsamplers.0} consecutively;
+    Wan2.2 (`nested=True`) maps X_blocks.i.resnets.j -> Xsamples.i.Xsamples.j and the block's
+    resampler to the index after its last resnet. Unknown keys pass through for the strict check.
+    """
+    resnets: dict[tuple[str, int], int] = {}  # (side, block) -> resnets in it
+    has_resampler: set[tuple[str, int]] = set()
+    for key in sd:
+        m = _BLOCK_KEY.fullmatch(key)
+        if m:
+            block, tail = (m[1], int(m[3])), m[4]
+            r = re.match(r"resnets\.(\d+)\.", tail)
+            if r:
+                resnets[block] = max(resnets.get(block, 0), int(r[1]) + 1)
+            elif re.match(r"(upsamplers\.0|upsampler|downsampler)\.", tail):
+                has_resampler.add(block)
+    offsets, total = {}, 0  # Wan2.1 decoder: flat index where each up block starts
+    for block in sorted(b for b in resnets if b[0] == "decoder"):
+        offsets[block] = total
+        total += resnets[block] + (block in has_resampler)
+
+    def rename(key: str) -> str:
+        side, _, rest = key.partition(".")
+        if side in _DIFFUSERS_TOP:
+            return f"{_DIFFUSERS_TOP[side]}.{rest}"
+        if side not in ("encoder", "decoder"):
+            return key
+        first, _, tail = rest.partition(".")
+        if first in _DIFFUSERS_SIDE:
+            return f"{side}.{_DIFFUSERS_SIDE[first]}.{tail}"
+        m = re.fullmatch(r"mid_block\.(resnets|attentions)\.(\d+)\.(.+)", rest)
+        if m:
+            return f"{side}.middle.1.{m[3]}" if m[1] == "attentions" else f"{side}.middle.{2 * int(m[2])}.{_resnet_leaf(m[3])}"
+        m = _BLOCK_KEY.fullmatch(key)
+        if not m:
+            return key
+        block, tail, group = (side, int(m[3])), m[4], f"{m[2]}samples"
+        r = re.fullmatch(r"resnets\.(\d+)\.(.+)", tail)
+        s = re.fullmatch(r"(?:upsamplers\.0|upsampler|downsampler)\.(.+)", tail)
+        if nested:
+            if r:
+                return f"{side}.{group}.{block[1]}.{group}.{r[1]}.{_resnet_leaf(r[2])}"
+            if s:
+                return f"{side}.{group}.{block[1]}.{group}.{resnets.get(block, 0)}.{s[1]}"
+        elif side == "encoder":
+            return f"encoder.downsamples.{block[1]}.{_resnet_leaf(tail)}"
+        elif r:
+            return f"decoder.upsamples.{offsets.get(block, 0) + int(r[1])}.{_resnet_leaf(r[2])}"
+        elif s:
+            return f"decoder.upsamples.{offsets.get(block, 0) + resnets.get(block, 0)}.{s[1]}"
+        return key
+
+    return {rename(k): v for k, v in sd.items()}

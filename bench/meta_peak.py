@@ -1,0 +1,146 @@
+"""Live tensors of a streamed, tiled encode/decode on the meta device: the peak of what the GPU code path
+holds at once, without a GPU (no kernel workspaces, no allocator overhead), and the largest tensors then.
+
+    python -m bench.meta_peak --family seedvr2 --op decode --size 1080x1920 --tile 64
+    python -m bench.meta_peak --size 1080x1920 --tile 64 --no-chain      # residual blocks conv by conv
+
+It runs the released config's stages the way a frame-streamed plan does (`strategies.FrameStream`,
+`strategies.ExactTiles` with chained residual blocks, the caches and waiting frames off the device,
+their bands read back as device tensors), one latent frame, then a steady one, and counts every
+storage an op creates until the last tensor on it is gone. The mid-block attention counts as
+O(tokens) (flash attention; the meta device would build the full score matrix). Slow at 4K (a Python
+loop over tiles).
+"""
+import argparse
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+import vae
+import vae.layers
+from bench import models
+from vae.blocks import StreamContext
+from vae.strategies.exact_tiles import ExactTiles
+from vae.strategies.frame_stream import FrameStream
+
+GIB = 2**30
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of the storages that ops create, while a tensor on them lives."""
+
+    def __init__(self):
+        super().__init__()
+        self.storages: dict[int, list] = {}  # storage id -> [bytes, live tensors, shape]
+        self.live = self.peak = 0
+        self.at_peak: list = []
+
+    def _track(self, t) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        key = t.untyped_storage()._cdata
+        entry = self.storages.get(key)
+        if entry is None:
+            entry = self.storages[key] = [t.untyped_storage().nbytes(), 0, tuple(t.shape)]
+            self.live += entry[0]
+            if self.live > self.peak:
+                self.peak = self.live
+                self.at_peak = sorted((e[0], e[2]) for e in self.storages.values())[-6:]
+        entry[1] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key) -> None:
+        entry = self.storages.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.live -= entry[0]
+                del self.storages[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tree_map(self._track, out)
+        return out
+
+
+class ShapeStore:
+    """An offload store that keeps shapes only: what it hands back is a new device tensor (counted)."""
+
+    def __init__(self):
+        self.live, self.next = {}, {}
+
+    def put(self, key, frames, owned=False):
+        self.live[key] = (frames.shape, frames.dtype)
+
+    def get(self, key, device):
+        shape, dtype = self.live[key]
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    def rows(self, key, first, stop, device):
+        shape, dtype = self.live[key]
+        return torch.empty(shape[:3] + (stop - first,) + shape[4:], dtype=dtype, device="meta")
+
+    def put_rows(self, key, band, first, height):
+        self.next[key] = (band.shape[:3] + (height,) + band.shape[4:], band.dtype)
+
+    def commit(self, key):
+        self.live[key] = self.next.pop(key)
+
+    def shape(self, key):
+        return self.live[key][0]
+
+    def discard(self, key):
+        self.live.pop(key, None)
+
+    def keys(self):
+        return self.live.keys()
+
+    def sizes(self):
+        return []
+
+    def close(self):
+        self.live.clear()
+
+
+def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
+    model = models.meta_model(family).requires_grad_(False)
+    model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
+    vae.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)  # flash attention: O(tokens)
+    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
+    ctx.cache._store, ctx.cache.offload = ShapeStore(), "host"
+    ctx.execution = ExactTiles((height, width), (tile, tile), lambda: None, chain=chain)
+    stream = FrameStream(model.decode_stages() if op == "decode" else model.encode_stages())
+    sf = model.spatial_factor
+    chunks = ([torch.empty(1, model.latent_channels, 1, height // sf, width // sf, dtype=torch.bfloat16, device="meta")
+               for _ in range(2)] if op == "decode" else
+              [torch.empty(1, model.in_channels, n, height, width, device="meta") for n in (1, 4)])
+    with torch.inference_mode(), LiveBytes() as live:
+        for i, x in enumerate(chunks):
+            ctx.first_chunk = i == 0
+            if i:  # the steady chunk's peak
+                live.peak = live.live
+            stream.run(x, ctx, lambda y: None)
+    return live
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", default="seedvr2")
+    parser.add_argument("--op", default="decode", choices=["decode", "encode"])
+    parser.add_argument("--size", default="1080x1920", help="HxW in pixels")
+    parser.add_argument("--tile", type=int, default=64)
+    parser.add_argument("--no-chain", action="store_true")
+    args = parser.parse_args()
+    height, width = (int(v) for v in args.size.lower().split("x"))
+    live = count(args.family, args.op, height, width, args.tile, not args.no_chain)
+    elem = 2 if args.op == "decode" else 4
+    print(f"{args.family} {args.op} {args.size} tile {args.tile} chain {not args.no_chain}: peak "
+          f"{live.peak / GIB:.2f} GiB of live tensors ({live.peak / (height * width * elem):.0f} elements per pixel)")
+    for nbytes, shape in reversed(live.at_peak):
+        print(f"  {nbytes / GIB:.2f} GiB {shape}")
+
+
+if __name__ == "__main__":
+    main()
