@@ -20,9 +20,10 @@ $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_COR
 # 1. The CUDA tests (pytest -m gpu).
 $py -m bench.gpu_check --parts tests --part-budget 120 --out "$out" | tail -40
 # 2. SeedVR2 21x720x1280 decode: the fp32 reference, the default, ComfyUI 0.33.0's native SeedVR2 VAE
-#    with the same weights (comfy-kitchen active).
-$py -m bench.gpu_check --parts decode --workloads seedvr2:21x720x1280 --part-budget 120 --out "$out" \
-    --variants reference bf16 bf16-core_0.33.0
+#    with the same weights (comfy-kitchen active), and the default within 6 GiB (its time and peak; the
+#    card sweep at 1080p and 4K is bench/gpu_memory_session.sh, a second call).
+$py -m bench.gpu_check --parts decode --workloads seedvr2:21x720x1280 --part-budget 150 --out "$out" \
+    --variants reference bf16 bf16-core_0.33.0 bf16-budget_6g
 # 3. Wan2.1 81x480x832 decode, side by side: the reference, the default, core 0.33.0's and 0.3.75's WanVAE
 #    with the same weights, fixed instead of measured kernels, then torch.compile (its "first s" includes
 #    compiling; last, since it may not finish within the part's budget).

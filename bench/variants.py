@@ -69,6 +69,8 @@ VARIANTS = {
     "fast_tiles": Variant("fast (blended) tiles of 512 px, overlap 64", settings=dict(tile_size=512, tiling="fast",
                                                                                      tile_overlap=64)),
     "budget_12g": Variant("a 12 GiB memory budget", settings=dict(memory_budget=12 * 2**30)),
+    "budget_6g": Variant("a 6 GiB memory budget (an 8 GB card; frames streamed below the large tiles)",
+                         settings=dict(memory_budget=6 * 2**30)),
     "budget_auto": Variant("memory budget 'auto' (what the nodes run)", settings=dict(memory_budget="auto")),
     "core_0.3.75": Variant("ComfyUI 0.3.75 core's VAE, same weights and input", core="0.3.75"),
     "core_0.33.0": Variant("ComfyUI 0.33.0 core's VAE (comfy-kitchen, comfy-aimdo), same weights and input",
