@@ -66,6 +66,18 @@ def test_a_cached_choice_is_reused_without_measuring(tmp_path):
     assert calls == [] and again.summary()["reused"] == 1 and again.summary()["measured"] == 0
 
 
+def test_a_choice_another_live_process_measured_is_used(tmp_path):
+    """A ComfyUI server and a script share the file, both already running: what the server measures
+    after the script read the file is used by the script, not measured again (and maybe chosen
+    otherwise under load, which would make the two runs' results differ by rounding)."""
+    path = tmp_path / "k.json"
+    script, server = KernelChoices(path, MACHINE), KernelChoices(path, MACHINE)
+    assert server.choose("a", {"default": sleeper(0.03, [], "d"), "other": sleeper(0.0, [], "o")}, "default") == "other"
+    calls = []
+    assert script.choose("a", {"default": sleeper(0, calls, "d"), "other": sleeper(0.03, calls, "o")}, "default") == "other"
+    assert calls == [] and script.summary()["reused"] == 1
+
+
 def test_another_machine_identity_ignores_the_file(tmp_path):
     path = tmp_path / "k.json"
     KernelChoices(path, MACHINE).choose("a", {"default": sleeper(0.03, [], "d"), "other": sleeper(0, [], "o")}, "default")

@@ -221,10 +221,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     latent = saved_latent(comfy_server, entry, "4")
     assert latent.shape == z.shape == (1, model.latent_channels, 3, math.ceil(HEIGHT / model.spatial_factor),
                                       math.ceil(WIDTH / model.spatial_factor))
-    # the server runs the kernels it measured (Winograd or direct convs), the library call its defaults:
-    # fp32 rounding through the encoder, up to 1.8e-4 of the latent's scale seen (old torch, loaded machine)
-    expected = core_latent(family, z)
-    torch.testing.assert_close(latent, expected, rtol=0, atol=5e-4 * expected.abs().max().item())
+    torch.testing.assert_close(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
     images = saved_images(comfy_client, entry, "6")
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3)  # every frame back, padding trimmed
     assert_images_close(images, as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))

@@ -259,9 +259,13 @@ def test_extension_snaps_to_4n1_and_shows_the_plan(page):
         return results;
     }""")
     assert snapped == [9, 1, 0, 1, 13, 13]
+    # the readout before the tile change already says "1×1×1 tiles": wait for the one after it
     page.page.wait_for_function("""() => app.graph.nodes
         .filter((n) => n.comfyClass === "StreamVAEDecode")
-        .every((n) => (n.streamvaePrediction || "").includes("tiles"))""", timeout=30_000)
+        .every((n) => {
+            const grid = /^(\\d+)\u00d7(\\d+)\u00d7\\d+ tiles/.exec(n.streamvaePrediction || "");
+            return grid && grid[1] * grid[2] > 1;
+        })""", timeout=30_000)
     lines = page.evaluate("""() => app.graph.nodes
         .filter((n) => (n.comfyClass || "").startsWith("StreamVAE") && n.streamvaePrediction)
         .map((n) => [n.comfyClass, n.streamvaePrediction])""")

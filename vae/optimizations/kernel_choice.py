@@ -119,7 +119,8 @@ class KernelChoices:
     """The measured choices of one machine identity, in memory and in `path` (JSON; None: memory only).
 
     The file holds {"machine": identity, "choices": {key: {"choice": name, "ms": {name: best ms}}}};
-    it is re-read and merged before every write, so processes sharing it add to each other's choices.
+    it is re-read before a key is measured and merged before every write, so processes sharing it (a
+    ComfyUI server and a script, several workers) use and add to each other's choices.
     """
 
     def __init__(self, path: Path | None, machine: dict):
@@ -167,6 +168,8 @@ class KernelChoices:
         `candidates`) wins unless another is MIN_GAIN faster, or when every candidate failed.
         """
         with self._lock:
+            if key not in self._choices:  # another process sharing the file may have measured it meanwhile
+                self._choices = {**self._read(), **self._choices}
             choice = self.cached(key)
             if choice in candidates:
                 if key not in self.measured:
