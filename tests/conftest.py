@@ -65,6 +65,7 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("comfy_tree", trees, ids=trees, indirect=True, scope="session")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten),
     and group them for pytest-xdist (`-n 2 --dist loadgroup`, as CI runs): every test of one ComfyUI
