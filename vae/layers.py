@@ -12,7 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import StreamContext
-from .optimizations import group_norm_act, group_norm_apply, group_norm_stats, rms_norm_act, sdpa
+from .optimizations import (group_norm_act, group_norm_apply, group_norm_moments, group_norm_stats, merge_group_moments,
+                            rms_norm_act, sdpa)
 
 
 class FrameGroupNorm(nn.GroupNorm):
@@ -28,6 +29,16 @@ class FrameGroupNorm(nn.GroupNorm):
     def stats(self, x: torch.Tensor, ctx: StreamContext):
         """Whole-frame (mean, rstd) of x, float32 B,G,T."""
         return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm)
+
+    def part_moments(self, x: torch.Tensor, ctx: StreamContext):
+        """(mean, biased var, elements per group and frame) of a part of the frames (a tile, a band)."""
+        mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm)
+        return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
+
+    def stats_of_parts(self, parts: list):
+        """Whole-frame (mean, rstd) from the `part_moments` of parts that cover the frames once."""
+        mean, var = merge_group_moments(parts)
+        return mean, torch.rsqrt(var + self.eps)
 
     def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
@@ -66,6 +77,12 @@ class RMSNorm(nn.Module):
 
     def stats(self, x: torch.Tensor, ctx: StreamContext):
         """None: the norm is per position, so tiles need no whole-frame statistics."""
+        return None
+
+    def part_moments(self, x: torch.Tensor, ctx: StreamContext):
+        return None
+
+    def stats_of_parts(self, parts: list):
         return None
 
     def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:

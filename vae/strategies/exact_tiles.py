@@ -20,8 +20,7 @@ import torch
 
 from ..blocks import norm_fill
 from ..geometry import exact_cuts, layer_spans
-from ..layers import FrameGroupNorm, residual_sequence
-from ..optimizations import group_norm_moments, merge_group_moments
+from ..layers import residual_sequence
 from . import ConvWindow
 
 
@@ -108,16 +107,10 @@ class ExactTiles:
         for out_rows in rows:
             call1.start_row(out_rows)
             for out_cols in cols:
-                tile = call1.tile(out_rows, out_cols, fill1, keep_cache=True)
-                if isinstance(norm2, FrameGroupNorm):
-                    mean, var = group_norm_moments(tile, norm2.num_groups, ctx.opts.triton_norm)
-                    parts.append((mean, var, tile[0, 0, 0].numel() * tile.shape[1] // norm2.num_groups))
+                parts.append(norm2.part_moments(call1.tile(out_rows, out_cols, fill1, keep_cache=True), ctx))
                 self.step()
             call1.end_row()
-        stats2 = None
-        if parts:
-            mean, var = merge_group_moments(parts)
-            stats2 = mean, torch.rsqrt(var + norm2.eps)
+        stats2 = norm2.stats_of_parts(parts)
 
         def fill2(view, rows2, cols2):  # conv1's outputs over the region, again, normalised into view
             norm2.act(call1.region(rows2, cols2, fill1), ctx, out=view, stats=stats2)

@@ -30,8 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import planning
-from ..layers import FrameGroupNorm, residual_sequence
-from ..optimizations import group_norm_moments, merge_group_moments
+from ..layers import residual_sequence
 from . import ConvWindow
 
 log = logging.getLogger("streamvae")
@@ -249,9 +248,10 @@ class RowBands:
     def norm_stats(self, norm, x: torch.Tensor, ctx):
         """Whole-frame statistics of `norm` from this rank's band x (B,C,T,rows,W): GroupNorm's per-band
         (mean, var) of every rank merged (in rank order, so every rank gets the same numbers)."""
-        if not isinstance(norm, FrameGroupNorm):
-            return norm.stats(x, ctx)  # per-position norms (Wan's RMSNorm) need no statistics
-        mean, var = group_norm_moments(x, norm.num_groups, ctx.opts.triton_norm)
+        moments = norm.part_moments(x, ctx)
+        if moments is None:
+            return None  # per-position norms (Wan's RMSNorm) need no statistics
+        mean, var, _ = moments  # the other ranks' counts follow from their rows
         mine = torch.stack([mean, var]).contiguous()
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
@@ -259,8 +259,7 @@ class RowBands:
         per_row = x.shape[-1] * (x.shape[1] // norm.num_groups)
         s = self._scale(x.shape[-2])
         counts = [per_row * (hi - lo) for lo, hi in (self.bands.rows(r, s) for r in range(self.world))]
-        mean, var = merge_group_moments([(p[0], p[1], n) for p, n in zip(parts, counts)])
-        return mean, torch.rsqrt(var + norm.eps)
+        return norm.stats_of_parts([(p[0], p[1], n) for p, n in zip(parts, counts)])
 
     def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
         """A residual block conv by conv, each over this rank's band."""
