@@ -14,6 +14,7 @@ import vae.optimizations.conv as conv
 import vae.optimizations.kernel_choice as kernel_choice
 from vae.optimizations import Optimizations
 from vae.optimizations.kernel_choice import KernelChoices
+from vae.optimizations import winograd
 from vae.optimizations.winograd import filter_cache
 from tests.reference import load_tiny
 
@@ -207,6 +208,26 @@ def test_measured_dispatch_runs_the_choice_once_measured(cache_folder, monkeypat
         candidates, _ = conv.conv_candidates(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache())
         assert torch.equal(out, candidates[choice](x))
     assert len(set(asked)) == 1 and kernel_choice.choices_for("cpu").summary()["measured"] == 1
+
+
+@pytest.mark.parametrize("winner", ["winograd", "direct"])
+def test_a_measured_loser_s_filter_transform_is_not_kept(cache_folder, monkeypatch, winner):
+    """Measuring computes the Winograd filter transform; it stays in the cache only where Winograd won
+    (what vae.memory counts as resident follows the same record)."""
+    x, weight, bias = layer(128, 128, 3, 5, 16, 16)
+    real_pick = kernel_choice.pick
+
+    def pick(key, device, candidates, default):
+        real_pick(key, device, candidates, default)  # every candidate ran: the transform was computed
+        choice = next(name for name in candidates if name.startswith("winograd") == (winner == "winograd"))
+        kernel_choice.choices_for(device)._choices[key]["choice"] = choice
+        return choice
+
+    monkeypatch.setattr(kernel_choice, "pick", pick)
+    cache = winograd.FilterCache(1 << 30)
+    with torch.inference_mode():
+        conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=cache, kernels="measure")
+    assert cache.holds(weight) == (winner == "winograd")
 
 
 @pytest.mark.gpu

@@ -46,7 +46,7 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     device type has no calibration, the CPU's times UNCALIBRATED_MARGIN. An entry may say where its
     numbers come from ("source": "cpu", the CUDA streamed mode until a GPU measures it: tiled one frame
     at a time, a GPU holds the CPU's live tensors, and the meta-device count of the GPU code path
-    agrees, bench/RESULTS.md section 11); only the numbers are returned."""
+    agrees, bench/RESULTS.md section 10); only the numbers are returned."""
     table = _calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:

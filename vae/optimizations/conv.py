@@ -107,9 +107,11 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
         probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE].contiguous())
         chosen = kernel_choice.pick(conv_key(x, weight, stride, padding), x.device,
                                     {name: (lambda run=run: run(probe())) for name, run in candidates.items()}, default)
-        if winograd is not None and not chosen.startswith("winograd") and not uses_winograd(
-                x.device, x.dtype, weight.shape, stride):
-            winograd.discard(weight)  # what measuring computed for a kernel that lost: not kept resident
+        # What measuring computed for a kernel that lost is not kept resident (the record is read only
+        # while a transform of this weight is held: once per weight, not on every call)
+        if (winograd is not None and not chosen.startswith("winograd") and winograd.holds(weight)
+                and not uses_winograd(x.device, x.dtype, weight.shape, stride)):
+            winograd.discard(weight)
         return candidates[chosen](x)
     return candidates[default](x)
 

@@ -170,13 +170,24 @@ class FilterCache:
             for aid in list(self._anchors):
                 self._drop_anchor(aid)
 
+    def holds(self, weight: torch.Tensor) -> bool:
+        """Whether a transform of `weight` (or of another view of its tensor) is kept."""
+        with self._lock:
+            aid = self._live_anchor(weight)
+            return aid is not None and any((aid, key) in self._entries for key in self._anchors[aid][2])
+
     def discard(self, weight: torch.Tensor) -> None:
         """Drop the transforms of `weight` (and of the other views of its tensor)."""
-        anchor = weight if weight._base is None else weight._base
         with self._lock:
-            record = self._anchors.get(id(anchor))
-            if record is not None and record[0]() is anchor:
-                self._drop_entries(id(anchor))
+            aid = self._live_anchor(weight)
+            if aid is not None:
+                self._drop_entries(aid)
+
+    def _live_anchor(self, weight: torch.Tensor) -> int | None:
+        """The id of the tensor under `weight` when this cache keeps an entry for it (lock held)."""
+        anchor = weight if weight._base is None else weight._base
+        record = self._anchors.get(id(anchor))
+        return id(anchor) if record is not None and record[0]() is anchor else None
 
     def drop_anchor(self, aid: int) -> None:
         """Forget a freed anchor's entries (its finalizer: by then the anchor's weakref is dead, which
