@@ -10,7 +10,7 @@ off: upstream's behaviour) and "optimized" (every switch on) in each of --dtypes
 --toggle-dtypes one "no-<switch>" row per switch (the optimized path with that switch alone off: the
 switch's effect), the extras (kernels_defaults: the fixed default kernels instead of the measured ones;
 kernels_cached: the optimized row again in a new process that reads the kernel choices the optimized
-row measured; channels_last_3d, the Winograd cache without its cap, torch.compile with --compile) and
+row measured; both activation layouts, the Winograd cache without its cap, torch.compile with --compile) and
 ComfyUI core's VAE with the same weights and input (--core: its version; 0.3.75 has Wan's only).
 Kernel choices go to a fresh cache folder per invocation (unless STREAMVAE_KERNEL_CACHE is set): "1st run s" is the first (untimed) run of each
 row, which pays for kernel tuning where the "kernel tuning" column says so. Every row runs in
@@ -40,7 +40,7 @@ from vae.devices import DTYPES
 from vae.optimizations import kernel_choice
 
 BASELINE = ("fp32", "straightforward")
-DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "channels_last_3d", "winograd_uncapped")
+DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "ndhwc", "ncdhw", "winograd_uncapped")
 COLUMNS = [("family", "family", "s"), ("op", "op", "s"), ("shape", "TxHxW", "s"), ("dtype", "dtype", "s"),
            ("variant", "variant", "s"), ("time", "median s", ".2f"), ("fastest", "min s", ".2f"),
            ("first_s", "1st run s", ".2f"), ("tuning", "kernel tuning", "s"),
@@ -128,7 +128,7 @@ def main():
     parser.add_argument("--no-core", dest="core", action="store_const", const=None, help="skip ComfyUI core's VAE rows")
     parser.add_argument("--only", nargs="+", metavar="VARIANT", choices=list(VARIANTS),
                         help="run just these variants per dtype (after the fp32 straightforward baseline; toggles "
-                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv channels_last_3d core_0.3.75")
+                             "and extras in --toggle-dtypes only), e.g. optimized no-winograd_conv ndhwc core_0.3.75")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--temporal-chunk", type=int, default=None, help="latent frames per step")

@@ -44,7 +44,6 @@ class Variant:
     opts: Optimizations = Optimizations()
     backend: BackendFlags = BackendFlags()  # process-wide torch switches around each run
     settings: dict = field(default_factory=dict)  # the engine's plan settings (tiles, budget), bench.models.run
-    channels_last: bool = False  # conv weights stored NDHWC
     compile: str | None = None  # torch.compile mode of every block
     core: str | None = None  # ComfyUI core's VAE of this version instead of StreamVAE's
 
@@ -61,7 +60,10 @@ VARIANTS = {
     "kernels_cached": Variant("optimized again in a new process: the kernel choices come from the disk cache"),
     "winograd_uncapped": Variant("Winograd filter-transform cache without its byte cap",
                                  Optimizations().with_(winograd_cache_bytes=1 << 62)),
-    "channels_last_3d": Variant("conv weights stored NDHWC (backend.to_channels_last_3d)", channels_last=True),
+    "ndhwc": Variant("activations and weights NDHWC (channels last) from the first conv to the last",
+                     Optimizations(activation_layout="ndhwc")),
+    "ncdhw": Variant("activations and weights NCDHW (channel planes), upstream's layout",
+                     Optimizations(activation_layout="ncdhw")),
     "cudnn_benchmark": Variant("cuDNN times its conv algorithms per shape", backend=BackendFlags(cudnn_benchmark=True)),
     "compile": Variant("torch.compile (inductor) per block, eager fallback", compile="default"),
     "compile_cudagraphs": Variant("torch.compile per block, CUDA graphs (reduce-overhead)", compile="reduce-overhead"),
@@ -128,7 +130,7 @@ def prepared(model, name: str):
     """Set StreamVAE's `model` up for variant `name` for the duration of the block. Yields `opts` (the
     optimizations to pass to the engine), `per_run` (a context each timed run enters: the backend flags,
     the compile's recompile limits) and `compile_report` (the compile's, or None)."""
-    from vae.optimizations.backend import applied, to_channels_last_3d
+    from vae.optimizations.backend import applied
     from vae.optimizations.compile import CompileSettings, blocks, compile_blocks, dynamo_limits, uncompile_blocks
 
     v = variant(name)
@@ -142,8 +144,6 @@ def prepared(model, name: str):
 
     setup.per_run = per_run
     try:
-        if v.channels_last:
-            to_channels_last_3d(model)
         if settings is not None:
             setup.compile_report = compile_blocks(model, settings)
         yield setup

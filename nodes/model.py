@@ -200,10 +200,8 @@ class StreamVAEHandle:
         cuda = device.type == "cuda"
         self.opts = self.opts.with_(fused_norm_act=gpu.fused_norm_silu, attention=gpu.attention,
                                     conv3d_workaround=gpu.conv3d_workaround)
-        if gpu.channels_last_3d and cuda:
-            backend.to_channels_last_3d(self.model)
-        elif gpu.channels_last_3d:
-            self.warn(f"channels_last_3d: a cuDNN layout, not applied on {device.type}")
+        if gpu.channels_last_3d:
+            self.opts = self.opts.with_(activation_layout="ndhwc")
         if gpu.cudnn_benchmark and not cuda:
             self.warn(f"cudnn_benchmark: a cuDNN setting, no effect on {device.type}")
         if gpu.attention != "auto":

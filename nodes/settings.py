@@ -71,8 +71,8 @@ class GPUOptimizations(io.ComfyNode):
                     "TensorFloat-32 for fp32 matmuls and convs on Ampere and newer: much faster fp32, 10-bit "
                     "mantissa. No effect in bf16/fp16.")),
                 io.Boolean.Input("channels_last_3d", default=DEFAULTS.channels_last_3d, **core_api.advanced(), tooltip=(
-                    "Conv weights stored channels-last: 2x slower on an H100 with torch 2.11; reported to help "
-                    "torch 2.9.")),
+                    "Activations and weights channels-last (NDHWC) from the first conv to the last, on any device. "
+                    "Off: automatic (NDHWC on CUDA and for bf16/fp16 on CPUs with native kernels).")),
                 io.Boolean.Input("fused_norm_silu", default=DEFAULTS.fused_norm_silu, **core_api.advanced(), tooltip=(
                     "Norm + SiLU in one pass, straight into the next conv's input. Off only to compare with the "
                     "straightforward path.")),

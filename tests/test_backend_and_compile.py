@@ -56,16 +56,6 @@ def test_conv3d_workaround_probe(monkeypatch):
     assert "torch" in backend.describe()
 
 
-def test_channels_last_3d_keeps_results():
-    conv = nn.Conv3d(4, 8, 3, padding=1)
-    x = torch.randn(1, 4, 3, 8, 8)
-    expected = conv(x)
-    assert backend.to_channels_last_3d(conv) == 1
-    assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
-    torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
-    assert backend.to_contiguous(conv) == 1 and conv.weight.is_contiguous()
-
-
 @needs_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

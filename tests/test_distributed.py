@@ -74,6 +74,9 @@ def _rank_main(rank: int, store: str, results) -> None:
         found[family, 3, "random"] = vae.decode(model, _random_latent(model), Settings(temporal_chunk=2), num_frames=15,
                                                 height=60, width=45, bands=RowBands())
         found[family, 3, "budget"] = vae.decode(model, z, Settings(memory_budget=48 * 2**20), bands=RowBands())
+        ndhwc = vae.Optimizations(activation_layout="ndhwc")  # halo rows exchanged between NDHWC bands
+        found[family, 3, "ndhwc"] = (vae.encode(model, video, Settings(temporal_chunk=2), bands=RowBands(), opts=ndhwc),
+                                     vae.decode(model, z, Settings(temporal_chunk=1), bands=RowBands(), opts=ndhwc))
     model = load_tiny("seedvr2")
     found["bands"] = vae.decode(model, _inputs("seedvr2")[1], Settings(temporal_chunk=2), bands=RowBands(gather=False))
     try:  # ranks that disagree on the settings: every rank refuses, none waits
@@ -154,6 +157,13 @@ def test_split_decode_of_a_longer_wider_latent_trims_like_the_engine(gathered, s
 @pytest.mark.parametrize("family", FAMILIES)
 def test_split_decode_within_a_memory_budget_per_rank(gathered, single, family):
     assert_same(gathered[family, 3, "budget"], single[family][1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_runs_with_channels_last_activations_equal_single_process(gathered, single, family):
+    mean, decoded = gathered[family, 3, "ndhwc"]
+    assert_same(mean, single[family][0][0])
+    assert_same(decoded, single[family][1])
 
 
 def test_each_rank_keeps_its_band_of_rows_when_not_gathered(gathered, single):

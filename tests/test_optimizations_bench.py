@@ -42,6 +42,5 @@ def test_prepared_extras_are_applied_and_undone():
     with prepared(model, "winograd_uncapped") as setup:
         assert setup.opts.winograd_cache_bytes > 1 << 60
         assert winograd.filter_cache(setup.opts.winograd_cache_bytes) is not winograd.filter_cache()
-    with prepared(model, "channels_last_3d"):
-        convs = [p for p in model.parameters() if p.dim() == 5]
-        assert convs and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in convs)
+    with prepared(model, "ndhwc") as setup:
+        assert setup.opts.activation_layout == "ndhwc"

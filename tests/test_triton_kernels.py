@@ -63,6 +63,48 @@ def test_kernels_match_torch_in_the_interpreter():
     assert float(interpreted(PARITY)) < 1e-4
 
 
+# The channels-last kernels ([pixels, channels] tiles) on tile views of NDHWC frames, writing into a
+# strided view of an NDHWC buffer; channel counts that are not powers of 2 (Wan's 96, 384) included.
+CHANNELS_LAST_PARITY = """
+    import torch
+    from vae.optimizations import norm_act, triton_norm
+
+    torch.manual_seed(0)
+    worst = 0.0
+    for (b, c, t, h, w), groups, dtype in [((1, 8, 3, 5, 7), 4, torch.float32), ((2, 12, 2, 9, 4), 3, torch.float32),
+                                           ((1, 96, 2, 6, 5), 32, torch.bfloat16)]:
+        frame = (torch.randn(b, c, t, h + 2, w + 3) * 3 + 1.5).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+        x = frame[..., 1:1 + h, 2:2 + w]  # a tile view: channels innermost, rows strided
+        assert x.stride(1) == 1
+        planes = x.contiguous()
+        tol = 1.0 if dtype == torch.float32 else 1e-3  # bf16 output: its rounding, relative to 1e-4
+        mean, var = triton_norm.group_norm_moments(x, groups)
+        ref_mean, ref_var = norm_act.torch_group_moments(planes.double(), groups)
+        worst = max(worst, (mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item())
+        weight, bias = torch.randn(c), torch.randn(c)
+        rstd = torch.rsqrt(ref_var.float() + 1e-6)
+        centre = ref_mean.float().repeat_interleave(c // groups, dim=1)
+        scale = rstd.repeat_interleave(c // groups, dim=1) * weight.view(1, c, 1)
+        buf = torch.zeros(b, c, t + 2, h + 1, w + 1, dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+        view = buf[:, :, 2:, :h, :w]
+        triton_norm.center_scale_act(x, centre, scale, bias.view(1, c, 1).expand(b, c, t), True, view)
+        expected = norm_act.group_norm_act(planes, groups, weight, bias, 1e-6)
+        worst = max(worst, (view.float() - expected.float()).abs().max().item() * tol)
+        assert buf[:, :, :2].abs().max() == 0 and buf[..., -1].abs().max() == 0, "wrote outside the view"
+        gamma = torch.randn(c, 1, 1, 1)
+        out = torch.zeros_like(frame)
+        triton_norm.rms_norm_act(x, gamma, 1e-12, True, out[..., 1:1 + h, 2:2 + w])
+        got = out[..., 1:1 + h, 2:2 + w].float()
+        worst = max(worst, (got - norm_act.rms_norm_act(planes, gamma).float()).abs().max().item() * tol)
+        assert out[..., :1, :].abs().max() == 0, "wrote outside the view"
+    print(worst)
+"""
+
+
+def test_channels_last_kernels_match_torch_in_the_interpreter():
+    assert float(interpreted(CHANNELS_LAST_PARITY)) < 1e-4
+
+
 # Statistics and normalised output against float64 for means far above the spread (std 1). The
 # statistics must hold 1e-5 relative error; the output cannot beat the float32 rounding of the mean
 # itself (ulp(mean) / std), so it is held to one float32 ulp of max(mean, 8).

@@ -166,3 +166,12 @@ def test_shapes_that_fit_no_rule_are_refused_by_name(rgba_state, key, shape, nam
     state = dict(rgba_state, **{key: torch.zeros(shape)})
     with pytest.raises(CheckpointError, match=r"wan21 VAE's key layout, but sizes no variant.*" + named):
         vae.load(state)
+
+
+def test_channels_last_activations_give_the_same_numbers(variant):
+    """Every variant (4-channel RGBA, the 2x upscale decoder, the image VAE) in NDHWC equals NCDHW."""
+    _, _, model = variant
+    video, z = _video(model, _frames(model)), _latent(model, 2 if model.temporal_factor > 1 else 1)
+    ncdhw, ndhwc = (vae.Optimizations(kernel_choice="defaults", activation_layout=name) for name in ("ncdhw", "ndhwc"))
+    torch.testing.assert_close(vae.encode(model, video, opts=ndhwc), vae.encode(model, video, opts=ncdhw), atol=1e-5, rtol=0)
+    torch.testing.assert_close(vae.decode(model, z, opts=ndhwc), vae.decode(model, z, opts=ncdhw), atol=1e-5, rtol=0)

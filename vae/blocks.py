@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .causal_cache import CausalCache
 
 from .optimizations import Optimizations, conv3d
+from .optimizations.layout import empty_video
 from .optimizations.winograd import filter_cache
 
 
@@ -84,7 +85,7 @@ def _padded_buffer(like: torch.Tensor, shape, head: int, pad, fill: Fill) -> tor
     """
     b, c, t, h, w = shape
     left, right, top, bottom = pad
-    buf = like.new_empty((b, c, head + t, h + top + bottom, w + left + right))
+    buf = empty_video(like, (b, c, head + t, h + top + bottom, w + left + right))
     fill(buf[:, :, head:, top:top + h, left:left + w], slice(0, h), slice(0, w))
     zero_border(buf, pad)
     return buf
@@ -211,7 +212,7 @@ class CausalConv3d(Conv3d):
             if self.head_mode == "replicate":
                 head = x[:, :, :1].expand(-1, -1, n_head, -1, -1)
             else:  # shaped explicitly: x may have no frames (Wan's up3d time_conv on a 1-frame first chunk)
-                head = x.new_zeros(x.shape[:2] + (n_head,) + x.shape[3:])
+                head = empty_video(x, x.shape[:2] + (n_head,) + x.shape[3:]).zero_()
         if head is not None:
             x = torch.cat([head, x], dim=2)
         if any(self.buffer_pad):
@@ -230,10 +231,11 @@ class CausalConv3d(Conv3d):
         tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
         missing = keep - tail.shape[2]
         if missing:
-            ctx.cache.put(self, torch.cat([tail.new_zeros(tail.shape[:2] + (missing,) + tail.shape[3:]), tail], 2), owned=True)
+            ctx.cache.put(self, torch.cat([empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_(), tail], 2),
+                          owned=True)
         else:
             ctx.cache.put(self, tail)
-        outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].contiguous(), self.bias, self.stride,
+        outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].clone(memory_format=torch.preserve_format), self.bias, self.stride,
                        self.padding, **ctx.conv_options) for j in range(min(n_head, n_out))]
         if t >= kt:
             outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
@@ -249,7 +251,7 @@ class CausalConv3d(Conv3d):
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
-            return buf.new_empty((buf.shape[0], self.out_channels, 0, h_out, w_out))
+            return empty_video(buf, (buf.shape[0], self.out_channels, 0, h_out, w_out))
         return self.conv5d(buf, ctx)
 
     def conv5d(self, buf: torch.Tensor, ctx: StreamContext, padded: bool = True) -> torch.Tensor:
@@ -350,7 +352,7 @@ class FrameConv2d(nn.Conv2d):
         y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1),
                    cudnn_workaround=ctx.opts.conv3d_workaround)
         y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
-        out = x.new_empty((b, self.out_channels, t, 2 * h, 2 * w))
+        out = empty_video(x, (b, self.out_channels, t, 2 * h, 2 * w))
         phases = out.view(b, self.out_channels, t, h, 2, w, 2)
         for a in (0, 1):
             for c in (0, 1):
@@ -388,7 +390,7 @@ def upsampling_fill(produce: Callable[[torch.Tensor, torch.Tensor], object], x: 
         if (r0 * factor, r1 * factor, c0 * factor, c1 * factor) == (rows.start, rows.stop, cols.start, cols.stop):
             produce(part, view)
             return
-        full = view.new_empty(view.shape[:-2] + ((r1 - r0) * factor, (c1 - c0) * factor))
+        full = empty_video(view, view.shape[:-2] + ((r1 - r0) * factor, (c1 - c0) * factor))
         produce(part, full)
         dy, dx = rows.start - r0 * factor, cols.start - c0 * factor
         view.copy_(full[..., dy:dy + view.shape[-2], dx:dx + view.shape[-1]])
@@ -405,6 +407,6 @@ def upsample_nearest_2x(x: torch.Tensor, out: torch.Tensor | None = None) -> tor
     """
     h, w = x.shape[-2:]
     if out is None:
-        out = x.new_empty(x.shape[:-2] + (2 * h, 2 * w))
+        out = empty_video(x, x.shape[:-2] + (2 * h, 2 * w))
     out.unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(x[..., :, None, :, None])
     return out

@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from .devices import host_available
+from .optimizations.layout import empty_video
 
 CACHE_OFFLOADS = ("none", "host", "disk")
 WRITE_BLOCK_BYTES = 16 * 2**20  # a disk write copies at most this much at a time into rows-first order
@@ -146,7 +147,7 @@ class _DeviceStore:
 
     def put_rows(self, key, band: torch.Tensor, first: int, height: int) -> None:
         if key not in self.next:
-            self.next[key] = band.new_empty(_whole(band.shape, height))
+            self.next[key] = empty_video(band, _whole(band.shape, height))
         self.next[key][..., first:first + band.shape[3], :] = band
 
     def commit(self, key) -> None:

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import StreamContext
+from .optimizations.layout import empty_video
 from .optimizations import (group_norm_act, group_norm_apply, group_norm_moments, group_norm_stats, merge_group_moments,
                             rms_norm_act, sdpa)
 
@@ -56,9 +57,7 @@ class FrameGroupNorm(nn.GroupNorm):
         y = y.reshape(b, t, c, h, w).transpose(1, 2)
         if act:
             y = F.silu(y)
-        if out is None:
-            return y.contiguous()
-        return out.copy_(y)
+        return (empty_video(x, x.shape) if out is None else out).copy_(y)
 
 
 class RMSNorm(nn.Module):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
 from .layers import FrameSelfAttention, RMSNorm, residual_convs
 from .model import Stage, VideoVAE, run_stages
+from .optimizations.layout import empty_video
 from . import wan_layout
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI
@@ -221,7 +222,7 @@ class WanResample(nn.Module):
         if not opts.native_pixel_shuffle:  # as upstream: stack + reshape, then cat
             return torch.cat([kept, torch.stack((halves[:, 0], halves[:, 1]), 3).reshape(b, c2 // 2, 2 * n, h, w)], dim=2)
         k = kept.shape[2]
-        out = doubled.new_empty((b, c2 // 2, k + 2 * n, h, w))
+        out = empty_video(doubled, (b, c2 // 2, k + 2 * n, h, w))
         out[:, :, :k] = kept
         out[:, :, k:].unflatten(2, (n, 2)).copy_(halves.permute(0, 2, 3, 1, 4, 5))
         return out
@@ -322,7 +323,10 @@ class WanVAEBase(VideoVAE):
         if p == 1:
             return x
         b, c, t, h, w = x.shape
-        return x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5).reshape(b, c * p * p, t, h // p, w // p)
+        out = empty_video(x, (b, c * p * p, t, h // p, w // p))  # in x's layout
+        out.view(b, c, p, p, t, h // p, w // p).copy_(  # b c r q t h w
+            x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5))  # b c t h q w r -> b c r q t h w
+        return out
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """Inverse of `patchify`."""

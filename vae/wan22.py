@@ -17,6 +17,7 @@ import torch.nn as nn
 from .blocks import StreamContext
 from .layers import residual_add
 from .model import Stage
+from .optimizations.layout import empty_video
 from . import wan_layout
 from .wan21 import (WanDecoderStages, WanEncoderStages, WanHead, WanMidBlock, WanResample, WanResidualBlock,
                     WanSequence, WanVAEBase, wan_conv)
@@ -70,7 +71,7 @@ class WanAvgDown3D(nn.Module):
         if ft == fs == self.group == 1:
             return x
         if ft > 1:
-            parts = [x.new_zeros(x.shape[:2] + (ft - 1,) + x.shape[3:])] if ctx.first_chunk else []
+            parts = [empty_video(x, x.shape[:2] + (ft - 1,) + x.shape[3:]).zero_()] if ctx.first_chunk else []
             held = ctx.cache.pop(self)
             x = torch.cat(parts + ([held] if held is not None else []) + [x], dim=2)
             usable = x.shape[2] - x.shape[2] % ft
@@ -78,8 +79,11 @@ class WanAvgDown3D(nn.Module):
                 ctx.cache.put(self, x[:, :, usable:])
             x = x[:, :, :usable]
         b, c, t, h, w = x.shape
-        x = x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)
-        return x.reshape(b, self.cout, self.group, t // ft, h // fs, w // fs).mean(dim=2)
+        grouped = empty_video(x, (b, c * ft * fs * fs, t // ft, h // fs, w // fs))  # in x's layout
+        grouped.view(b, c, ft, fs, fs, t // ft, h // fs, w // fs).copy_(  # b c i j k t h w
+            x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6))
+        out = empty_video(x, (b, self.cout, t // ft, h // fs, w // fs))
+        return torch.mean(grouped.view(b, self.cout, self.group, t // ft, h // fs, w // fs), dim=2, out=out)
 
 
 class WanDupUp3D(nn.Module):
@@ -99,7 +103,8 @@ class WanDupUp3D(nn.Module):
         """B,Cout,T,ft,H,fs,W,fs view of the repeated channels."""
         b, _, t, h, w = x.shape
         ft, fs = self.ft, self.fs
-        dup = x.repeat_interleave(self.repeats, dim=1)
+        dup = empty_video(x, (b, x.shape[1] * self.repeats, t, h, w))  # in x's layout
+        dup.view(b, x.shape[1], self.repeats, t, h, w).copy_(x.unsqueeze(2).expand(-1, -1, self.repeats, -1, -1, -1))
         return dup.view(b, self.cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:

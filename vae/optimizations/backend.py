@@ -133,27 +133,3 @@ def applied(flags: BackendFlags | None):
     finally:
         torch.backends.cudnn.benchmark = saved_benchmark
         _tf32_set(saved_tf32)
-
-
-def to_channels_last_3d(module: torch.nn.Module) -> int:
-    """Store every 5-D conv weight of `module` channels-last (NDHWC); returns how many were changed.
-
-    cuDNN then picks channels-last kernels and produces channels-last outputs, which on torch 2.9 is
-    much faster for conv3d (LightX2V#860). `.to(device)` and `.to(dtype)` keep the layout.
-    """
-    changed = 0
-    for param in module.parameters():
-        if param.dim() == 5 and not param.is_contiguous(memory_format=torch.channels_last_3d):
-            param.data = param.data.contiguous(memory_format=torch.channels_last_3d)
-            changed += 1
-    return changed
-
-
-def to_contiguous(module: torch.nn.Module) -> int:
-    """Undo `to_channels_last_3d`: every 5-D weight back to the default layout; returns the count."""
-    changed = 0
-    for param in module.parameters():
-        if param.dim() == 5 and not param.is_contiguous():
-            param.data = param.data.contiguous()
-            changed += 1
-    return changed

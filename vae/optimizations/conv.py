@@ -15,8 +15,9 @@ this module never sees.
 
 Which of these exact kernels runs is a fixed rule (`kernels="defaults"`: the rules above, tuned on an
 AVX2 CPU) or measured on this machine once per layer shape (`kernels="measure"`, kernel_choice.py):
-CPU oneDNN direct vs Winograd with each GEMM route; GPU cuDNN as PyTorch calls it vs channels-last
-3-D vs cuDNN called directly (the PyTorch 2.9 workaround; half precision).
+CPU oneDNN direct vs Winograd with each GEMM route; GPU cuDNN as PyTorch calls it vs (for NCDHW
+activations) channels-last 3-D vs cuDNN called directly (the PyTorch 2.9 workaround; half precision).
+Every kernel returns its output in the layout of its input (layout.py).
 """
 from functools import lru_cache
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, kernel_choice
+from .layout import dense_copy, is_ndhwc, layout_of
 from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
@@ -104,7 +106,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     if kernels == "measure" and len(candidates) > 1 and not torch.compiler.is_compiling():
         # Timed on at most two output frames of at most PROBE_SIDE^2 pixels (a few seconds per shape).
         frames = min(x.shape[2], weight.shape[2] + stride[0])
-        probe = lru_cache(maxsize=1)(lambda: x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE].contiguous())
+        probe = lru_cache(maxsize=1)(lambda: dense_copy(x[:, :, :frames, :PROBE_SIDE, :PROBE_SIDE]))
         chosen = kernel_choice.pick(conv_key(x, weight, stride, padding), x.device,
                                     {name: (lambda run=run: run(probe())) for name, run in candidates.items()}, default)
         # What measuring computed for a kernel that lost is not kept resident (the record is read only
@@ -128,7 +130,7 @@ def conv_key(x: torch.Tensor, weight: torch.Tensor, stride, padding) -> str:
     does not depend on it."""
     b, _, _, h, w = x.shape
     return (f"{conv_signature(x.device, x.dtype, weight.shape, stride)}p{tuple(padding)} {b}x{h}x{w} "
-            f"threads {torch.get_num_threads()}")
+            f"{layout_of(x)} threads {torch.get_num_threads()}")
 
 
 def uses_winograd(device, dtype: torch.dtype, weight_shape, stride) -> bool | None:
@@ -147,7 +149,7 @@ def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     workaround = cudnn_workaround and backend.wants_cudnn_conv3d(x)
     if x.device.type != "cpu" or workaround:
         candidates = {"torch": lambda inp: F.conv3d(inp, weight, bias, stride, padding)}  # cuDNN on CUDA
-        if x.is_cuda:
+        if x.is_cuda and not is_ndhwc(x):  # NCDHW activations: converted around this conv
             def channels_last(inp):
                 layout = torch.channels_last_3d
                 return F.conv3d(inp.contiguous(memory_format=layout), weight.contiguous(memory_format=layout),

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_choice, triton_norm
+from .layout import is_ndhwc, layout_of
 
 
 def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
@@ -168,14 +169,25 @@ def _cpu_scratch(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cpu_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`group_norm_moments` on the CPU, blockwise: each channel plane's mean, then the sums of its
-    centred values and of their squares (the first corrects the mean's rounding), merged per group
-    in float64 with Chan's formula (equal counts). Any strides (tiles are views)."""
+    """`group_norm_moments` on the CPU, blockwise: each channel's mean and centred sum of squares over
+    the frame (`_cpu_plane_moments`, or `_cpu_channels_last_moments` for NDHWC x), merged per group in
+    float64 with Chan's formula (equal counts). Any strides (tiles are views)."""
     b, c, t, h, w = x.shape
     n = h * w
-    # Per plane: the mean the block was centred on, the correction (the centred values' mean) and the
-    # centred sum of squares; mean and correction are added in float64 (a float32 sum rounds at the
-    # size of the mean, which the merge would see where |mean| >> std).
+    moments = _cpu_channels_last_moments if is_ndhwc(x) else _cpu_plane_moments
+    plane_mean, plane_m2 = (v.view(b, groups, c // groups, t) for v in moments(x))  # float64 B,C,T each
+    mean = plane_mean.mean(2)
+    m2 = plane_m2.sum(2) + n * (plane_mean - mean.unsqueeze(2)).square().sum(2)
+    return mean.float(), (m2 / (n * (c // groups))).float()
+
+
+def _cpu_plane_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per channel plane of x (B,C,T,H,W) in NCDHW: (mean, centred sum of squares), float64 B,C,T.
+    Each block is centred on its plane's float32 mean; the centred values' mean corrects it and is
+    added in float64 (a float32 sum rounds at the size of the mean, which the merge would see where
+    |mean| >> std)."""
+    b, c, t, h, w = x.shape
+    n = h * w
     plane_mean, plane_fix, plane_m2 = torch.empty(3, b, c, t, dtype=torch.float32)
     scratch = _cpu_scratch(x)
     for i, chans, frames in _cpu_blocks(x):
@@ -190,16 +202,48 @@ def _cpu_group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torc
         residual = centred.sum((2, 3)).div_(n)
         plane_mean[i, chans, frames], plane_fix[i, chans, frames] = mean.view(residual.shape), residual
         plane_m2[i, chans, frames] = centred.square_().sum((2, 3)) - residual * residual * n
-    plane_mean = (plane_mean.double() + plane_fix).view(b, groups, c // groups, t)
-    plane_m2 = plane_m2.double().view(b, groups, c // groups, t)
-    mean = plane_mean.mean(2)
-    m2 = plane_m2.sum(2) + n * (plane_mean - mean.unsqueeze(2)).square().sum(2)
-    return mean.float(), (m2 / (n * (c // groups))).float()
+    return plane_mean.double() + plane_fix, plane_m2.double()
+
+
+def _row_blocks(x: torch.Tensor):
+    """(batch index, frame, row slice) covering x (B,C,T,H,W) in NDHWC, about CPU_BLOCK_BYTES of
+    float32 pixel rows (W x C, channels innermost) per block."""
+    b, c, t, h, w = x.shape
+    rows = max(1, CPU_BLOCK_BYTES // (4 * w * c))
+    for i in range(b):
+        for f in range(t):
+            for r0 in range(0, h, rows):
+                yield i, f, slice(r0, min(r0 + rows, h))
+
+
+def _cpu_channels_last_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_cpu_plane_moments` of NDHWC x: blocks of pixel rows (rows*W, C), whose per-channel sums run
+    along the contiguous channels; each block's (mean, M2) per channel, merged over the frame's
+    blocks in float64 with Chan's formula."""
+    b, c, t, h, w = x.shape
+    mean, m2 = torch.zeros(2, b, c, t, dtype=torch.float64)
+    scratch = torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+    for i, f, rows in _row_blocks(x):
+        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
+        block = scratch[:src.numel()].view(src.shape).copy_(src).view(-1, c)  # (pixels, C) float32
+        n, seen = block.shape[0], (rows.start * w)  # pixels in this block and in the frame before it
+        centre = block.mean(0)
+        block.sub_(centre)
+        fix = block.mean(0)  # corrects the float32 mean's rounding
+        block_mean = centre.double() + fix
+        block_m2 = (block.square().sum(0) - fix * fix * n).double()
+        delta = block_mean - mean[i, :, f]
+        total = seen + n
+        mean[i, :, f] += delta * (n / total)
+        m2[i, :, f] += block_m2 + delta * delta * (seen * n / total)
+    return mean, m2
 
 
 def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
     """out = act((x - centre) * scale + shift) for half-precision x on the CPU, blockwise in float32,
     rounded once; centre, scale, shift float32 (B,C,T). (In float32 the whole-tensor ops are as fast.)"""
+    if is_ndhwc(x):
+        return _cpu_half_channels_last_act(x, centre, scale, shift, act, out)
     scratch = _cpu_scratch(x)
     for i, chans, frames in _cpu_blocks(x):
         src = x[i, chans, frames]
@@ -213,6 +257,21 @@ def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Te
     return out
 
 
+def _cpu_half_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
+    """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C), float32."""
+    c, w = x.shape[1], x.shape[4]
+    scratch = torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+    for i, f, rows in _row_blocks(x):
+        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
+        work = scratch[:src.numel()].view(src.shape).copy_(src)
+        work.sub_(centre[i, :, f])  # per channel, along the innermost dim
+        torch.addcmul(shift[i, :, f], work, scale[i, :, f], out=work)
+        if act:
+            F.silu(work, inplace=True)
+        out[i, :, f, rows].permute(1, 2, 0).copy_(work)
+    return out
+
+
 def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run) -> bool:
     """Whether this norm call takes the Triton kernels: as `triton` says, except that with
     kernels="measure" (Optimizations.kernel_choice) the Triton and torch paths are timed once per
@@ -221,7 +280,7 @@ def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run
     if kernels != "measure" or not _use_triton(x, triton):
         return triton
     shape = tuple(x.shape[:2]) + tuple(x.shape[3:]) if x.dim() == 5 else tuple(x.shape)
-    key = f"{name} {x.device.type} {str(x.dtype).removeprefix('torch.')} {shape}"
+    key = f"{name} {x.device.type} {str(x.dtype).removeprefix('torch.')} {shape} {layout_of(x)}"
     return kernel_choice.pick(key, x.device, {"triton": lambda: run(True), "torch": lambda: run(False)}, "triton") == "triton"
 
 
@@ -243,7 +302,8 @@ PLANE_SUM_MIN_POSITIONS = 4096
 
 def _channel_norm(x: torch.Tensor) -> torch.Tensor:
     """||x||_2 over dim 1 of x (B,C,...), float32, keepdim."""
-    if x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS or torch.compiler.is_compiling():
+    if (x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS or is_ndhwc(x)
+            or torch.compiler.is_compiling()):  # NDHWC: the channels are contiguous, torch reduces them fast
         return torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
     squares = torch.zeros((x.shape[0], 1) + x.shape[2:], dtype=torch.float32, device=x.device)
     for channel in range(x.shape[1]):

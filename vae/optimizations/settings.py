@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 
 from .attention import KERNELS
 from .kernel_choice import MODES
+from .layout import LAYOUTS
 
 
 @dataclass(frozen=True)
@@ -59,18 +60,24 @@ class Optimizations:
     # the candidate measured fastest once per layer shape on this machine, remembered on disk;
     # "defaults" = fixed rules (tuned on an AVX2 CPU), the same kernels on every machine.
     kernel_choice: str = "measure"
+    # The memory layout of the activations from the first conv to the last (layout.py): "ndhwc"
+    # (channels last: cuDNN's and oneDNN's native conv layout, no conversion around each conv),
+    # "ncdhw" (channel planes, upstream's), or "auto" (layout.resolve: by device and dtype).
+    activation_layout: str = "auto"
 
     def __post_init__(self):
         if self.attention not in KERNELS:
             raise ValueError(f"attention must be one of {KERNELS}, got {self.attention!r}")
         if self.kernel_choice not in MODES:
             raise ValueError(f"kernel_choice must be one of {MODES}, got {self.kernel_choice!r}")
+        if self.activation_layout not in LAYOUTS:
+            raise ValueError(f"activation_layout must be one of {LAYOUTS}, got {self.activation_layout!r}")
 
     @classmethod
     def straightforward(cls) -> "Optimizations":
         """Every switch off and the default kernels: the reference behaviour, the baseline in benchmarks
         and tests."""
-        return cls(kernel_choice="defaults", **{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
+        return cls(kernel_choice="defaults", activation_layout="ncdhw", **{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
 
     def with_(self, **changes) -> "Optimizations":
         return replace(self, **changes)

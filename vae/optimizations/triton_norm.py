@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import torch
 
+from .layout import is_ndhwc
+
 try:
     import triton
     import triton.language as tl
@@ -33,6 +35,8 @@ except ImportError:  # Triton is optional: the torch kernels are used instead
     triton = None
 
 BLOCK = 1024
+# Elements of a channels-last program's [pixels, channels] tile (channels rounded up to a power of 2).
+TILE_ELEMENTS = 4096
 log = logging.getLogger("streamvae")
 
 
@@ -129,6 +133,89 @@ if triton is not None:
             ptr_o += soc
 
 
+    # --- channels-last (NDHWC) variants: a program holds a [pixels, channels] tile, so a warp reads
+    # whole runs of contiguous channels (the kernels above read one channel of many pixels, which in
+    # NDHWC is a gather with a stride of C elements).
+
+    @triton.jit
+    def _pixel_channel_tile(row, blk, T, H, W, C, sb, sc, st, sh, sw, BLOCK_P: tl.constexpr, C_P2: tl.constexpr):
+        """(offsets [BLOCK_P, C_P2], mask) of pixels blk*BLOCK_P.. of frame row % T of batch row // T."""
+        b = row // T
+        t = row % T
+        p = blk * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+        c = tl.arange(0, C_P2).to(tl.int64)
+        offs = b * sb + t * st + (p // W)[:, None] * sh + (p % W)[:, None] * sw + c[None, :] * sc
+        return offs, (p < H * W)[:, None] & (c < C)[None, :]
+
+    @triton.jit
+    def _gn_partial_cl_kernel(x_ptr, count_ptr, shift_ptr, delta_ptr, m2_ptr, T, H, W, C, n_blocks,
+                              sxb, sxc, sxt, sxh, sxw, G: tl.constexpr, CPG: tl.constexpr, G_P2: tl.constexpr,
+                              CPG_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+        # program (row = b*T + t, block of pixels): per group, the block's count, mean (shift + delta)
+        # and M2, two passes over the [pixels, groups, channels of a group] tile held in registers
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
+        b = row // T
+        t = row % T
+        p = blk * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+        g = tl.arange(0, G_P2).to(tl.int64)
+        c = tl.arange(0, CPG_P2).to(tl.int64)
+        chan = g[None, :, None] * CPG + c[None, None, :]
+        offs = (b * sxb + t * sxt + (p // W)[:, None, None] * sxh + (p % W)[:, None, None] * sxw + chan * sxc)
+        mask = (p < H * W)[:, None, None] & (g < G)[None, :, None] & (c < CPG)[None, None, :]
+        v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        n = tl.sum(tl.sum(mask.to(tl.float32), axis=2), axis=0)  # [G_P2]
+        shift = tl.sum(tl.sum(v, axis=2), axis=0) / tl.maximum(n, 1.0)
+        d = tl.where(mask, v - shift[None, :, None], 0.0)
+        s1 = tl.sum(tl.sum(d, axis=2), axis=0)
+        s2 = tl.sum(tl.sum(d * d, axis=2), axis=0)
+        slot = (row * n_blocks + blk) * G + g
+        keep = g < G
+        tl.store(count_ptr + slot, n, mask=keep)
+        tl.store(shift_ptr + slot, shift, mask=keep)
+        tl.store(delta_ptr + slot, s1 / tl.maximum(n, 1.0), mask=keep)
+        tl.store(m2_ptr + slot, tl.maximum(s2 - s1 * s1 / tl.maximum(n, 1.0), 0.0), mask=keep)
+
+    @triton.jit
+    def _center_scale_act_cl_kernel(x_ptr, out_ptr, mean_ptr, scale_ptr, shift_ptr, C, T, H, W,
+                                    sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
+                                    ACT: tl.constexpr, C_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+        # program (row = b*T + t, block of pixels): y = (x - mean) * scale + shift per channel, all channels
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
+        x_offs, mask = _pixel_channel_tile(row, blk, T, H, W, C, sxb, sxc, sxt, sxh, sxw, BLOCK_P, C_P2)
+        o_offs, _ = _pixel_channel_tile(row, blk, T, H, W, C, sob, soc, sot, soh, sow, BLOCK_P, C_P2)
+        c = tl.arange(0, C_P2).to(tl.int64)
+        at = ((row // T) * C + c) * T + row % T  # index of (b, c, t) in the B,C,T statistics
+        keep = c < C
+        mean = tl.load(mean_ptr + at, mask=keep, other=0.0)
+        scale = tl.load(scale_ptr + at, mask=keep, other=0.0)
+        shift = tl.load(shift_ptr + at, mask=keep, other=0.0)
+        v = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        y = (v - mean[None, :]) * scale[None, :] + shift[None, :]
+        if ACT:
+            y = y * tl.sigmoid(y)
+        tl.store(out_ptr + o_offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rms_act_cl_kernel(x_ptr, out_ptr, gamma_ptr, C, T, H, W, scale, eps,
+                           sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
+                           ACT: tl.constexpr, C_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+        # program (row = b*T + t, block of pixels): the norm over each pixel's channels, one read of x
+        row = tl.program_id(0).to(tl.int64)
+        blk = tl.program_id(1).to(tl.int64)
+        x_offs, mask = _pixel_channel_tile(row, blk, T, H, W, C, sxb, sxc, sxt, sxh, sxw, BLOCK_P, C_P2)
+        o_offs, _ = _pixel_channel_tile(row, blk, T, H, W, C, sob, soc, sot, soh, sow, BLOCK_P, C_P2)
+        c = tl.arange(0, C_P2)
+        gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+        v = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        inv = scale / tl.maximum(tl.sqrt(tl.sum(v * v, axis=1)), eps)  # [BLOCK_P]
+        y = v * inv[:, None] * gamma[None, :]
+        if ACT:
+            y = y * tl.sigmoid(y)
+        tl.store(out_ptr + o_offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _on_device(x: torch.Tensor):
     """Launch on x's GPU: Triton uses the current CUDA device, which need not be x's (cuda:1)."""
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
@@ -141,12 +228,15 @@ def group_norm_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torc
     M2 = sum(M2_i) + sum(n_i (m_i - mean)^2), var = M2 / N.
     """
     b, c, t, h, w = x.shape
-    n_blocks = triton.cdiv(h * w, BLOCK)
-    counts = torch.empty((b * groups * t, n_blocks), device=x.device, dtype=torch.float32)
-    shifts, deltas, m2s = torch.empty_like(counts), torch.empty_like(counts), torch.empty_like(counts)
-    with _on_device(x):
-        _gn_partial_kernel[(b * groups * t, n_blocks)](x, counts, shifts, deltas, m2s, t, h, w, groups, c // groups,
-                                                       n_blocks, *x.stride(), BLOCK=BLOCK)
+    if is_ndhwc(x):
+        counts, shifts, deltas, m2s = _channels_last_partials(x, groups)
+    else:
+        n_blocks = triton.cdiv(h * w, BLOCK)
+        counts = torch.empty((b * groups * t, n_blocks), device=x.device, dtype=torch.float32)
+        shifts, deltas, m2s = torch.empty_like(counts), torch.empty_like(counts), torch.empty_like(counts)
+        with _on_device(x):
+            _gn_partial_kernel[(b * groups * t, n_blocks)](x, counts, shifts, deltas, m2s, t, h, w, groups,
+                                                           c // groups, n_blocks, *x.stride(), BLOCK=BLOCK)
     counts, means, m2s = counts.double(), shifts.double() + deltas.double(), m2s.double()
     total = counts.sum(1, keepdim=True)
     mean = (counts * means).sum(1, keepdim=True) / total
@@ -154,10 +244,37 @@ def group_norm_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torc
     return mean.float().view(b, groups, t), var.float().view(b, groups, t)
 
 
+def _pixels_per_program(channels: int) -> int:
+    """Pixels of a channels-last program's [pixels, channels] tile: about TILE_ELEMENTS in all."""
+    return max(1, TILE_ELEMENTS // triton.next_power_of_2(channels))
+
+
+def _channels_last_partials(x: torch.Tensor, groups: int):
+    """The per-block (count, shift, delta, M2) of NDHWC x, each float32 (B*G*T, blocks) as the
+    channel-planes kernel lays them out."""
+    b, c, t, h, w = x.shape
+    pixels = _pixels_per_program(c)
+    n_blocks = triton.cdiv(h * w, pixels)
+    parts = torch.empty((4, b * t, n_blocks, groups), device=x.device, dtype=torch.float32)
+    with _on_device(x):
+        _gn_partial_cl_kernel[(b * t, n_blocks)](x, *parts, t, h, w, c, n_blocks, *x.stride(), G=groups,
+                                                 CPG=c // groups, G_P2=triton.next_power_of_2(groups),
+                                                 CPG_P2=triton.next_power_of_2(c // groups), BLOCK_P=pixels)
+    # 4, (b t), blocks, g -> 4, (b g t), blocks
+    return parts.view(4, b, t, n_blocks, groups).permute(0, 1, 4, 2, 3).reshape(4, b * groups * t, n_blocks)
+
+
 def center_scale_act(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, act: bool,
                      out: torch.Tensor) -> torch.Tensor:
     """out = act((x - mean) * scale + shift) with mean, scale, shift of shape B,C,T (float32)."""
     b, c, t, h, w = x.shape
+    if is_ndhwc(x):
+        pixels = _pixels_per_program(c)
+        with _on_device(x):
+            _center_scale_act_cl_kernel[(b * t, triton.cdiv(h * w, pixels))](
+                x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h, w, *x.stride(),
+                *out.stride(), ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
+        return out
     grid = (b * c * t, triton.cdiv(h * w, BLOCK))
     with _on_device(x):
         _center_scale_act_kernel[grid](x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h, w,
@@ -168,6 +285,13 @@ def center_scale_act(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, s
 def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float, act: bool, out: torch.Tensor) -> torch.Tensor:
     """out = act(x / max(||x||_C, eps) * sqrt(C) * gamma) for x B,C,T,H,W."""
     b, c, t, h, w = x.shape
+    if is_ndhwc(x):
+        pixels = _pixels_per_program(c)
+        with _on_device(x):
+            _rms_act_cl_kernel[(b * t, triton.cdiv(h * w, pixels))](
+                x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps, *x.stride(), *out.stride(),
+                ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
+        return out
     grid = (b * t, triton.cdiv(h * w, BLOCK))
     with _on_device(x):
         _rms_act_kernel[grid](x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps,

@@ -38,6 +38,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from .layout import empty_video
 from .winograd_gemm import GEMM_ROUTES
 
 # Interpolation points (plus the point at infinity) of each tile size. For m = 4 the asymmetric set
@@ -335,7 +336,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     x (B,Cin,T,H,W) on the CPU, any float dtype (computed in float32, returned in x.dtype);
     weight (Cout,Cin,kt,3,3) with T >= kt; padding 1 ("same": any H, W >= 1) or 0 ("valid", as exact
     tiling uses on a tile with its halo: H, W >= 3); `gemm` one of GEMM_ROUTES (step 4 of the module
-    docstring). Returns (B,Cout,T-kt+1,H+2p-2,W+2p-2), contiguous.
+    docstring). Returns (B,Cout,T-kt+1,H+2p-2,W+2p-2), in the layout of x.
     """
     if gemm not in GEMM_ROUTES:
         raise ValueError(f"gemm must be one of {GEMM_ROUTES}, got {gemm!r}")
@@ -345,7 +346,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     n_h, n_w = -(-h_out // m), -(-w_out // m)
     u = filter_transform(weight, cache, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
-    out = x.new_empty((b, cout, t_in - kt + 1, h_out, w_out))
+    out = empty_video(x, (b, cout, t_in - kt + 1, h_out, w_out))
     threads = torch.get_num_threads() if _OPENMP else 1
 
     # Slab height in tile rows: about SLAB_COLUMNS tiles, with the buffers of the jobs in flight

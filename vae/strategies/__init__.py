@@ -23,6 +23,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 
 from ..blocks import zero_border
+from ..optimizations.layout import empty_video
 
 
 @runtime_checkable
@@ -129,7 +130,7 @@ class ConvWindow:
         b, c, _, h, w = self.shape
         (iy0, iy1), (ix0, ix1) = rows, cols
         cy0, cy1, cx0, cx1 = max(iy0, 0), min(iy1, h), max(ix0, 0), min(ix1, w)
-        buf = like.new_empty((b, c, frames, iy1 - iy0, ix1 - ix0))
+        buf = empty_video(like, (b, c, frames, iy1 - iy0, ix1 - ix0))
         zero_border(buf, (cx0 - ix0, ix1 - cx1, cy0 - iy0, iy1 - cy1))
         inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
         return buf, inner, slice(cy0, cy1), slice(cx0, cx1)

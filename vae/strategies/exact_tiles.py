@@ -21,6 +21,7 @@ import torch
 from ..blocks import norm_fill
 from ..geometry import exact_cuts, layer_spans
 from ..layers import residual_sequence
+from ..optimizations.layout import empty_video
 from . import ConvWindow
 
 
@@ -75,7 +76,7 @@ class ExactTiles:
         """
         call = _ConvCall(conv, ctx, shape, like)
         ho, wo = call.window.out_hw
-        out = like.new_empty((shape[0], conv.out_channels, call.n_out, ho, wo))
+        out = empty_video(like, (shape[0], conv.out_channels, call.n_out, ho, wo))
         rows, cols = self._grid_of(call, ctx)
         for out_rows in rows:
             call.start_row(out_rows)
@@ -144,7 +145,7 @@ class ExactTiles:
                 ix0, ix1 = max(ox0 // scale - halo, 0), min(ox1 // scale + halo, w)
                 y = fn(x[..., iy0:iy1, ix0:ix1])
                 if out is None:
-                    out = y.new_empty(y.shape[:3] + (h * scale, w * scale))
+                    out = empty_video(y, y.shape[:3] + (h * scale, w * scale))
                 dy, dx = oy0 - iy0 * scale, ox0 - ix0 * scale
                 out[..., oy0:oy1, ox0:ox1] = y[..., dy:dy + oy1 - oy0, dx:dx + ox1 - ox0]
                 self.step()
@@ -167,7 +168,7 @@ class _ConvCall:
         self.n = self.n_head + t
         self.n_out, self.keep = conv.output_frames(self.n), conv.kept_from(self.n)
         self.input_elements = b * c * self.n * h * w
-        self.next_cache = like.new_empty((b, c, self.n - self.keep, h, w)) if conv.temporal and not self.banded else None
+        self.next_cache = empty_video(like, (b, c, self.n - self.keep, h, w)) if conv.temporal and not self.banded else None
         self.band = self.band_rows = None  # this row of tiles' rows and its part of the next cache
         self._read = (None, None)  # (rows, head band) of the last band read
         self.last_buffer = 0
@@ -196,7 +197,7 @@ class _ConvCall:
         self.band_rows = slice(max(iy0, 0), min(iy1, self.shape[3]))
         if self.banded:
             b, c, _, _, w = self.shape
-            self.band = self.like.new_empty((b, c, self.n - self.keep, self.band_rows.stop - self.band_rows.start, w))
+            self.band = empty_video(self.like, (b, c, self.n - self.keep, self.band_rows.stop - self.band_rows.start, w))
 
     def tile(self, out_rows, out_cols, fill, keep_cache: bool) -> torch.Tensor:
         """The conv's outputs out_rows x out_cols (B,C',n_out,rows,cols); its input region goes into the

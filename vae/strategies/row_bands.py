@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from .. import planning
 from ..layers import residual_sequence
+from ..optimizations.layout import empty_video
 from . import ConvWindow
 
 log = logging.getLogger("streamvae")
@@ -225,7 +226,7 @@ class RowBands:
             ctx.cache.put(conv, own[:, :, keep:])
         if not n_out:
             o0, o1 = self.bands.rows(self.rank, out_scale)
-            return like.new_empty((b, conv.out_channels, 0, o1 - o0, wo))
+            return empty_video(like, (b, conv.out_channels, 0, o1 - o0, wo))
         inside = [(max(a, 0), min(z, height)) for (a, z), _ in reads]
         self._exchange(inner, rows_in.start, scale, inside)
         return conv.conv5d(buf, ctx, padded=False)
@@ -240,7 +241,7 @@ class RowBands:
             a, z = self.bands.rows(r, s)
             wants.append((max(a - halo, 0), min(z + halo, height)))
         (a, z), (lo, hi) = wants[self.rank], self.bands.rows(self.rank, s)
-        window = x.new_empty(x.shape[:-2] + (z - a, x.shape[-1]))
+        window = empty_video(x, x.shape[:-2] + (z - a, x.shape[-1]))
         window[..., lo - a:hi - a, :] = x
         self._exchange(window, a, s, wants)
         return fn(window)[..., (lo - a) * scale:(hi - a) * scale, :]
@@ -288,7 +289,7 @@ class RowBands:
             self.sent_bytes += part.numel() * part.element_size()
             dist.send(part, self.peers[0], group=self.group)
             return None
-        whole = x.new_empty(x.shape[:-2] + (scale * self.bands.latent_rows, x.shape[-1]))
+        whole = empty_video(x, x.shape[:-2] + (scale * self.bands.latent_rows, x.shape[-1]))
         lo, hi = self.bands.rows(0, scale)
         whole[..., lo:hi, :] = x
         for r in range(1, self.world):

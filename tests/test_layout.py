@@ -1,0 +1,122 @@
+"""Activations channels-last (NDHWC) end to end: the same numbers as NCDHW for every family, chunks,
+exact tiles and frame streaming included; every conv of an NDHWC run reads and writes NDHWC (no
+conversion on the way); the CPU norms' channels-last paths equal the channel-plane ones."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import vae
+from tests.reference import TINY_FAMILIES, load_tiny
+from vae.optimizations import layout, norm_act
+
+FAMILIES = list(TINY_FAMILIES)  # the image family and the variants: test_wan_variants.py
+FIXED = vae.Optimizations(kernel_choice="defaults")
+CONVS = ("aten::convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return load_tiny(request.param)
+
+
+def clip_of(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(1, model.latent_channels, 4, 6, 5, generator=g)
+    video = torch.rand(1, 3, 9, 6 * model.spatial_factor, 5 * model.spatial_factor, generator=g) * 2 - 1
+    return z, video
+
+
+def run(model, op, x, settings, layout_name):
+    opts = FIXED.with_(activation_layout=layout_name)
+    return vae.decode(model, x, settings, opts=opts) if op == "decode" else vae.encode(model, x, settings, opts=opts)
+
+
+@pytest.mark.parametrize("op", ["decode", "encode"])
+def test_ndhwc_equals_ncdhw_with_chunks_tiles_and_frame_streaming(model, op):
+    z, video = clip_of(model)
+    x = z if op == "decode" else video
+    whole = run(model, op, x, vae.Settings(), "ncdhw")
+    tile = 2 * model.spatial_factor if op == "encode" else 2 * model.spatial_factor
+    for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
+                     vae.Settings(temporal_chunk=1, stream_frames=True)):
+        torch.testing.assert_close(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
+                                   msg=lambda m, s=settings: f"{s}: {m}")
+
+
+class ConvLayouts(TorchDispatchMode):
+    """Records, for every conv the run calls, whether its input and its output are NDHWC."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.name in CONVS and args[0].shape[1] > 1:
+            self.seen.append((layout.is_ndhwc(args[0]), layout.is_ndhwc(out) or out.shape[1] == 1))
+        return out
+
+
+@pytest.mark.parametrize("op", ["decode", "encode"])
+@pytest.mark.parametrize("layout_name", ["ndhwc", "ncdhw"])
+def test_every_conv_reads_and_writes_the_run_layout(model, op, layout_name):
+    z, video = clip_of(model)
+    with ConvLayouts() as probe:
+        run(model, op, z if op == "decode" else video, vae.Settings(temporal_chunk=2), layout_name)
+    assert len(probe.seen) > 5
+    wanted = layout_name == "ndhwc"
+    fell = [i for i, (inp, out) in enumerate(probe.seen) if inp != wanted or out != wanted]
+    assert not fell, f"{len(fell)} of {len(probe.seen)} convs not in {layout_name}, first at conv {fell[0]}"
+
+
+def test_weights_follow_the_run_and_leave_no_state(model):
+    z, _ = clip_of(model)
+    first = run(model, "decode", z, vae.Settings(), "ncdhw")
+    run(model, "decode", z, vae.Settings(), "ndhwc")
+    convs = [p for p in model.parameters() if p.dim() == 5 and p.shape[1] > 1]
+    assert convs and all(p.is_contiguous(memory_format=torch.channels_last_3d) for p in convs)
+    again = run(model, "decode", z, vae.Settings(), "ncdhw")
+    assert all(p.is_contiguous() for p in convs)
+    torch.testing.assert_close(again, first, atol=0, rtol=0)
+
+
+def channels_last_view(shape, mean=0.0, dtype=torch.float32, seed=0):
+    """A tile view (inside a larger NDHWC frame) of values around `mean`, and its NCDHW copy."""
+    g = torch.Generator().manual_seed(seed)
+    b, c, t, h, w = shape
+    frame = (torch.randn(b, c, t, h + 3, w + 2, generator=g) * 2 + mean).to(dtype)
+    view = frame.contiguous(memory_format=torch.channels_last_3d)[..., 1:1 + h, 2:2 + w]
+    assert layout.is_ndhwc(view) and not view.is_contiguous(memory_format=torch.channels_last_3d)
+    return view, view.contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mean", [0.0, 300.0])
+def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatch):
+    monkeypatch.setattr(norm_act, "CPU_BLOCK_BYTES", 4 * 6 * 16 * 3)  # several row blocks per frame
+    x, planes = channels_last_view((2, 16, 3, 11, 6), mean, dtype)
+    exact_mean, exact_var = norm_act.torch_group_moments(planes.double(), 4)
+    got_mean, got_var = norm_act.group_norm_moments(x, 4)
+    torch.testing.assert_close(got_mean.double(), exact_mean, atol=1e-5 * (1 + mean), rtol=1e-6)
+    torch.testing.assert_close(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
+    weight, bias = torch.randn(16), torch.randn(16)
+    rstd = torch.rsqrt(exact_var.float() + 1e-6)
+    out = layout.empty_video(x, x.shape)
+    norm_act.group_norm_apply(x, exact_mean.float(), rstd, weight, bias, True, out)
+    expected = norm_act.group_norm_apply(planes, exact_mean.float(), rstd, weight, bias, True)
+    assert layout.is_ndhwc(out)
+    torch.testing.assert_close(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
+    gamma = torch.randn(16, 1, 1, 1)
+    torch.testing.assert_close(norm_act.rms_norm_act(x, gamma).float(), norm_act.rms_norm_act(planes, gamma).float(),
+                               atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=0)
+
+
+def test_auto_layout_by_device_and_dtype():
+    assert layout.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
+    assert layout.resolve("auto", "cuda", torch.float32) == "ndhwc"
+    assert layout.resolve("auto", "cpu", torch.float32) == "ncdhw"
+    native = vae.optimizations.cpu_has_native(torch.bfloat16)
+    assert layout.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
+    assert layout.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
+    with pytest.raises(ValueError, match="activation_layout"):
+        vae.Optimizations(activation_layout="nhwc")
