@@ -135,6 +135,7 @@ def run_case(spec: dict) -> dict:
         result["compile"] = setup.compile_report.status
     if model is None:
         result["core_packages"] = package_versions()
+    result["gemm_bf16_tflops"] = gemm_tflops(device)
     if cuda:
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         result["peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30  # what the memory model predicts
@@ -149,6 +150,23 @@ def run_case(spec: dict) -> dict:
         result["max_err"] = (y - ref).abs().max().item()
         result["psnr_db"] = psnr(y, ref)
     return result
+
+
+def gemm_tflops(device: torch.device) -> float:
+    """This device's bf16 GEMM rate right now (TFLOP/s, best of a few 8192^3 products; 512^3 on the CPU
+    dry run): the yardstick of the rows' model-FLOP rate, measured in the same process as the row."""
+    n = 8192 if device.type == "cuda" else 512
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    best = float("inf")
+    for _ in range(4):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e12
 
 
 # --- the parts --------------------------------------------------------------------------------------
@@ -184,6 +202,8 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
     scratch.mkdir(parents=True, exist_ok=True)
     for family, frames, height, width in workloads(args):
         key = f"{family}-{op}-{frames}x{height}x{width}"
+        clip = dict(frames=frames, height=height, width=width)
+        model_tflop = models.model_flops(family, op, clip, tiny=args.device == "cpu") / 1e12
         for row_name in args.variants:
             left = args.part_budget - (time.monotonic() - start)
             if left < 20:
@@ -193,12 +213,17 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
                         device=args.device, tiny=args.device == "cpu", repeats=args.repeats, scratch=str(scratch),
                         reference=args.reference)
             row = _case_process(spec, timeout=left)
+            if row.get("median_s"):  # upstream's FLOPs over the time, against the same process's GEMM rate
+                row.update(model_tflop=model_tflop, tflops=model_tflop / row["median_s"])
+                row["pct_gemm"] = 100 * row["tflops"] / row["gemm_bf16_tflops"]
             rows.append(row)
             with out_file.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             compiled = f", compile: {row['compile']}" if row.get("compile") else ""
+            psnr = f", PSNR {row['psnr_db']:.1f} dB" if row.get("psnr_db") else ""
             status = row.get("error") or (f"{row['median_s']:.2f} s, peak {row.get('peak_gib', 0):.2f} GiB, "
-                                          f"err {row.get('max_err', 0):.2e}{compiled}")
+                                          f"err {row.get('max_err', 0):.2e}{psnr}, {row['pct_gemm']:.0f} % of bf16 GEMM"
+                                          f"{compiled}")
             print(f"[gpu_check] {key} {row_name}: {status}", flush=True)
     return rows
 
@@ -246,7 +271,7 @@ def calibrate(args, out: Path) -> None:
 
 COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "median s", ".2f"),
            ("first_s", "first s", ".2f"), ("peak_gib", "peak GiB", ".2f"), ("peak_reserved_gib", "reserved GiB", ".2f"),
-           ("predicted_peak_gib", "predicted GiB", ".2f"),
+           ("predicted_peak_gib", "predicted GiB", ".2f"), ("tflops", "TFLOP/s", ".1f"), ("pct_gemm", "% GEMM", ".0f"),
            ("max_err", "max err", ".1e"), ("psnr_db", "PSNR dB", ".1f"), ("error", "error", "s")]
 
 

@@ -7,8 +7,14 @@
 #   device run:  STREAMVAE_COMMIT=<git rev-parse --short HEAD here> bash bench/gpu_session.sh
 #                carry [".gpu-carry"], timeout_s 560
 #
-# Results: gpu_check's JSON lines in $OUT (the device tool brings them back), a table in the output; every
-# row has its max error against the fp32 reference (every switch off, TF32 off) of the same workload.
+# What it measures (issue 33, GPU speed): the clips of the issue's targets, bf16 decode, each side by side
+# with the fp32 reference (the error columns: max error, PSNR), StreamVAE's default (NDHWC activations on
+# CUDA), the same in NCDHW (the layout before the change: "today's"), and ComfyUI 0.33.0's own VAE with
+# the same weights (comfy-kitchen 0.2.40 and comfy-aimdo 0.6.0 installed as its users have them); every
+# row has upstream's model FLOPs over its time against the same process's bf16 GEMM rate ("% GEMM").
+# The memory sweep of issue 32 is the second call, bench/gpu_memory_session.sh.
+#
+# Results: gpu_check's JSON lines in $OUT (the device tool brings them back), a table in the output.
 set -u
 py=${PYTHON:-python3}
 carry=$PWD/.gpu-carry
@@ -17,15 +23,17 @@ export STREAMVAE_CORE_SITE=/tmp/streamvae-core-site PYTHONUNBUFFERED=1
 out="${OUT:-bench/results/gpu}"
 # 0. comfy-kitchen 0.2.40 and comfy-aimdo 0.6.0 as core's users have them, for core 0.33.0's rows only.
 $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_CORE_SITE" "$carry"/wheels/*.whl
-# 1. The CUDA tests (pytest -m gpu).
-$py -m bench.gpu_check --parts tests --part-budget 120 --out "$out" | tail -40
-# 2. SeedVR2 21x720x1280 decode: the fp32 reference, the default, ComfyUI 0.33.0's native SeedVR2 VAE
-#    with the same weights (comfy-kitchen active), and the default within 6 GiB (its time and peak; the
-#    card sweep at 1080p and 4K is bench/gpu_memory_session.sh, a second call).
-$py -m bench.gpu_check --parts decode --workloads seedvr2:21x720x1280 --part-budget 150 --out "$out" \
-    --variants reference bf16 bf16-core_0.33.0 bf16-budget_6g
-# 3. Wan2.1 81x480x832 decode, side by side: the reference, the default, core 0.33.0's and 0.3.75's WanVAE
-#    with the same weights, fixed instead of measured kernels, then torch.compile (its "first s" includes
-#    compiling; last, since it may not finish within the part's budget).
-$py -m bench.gpu_check --parts decode --families wan21 --part-budget 230 --out "$out" \
-    --variants reference bf16 bf16-core_0.33.0 bf16-core_0.3.75 bf16-kernels_defaults bf16-compile
+# 1. The CUDA tests (pytest -m gpu): the Triton kernels natively, both layouts, the kernel choice.
+$py -m bench.gpu_check --parts tests --part-budget 70 --out "$out" | tail -30
+# 2. Wan2.1 81x480x832 decode (target <= 0.9 s, >= 1.8x core 0.33.0).
+$py -m bench.gpu_check --parts decode --workloads wan21:81x480x832 --part-budget 110 --out "$out" \
+    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+# 3. Wan2.2 81x704x1280 decode (target <= 2.0 s).
+$py -m bench.gpu_check --parts decode --workloads wan22:81x704x1280 --part-budget 100 --out "$out" \
+    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+# 4. SeedVR2 81x720x1248 decode (target <= 3.0 s; core 0.33.0's native SeedVR2 VAE with comfy-kitchen).
+$py -m bench.gpu_check --parts decode --workloads seedvr2:81x720x1248 --part-budget 130 --out "$out" \
+    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+# 5. Encode of the Wan2.1 clip: NDHWC against NCDHW (target >= 1.5x).
+$py -m bench.gpu_check --parts encode --workloads wan21:81x480x832 --part-budget 60 --out "$out" \
+    --variants reference bf16 bf16-ncdhw

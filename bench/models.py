@@ -80,6 +80,20 @@ def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:
     return torch.randn(shape, generator=g)
 
 
+def model_flops(family: str, op: str, spec: dict, tiny: bool = False) -> int:
+    """Upstream's FLOPs (2 x multiply-adds, torch's counter) of `op` on the clip of `spec` (frames,
+    height, width): the straightforward path of the same config on the meta device (shapes only, a
+    few seconds); the yardstick of a row's model-FLOP rate."""
+    from bench.common import count_flops
+
+    config = weights(family, tiny)[0] if tiny else meta_model(family).config
+    with torch.device("meta"):
+        model = CONFIGS[family][0](config)
+    x = make_input(family, dict(spec, op=op)).to("meta")
+    io = dict(out_device="meta") if op == "decode" else {}
+    return count_flops(lambda: run(model, op, x, None, vae.Optimizations.straightforward(), **io))
+
+
 SETTING_NAMES = tuple(field.name for field in dataclasses.fields(vae.Settings))
 
 

@@ -25,6 +25,10 @@ def test_gpu_check_dry_run_writes_complete_rows(tmp_path):
         assert set(by_variant) == {"reference", "bf16", "bf16-tiles"}
         assert not any("error" in row for row in rows), rows
         assert all(row["finite"] and row["median_s"] > 0 for row in rows)
+        # the model-FLOP rate: upstream's FLOPs of this clip over the row's time, against the row's own GEMM
+        flops = {row["model_tflop"] for row in rows}
+        assert len(flops) == 1 and 1e-5 < flops.pop() < 1, rows  # the tiny model's 5 frames at 64x96
+        assert all(row["pct_gemm"] == pytest.approx(100 * row["tflops"] / row["gemm_bf16_tflops"]) for row in rows)
         bf16 = by_variant["bf16"]["max_err"]
         assert 1e-4 < bf16 < 0.2  # bf16 rounding, measured against the fp32 reference
         tiled = by_variant["bf16-tiles"]["max_err"]
