@@ -13,7 +13,7 @@ import torch
 
 from .. import vae
 from ..vae.devices import same_device
-from ..vae.optimizations import backend, kernel_choice, run_with_fallback
+from ..vae.optimizations import backend, kernel_choice, layout, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
 from . import core_api, multi_device
@@ -43,7 +43,7 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     latent_layout: str | None = None  # decode: how the LATENT was read (latents.latent_layout)
     output: str = ""  # what was made, e.g. "IMAGE float16 on cpu"
-    kernels: str = ""  # how the kernels were chosen (kernel_choice.describe)
+    kernels: str = ""  # how the kernels were chosen (kernel_choice.describe) and the activation layout
 
     def as_dict(self) -> dict:
         return {"op": self.op, "plan": self.plan.as_dict(), "summary": self.plan.summary(), "clips": self.clips,
@@ -130,7 +130,10 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
 
 
 def _finish(handle, report: RunReport) -> RunReport:
-    report.kernels = kernel_choice.describe(handle.opts.kernel_choice, handle.load_device)
+    dtype = handle.model.decode_dtype if report.op == "decode" else handle.model.encode_dtype
+    run_layout = layout.resolve(handle.opts.activation_layout, handle.load_device, dtype)
+    report.kernels = (f"{kernel_choice.describe(handle.opts.kernel_choice, handle.load_device)}; "
+                      f"activations {run_layout.upper()}")
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")
     if handle.load_device.type == "cuda":

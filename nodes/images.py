@@ -107,7 +107,7 @@ def clip_video(image: torch.Tensor, span: tuple[int, int], length: int) -> torch
     start, stop = span
     index = torch.arange(start, start + length).clamp_(max=stop - 1)
     frames = image.index_select(0, index.to(image.device))
-    # Contiguous B,C,T,H,W: a channels-last view would make every conv and norm take slow paths.
+    # Contiguous B,C,T,H,W; the engine puts each chunk into the run's activation layout (NCDHW or NDHWC).
     return frames.permute(3, 0, 1, 2).unsqueeze(0).float().contiguous().mul_(2).sub_(1)
 
 

@@ -228,6 +228,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     run = entry["outputs"]["5"]["streamvae_run"][0]
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
     assert run["plan"]["kernel_choice"] == "measure" and run["kernels"].startswith("kernels: measured")
+    assert run["kernels"].endswith("activations NCDHW")  # float32 on a CPU: the automatic layout
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
 
 

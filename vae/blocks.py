@@ -231,12 +231,14 @@ class CausalConv3d(Conv3d):
         tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
         missing = keep - tail.shape[2]
         if missing:
-            ctx.cache.put(self, torch.cat([empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_(), tail], 2),
-                          owned=True)
+            zeros = empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_()  # B,C,missing,H,W
+            ctx.cache.put(self, torch.cat([zeros, tail], 2), owned=True)
         else:
             ctx.cache.put(self, tail)
-        outs = [conv3d(buf[:, :, :kt - n_head + j], self.weight[:, :, n_head - j:].clone(memory_format=torch.preserve_format), self.bias, self.stride,
-                       self.padding, **ctx.conv_options) for j in range(min(n_head, n_out))]
+        outs = []
+        for j in range(min(n_head, n_out)):
+            taps = self.weight[:, :, n_head - j:].clone(memory_format=torch.preserve_format)  # dense, the weight's layout
+            outs.append(conv3d(buf[:, :, :kt - n_head + j], taps, self.bias, self.stride, self.padding, **ctx.conv_options))
         if t >= kt:
             outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
         return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]

@@ -182,14 +182,6 @@ def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, op: str, emit) -> Non
         emit(model.decode_chunk(x, ctx) if op == "decode" else run_stages(model.encode_stages(), x, ctx))
 
 
-def _layout(model, opts: Optimizations, dtype: torch.dtype) -> str:
-    """The activation layout of a run computing in `dtype` (`layout.resolve`); the model's weights are
-    put in it, so no conv converts them per call."""
-    run_layout = layout.resolve(opts.activation_layout, model.device, dtype)
-    layout.weights_in([model], run_layout)
-    return run_layout
-
-
 def _with_half_fallback(model, op: str, run):
     """run(), rerun in bf16/fp32 if fp16 compute overflowed (see recovery.fall_back_from_half)."""
     try:
@@ -282,7 +274,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
     ctx = StreamContext(opts)
-    run_layout = _layout(model, opts, model.encode_dtype)
+    run_layout = layout.for_run(model, opts.activation_layout, model.encode_dtype)
 
     def step(first, n, write):
         start, stop = geometry.pixel_span(first, n, clip.temporal_factor)
@@ -434,7 +426,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
     ctx = StreamContext(opts)
-    run_layout = _layout(model, opts, model.decode_dtype)
+    run_layout = layout.for_run(model, opts.activation_layout, model.decode_dtype)
     pos = 0
 
     scale = model.spatial_factor * model.decode_upscale  # output rows per latent row
@@ -452,7 +444,8 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
         pos += k
 
     def step(first, n, write):
-        x = layout.to_layout(part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype), run_layout)
+        x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
+        x = layout.to_layout(x, run_layout)
         _run_chunk(model, x, ctx, "decode", lambda y: emit(y, write))
         return pos < t_out
 

@@ -6,7 +6,7 @@ input and the output of every conv (14 % of a Wan2.1 decode on an H100, bench/gp
 channels-last weights alone made it 2.0x slower, because each activation was then converted
 (bench/RESULTS.md section 0). So a run is in one layout from the first conv to the last:
 
-- the engine puts the chunk's input and the conv weights into the run's layout (`weights_in`), and
+- the engine puts the chunk's input and the conv weights into the run's layout (`for_run`), and
   the output is copied into the caller's NCDHW tensor;
 - every buffer a block allocates takes the layout of the tensor it is made from (`empty_video`), and
   convs, norms, adds and copies keep the layout of their input, so the activations never fall back.
@@ -68,15 +68,20 @@ def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.contiguous(memory_format=FORMATS[layout])
 
 
-def weights_in(modules, layout: str) -> int:
-    """Store the 4-D and 5-D weights of `modules` in `layout` (NDHWC: channels last), so convs on
-    activations of that layout read them without a per-call conversion; returns how many changed.
-    `.to(device)` and `.to(dtype)` keep the layout."""
-    changed = 0
-    for module in modules:
-        for param in module.parameters():
-            fmt = WEIGHT_FORMATS[layout].get(param.dim())
-            if fmt is not None and not param.is_contiguous(memory_format=fmt):
+def weights_in(module: torch.nn.Module, layout: str) -> None:
+    """Store the 4-D and 5-D weights of `module` in `layout` (NDHWC: channels last), so convs on
+    activations of that layout read them without a per-call conversion. `.to(device)` and `.to(dtype)`
+    keep the layout."""
+    for param in module.parameters():
+        fmt = WEIGHT_FORMATS[layout].get(param.dim())
+        if fmt is not None and not param.is_contiguous(memory_format=fmt):
+            with torch.inference_mode(False):  # a run is under inference mode; the weights outlive it
                 param.data = param.data.contiguous(memory_format=fmt)
-                changed += 1
-    return changed
+
+
+def for_run(model: torch.nn.Module, setting: str, dtype: torch.dtype) -> str:
+    """The layout of a run of `model` (a `VideoVAE`, on `model.device`) computing in `dtype`, for the
+    `activation_layout` `setting`; the model's weights are put in it (`weights_in`)."""
+    chosen = resolve(setting, model.device, dtype)
+    weights_in(model, chosen)
+    return chosen

@@ -121,7 +121,8 @@ def group_norm_apply(
     if _use_triton(x, triton):
         return triton_norm.center_scale_act(x, centre, scale, shift, act, out)
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
-        return _cpu_half_center_scale_act(x, centre, scale, shift, act, out)
+        half_act = _cpu_channels_last_act if is_ndhwc(x) else _cpu_half_center_scale_act
+        return half_act(x, centre, scale, shift, act, out)
     centre, scale, shift = (v.reshape(b, c, t, 1, 1) for v in (centre, scale, shift))
     if x.dtype == scale.dtype:
         torch.sub(x, centre, out=out)
@@ -216,13 +217,19 @@ def _row_blocks(x: torch.Tensor):
                 yield i, f, slice(r0, min(r0 + rows, h))
 
 
+def _row_scratch(x: torch.Tensor) -> torch.Tensor:
+    """A float32 buffer for one block of `_row_blocks(x)`."""
+    c, w = x.shape[1], x.shape[4]
+    return torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+
+
 def _cpu_channels_last_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`_cpu_plane_moments` of NDHWC x: blocks of pixel rows (rows*W, C), whose per-channel sums run
     along the contiguous channels; each block's (mean, M2) per channel, merged over the frame's
     blocks in float64 with Chan's formula."""
     b, c, t, h, w = x.shape
     mean, m2 = torch.zeros(2, b, c, t, dtype=torch.float64)
-    scratch = torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+    scratch = _row_scratch(x)
     for i, f, rows in _row_blocks(x):
         src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
         block = scratch[:src.numel()].view(src.shape).copy_(src).view(-1, c)  # (pixels, C) float32
@@ -242,8 +249,6 @@ def _cpu_channels_last_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
     """out = act((x - centre) * scale + shift) for half-precision x on the CPU, blockwise in float32,
     rounded once; centre, scale, shift float32 (B,C,T). (In float32 the whole-tensor ops are as fast.)"""
-    if is_ndhwc(x):
-        return _cpu_half_channels_last_act(x, centre, scale, shift, act, out)
     scratch = _cpu_scratch(x)
     for i, chans, frames in _cpu_blocks(x):
         src = x[i, chans, frames]
@@ -257,10 +262,12 @@ def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Te
     return out
 
 
-def _cpu_half_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
-    """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C), float32."""
+def _cpu_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
+    """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C) converted to float32,
+    which stay in cache for the few ops on them (one pass over memory, one rounding); 3-5x the
+    whole-tensor ops in bf16 (bench/RESULTS.md section 11). In float32 the whole-tensor ops are as fast."""
     c, w = x.shape[1], x.shape[4]
-    scratch = torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+    scratch = _row_scratch(x)
     for i, f, rows in _row_blocks(x):
         src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
         work = scratch[:src.numel()].view(src.shape).copy_(src)
@@ -303,7 +310,7 @@ PLANE_SUM_MIN_POSITIONS = 4096
 def _channel_norm(x: torch.Tensor) -> torch.Tensor:
     """||x||_2 over dim 1 of x (B,C,...), float32, keepdim."""
     if (x.device.type != "cpu" or x[:1, :1].numel() < PLANE_SUM_MIN_POSITIONS or is_ndhwc(x)
-            or torch.compiler.is_compiling()):  # NDHWC: the channels are contiguous, torch reduces them fast
+            or torch.compiler.is_compiling()):  # NDHWC: torch reduces the contiguous channels fast
         return torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)
     squares = torch.zeros((x.shape[0], 1) + x.shape[2:], dtype=torch.float32, device=x.device)
     for channel in range(x.shape[1]):
@@ -321,6 +328,9 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: 
                               lambda use: rms_norm_act(x, gamma, eps, act, None, use))
     if _use_triton(x, triton) and x.dim() == 5:
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
+    if (x.device.type == "cpu" and is_ndhwc(x) and x.dtype in (torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling()):
+        return _cpu_channels_last_rms(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     norm = _channel_norm(x)
     inv = (math.sqrt(c) / norm.clamp_min(eps)).to(x.dtype)
     if torch.compiler.is_compiling():
@@ -331,4 +341,23 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: 
     out.mul_(gamma.view((1, c) + (1,) * (x.dim() - 2)).to(x.dtype))
     if act:
         F.silu(out, inplace=True)
+    return out
+
+
+def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act: bool,
+                           out: torch.Tensor) -> torch.Tensor:
+    """`rms_norm_act` of half-precision NDHWC x (B,C,T,H,W) on the CPU: blocks of pixel rows (rows*W, C)
+    converted to float32, each read once and normalised along its contiguous channels in cache, rounded
+    once; the whole-tensor path takes four passes over memory (the norm, two scalings, the SiLU): 2.5x
+    slower in bf16, as fast in float32 (bench/RESULTS.md section 11)."""
+    c = x.shape[1]
+    gain = gamma.reshape(c).float() * math.sqrt(c)
+    scratch = _row_scratch(x)
+    for i, f, rows in _row_blocks(x):
+        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
+        work = scratch[:src.numel()].view(src.shape).copy_(src)
+        work.div_(torch.linalg.vector_norm(work, dim=-1, keepdim=True).clamp_min_(eps)).mul_(gain)
+        if act:
+            F.silu(work, inplace=True)
+        out[i, :, f, rows].permute(1, 2, 0).copy_(work)
     return out
