@@ -126,3 +126,22 @@ def test_auto_layout_by_device_and_dtype():
     assert layout.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
     with pytest.raises(ValueError, match="activation_layout"):
         vae.Optimizations(activation_layout="nhwc")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("op", ["decode", "encode"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
+    """cuDNN and the Triton norms in NDHWC: the NCDHW result (TF32 off), no conv converted on the way."""
+    from vae.optimizations import BackendFlags
+    from vae.optimizations.backend import applied
+
+    model = load_tiny(family, device="cuda")
+    x = clip_of(model)[0 if op == "decode" else 1].cuda()
+    with applied(BackendFlags(tf32=False)):
+        want = run(model, op, x, vae.Settings(temporal_chunk=2), "ncdhw")
+        with ConvLayouts() as probe:
+            got = run(model, op, x, vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor), "ndhwc")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert probe.seen and all(inp and out for inp, out in probe.seen), probe.seen

@@ -11,6 +11,10 @@ the fallback and the reference.
 - RMS norm over channels: one program per block of pixels of one frame walks the channels twice
   (sum of squares, then the scaled write), float32 accumulation.
 
+Each kernel has a channels-last twin for NDHWC activations (`layout.is_ndhwc`): a program holds a
+[pixels, channels] tile, so a warp reads runs of contiguous channels instead of gathering one channel
+of many pixels with a stride of C; the RMS norm then reads x once (its channel-plane kernel twice).
+
 Inputs and outputs are B,C,T,H,W with arbitrary strides (tiles and buffer views are not contiguous).
 Every address is computed in 64-bit: video activations pass 2^31 elements (SeedVR2 at 1080p), where
 int32 program ids times strides would wrap. The kernels also run under TRITON_INTERPRET=1 on the CPU,
