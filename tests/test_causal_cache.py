@@ -54,6 +54,24 @@ def test_disk_store_round_trips_and_reuses_each_modules_slot():
     assert cache._store.file.closed
 
 
+def test_device_store_writes_a_new_entry_into_the_old_ones_memory():
+    """Chunk after chunk a causal conv stores frames of the same shape: they go into the memory of the
+    entry it has just read, in its layout (no fresh allocation per chunk), and read back equal."""
+    cache, conv = CausalCache("none"), torch.nn.Identity()
+    for layout in (torch.contiguous_format, torch.channels_last_3d):
+        frames = torch.randn(2, 6, 4, 5, 7).contiguous(memory_format=layout)
+        cache.put(conv, frames[:, :, 2:])
+        first = cache.get(conv)
+        for start in (1, 0):
+            cache.put(conv, frames[:, :, start:start + 2])
+            assert cache.get(conv).data_ptr() == first.data_ptr()
+            assert torch.equal(cache.get(conv), frames[:, :, start:start + 2])
+        assert cache.get(conv).is_contiguous(memory_format=layout)
+        cache.pop(conv)
+    cache.put(conv, frames[:, :, :3])  # another shape: a new entry
+    assert torch.equal(cache.get(conv), frames[:, :, :3])
+
+
 def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():
     """The host store's tiers, driven on the CPU: pinning fails on a machine without a GPU (exactly
     what a failed pin on a GPU machine raises), so it warns once and uses pageable memory; a module

@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from .devices import host_available
-from .optimizations.layout import empty_video
+from .optimizations.layout import dense_copy, empty_video, is_ndhwc
 
 CACHE_OFFLOADS = ("none", "host", "disk")
 WRITE_BLOCK_BYTES = 16 * 2**20  # a disk write copies at most this much at a time into rows-first order
@@ -137,7 +137,15 @@ class _DeviceStore:
         self.next: dict[object, torch.Tensor] = {}
 
     def put(self, key, frames: torch.Tensor, owned: bool) -> None:
-        self.held[key] = frames if owned else frames.clone()
+        held = self.held.get(key)
+        if (not owned and held is not None and held.shape == frames.shape and held.dtype == frames.dtype
+                and held.device == frames.device and is_ndhwc(held) == is_ndhwc(frames)):
+            # The entry a causal conv read for this call is consumed by now (written into its input
+            # buffer): its memory takes the new frames. A fresh copy would cost a new allocation per
+            # chunk, which on the CPU is fresh pages (page faults) for anything past a few MB.
+            held.copy_(frames)
+            return
+        self.held[key] = frames if owned else dense_copy(frames)
 
     def get(self, key, device) -> torch.Tensor:
         return self.held[key]
@@ -294,7 +302,8 @@ class _HostStore:
 class CausalCache:
     """What each temporal module remembers between chunks (see module docstring for `offload`).
 
-    `get` returns a tensor on the compute device that the caller may only read; `put` stores a copy
+    `get` returns a tensor on the compute device that the caller may only read, and only until the
+    module's next `put` (which may write the new frames into the same memory); `put` stores a copy
     of `frames` (with `owned=True` the caller hands over a tensor nobody else writes, which the
     on-device store then keeps without copying). `rows` / `put_rows` / `commit` read and write an
     entry a band of rows at a time: the bands of the new entry are written while the old one is still
