@@ -26,9 +26,9 @@ def resolve(layout: str, device, dtype: torch.dtype) -> str:
 
     "auto": NDHWC on CUDA (cuDNN's NDHWC conv3d kernels; other projects' Wan VAEs report 1.2-1.8x,
     unmeasured here until a GPU run) and for half precision on a CPU with native bf16/fp16 kernels
-    (oneDNN's direct conv 1.5-1.9x faster in NDHWC, bench/RESULTS.md section 11); NCDHW for float32 on
-    the CPU, where the layouts trade places by layer (0.9-1.25x) and the Winograd kernel reads channel
-    planes.
+    (whole decodes and encodes 1.6-1.9x faster than NCDHW, bench/RESULTS.md section 11); NCDHW for
+    float32 on a CPU, where the two tie (0.94-1.00x) and a CPU without native half precision, which
+    computes it in float32.
     """
     if layout != "auto":
         return layout
