@@ -19,7 +19,9 @@ from bench.common import machine_summary
 from vae.devices import DTYPES
 
 KINDS = [  # (kind, substrings of kernel names), first match wins
-    ("norm", ("_gn_partial_kernel", "_center_scale_act_kernel", "_rms_act_kernel", "group_norm", "GroupNorm", "norm_kernel")),
+    ("norm", ("_gn_partial", "_center_scale_act", "_rms_act", "group_norm", "GroupNorm", "norm_kernel")),
+    # cuDNN's conversions around a conv whose activations are not in its kernel's layout (NCDHW runs)
+    ("layout conversion", ("nchwToNhwc", "nhwcToNchw", "NchwToNhwc", "NhwcToNchw")),
     ("attention", ("fmha", "flash", "attention", "Attention", "softmax")),
     ("conv", ("conv", "Conv", "xmma", "implicit", "cutlass", "sm90", "sm80", "gemm", "Gemm", "wgrad", "dgrad", "fprop")),
     ("copy", ("copy", "Copy", "Memcpy", "memcpy", "Memset", "fill", "cat_", "CatArray", "pad", "index")),

@@ -24,16 +24,19 @@ out="${OUT:-bench/results/gpu}"
 # 0. comfy-kitchen 0.2.40 and comfy-aimdo 0.6.0 as core's users have them, for core 0.33.0's rows only.
 $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_CORE_SITE" "$carry"/wheels/*.whl
 # 1. The CUDA tests (pytest -m gpu): the Triton kernels natively, both layouts, the kernel choice.
-$py -m bench.gpu_check --parts tests --part-budget 70 --out "$out" | tail -30
+$py -m bench.gpu_check --parts tests --part-budget 60 --out "$out" | tail -30
 # 2. Wan2.1 81x480x832 decode (target <= 0.9 s, >= 1.8x core 0.33.0).
-$py -m bench.gpu_check --parts decode --workloads wan21:81x480x832 --part-budget 110 --out "$out" \
+$py -m bench.gpu_check --parts decode --workloads wan21:81x480x832 --part-budget 100 --out "$out" \
     --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
 # 3. Wan2.2 81x704x1280 decode (target <= 2.0 s).
-$py -m bench.gpu_check --parts decode --workloads wan22:81x704x1280 --part-budget 100 --out "$out" \
+$py -m bench.gpu_check --parts decode --workloads wan22:81x704x1280 --part-budget 90 --out "$out" \
     --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
 # 4. SeedVR2 81x720x1248 decode (target <= 3.0 s; core 0.33.0's native SeedVR2 VAE with comfy-kitchen).
-$py -m bench.gpu_check --parts decode --workloads seedvr2:81x720x1248 --part-budget 130 --out "$out" \
+$py -m bench.gpu_check --parts decode --workloads seedvr2:81x720x1248 --part-budget 120 --out "$out" \
     --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
 # 5. Encode of the Wan2.1 clip: NDHWC against NCDHW (target >= 1.5x).
-$py -m bench.gpu_check --parts encode --workloads wan21:81x480x832 --part-budget 60 --out "$out" \
+$py -m bench.gpu_check --parts encode --workloads wan21:81x480x832 --part-budget 50 --out "$out" \
     --variants reference bf16 bf16-ncdhw
+# 6. Where the default's time goes now (bench.gpu_profile, Wan2.1 480p): the "layout conversion" kind
+#    (cuDNN's nchwToNhwc / nhwcToNchw, 14 % of the NCDHW decode in section 0) should be gone.
+$py -m bench.gpu_check --parts profile --workloads wan21:81x480x832 --part-budget 45 --out "$out" | tail -30

@@ -56,3 +56,15 @@ def test_core_033_rows_decode_like_the_fp32_reference(tmp_path):
         assert "error" not in row and row["finite"], row
         assert row["max_err"] < 1e-4, row  # fp32 rounding of the same network
         assert set(row["core_packages"]) == {"comfy_kitchen", "comfy_aimdo"}, row
+
+
+def test_profile_kinds_name_cudnn_layout_conversions_and_both_norm_kernels():
+    """The profile's kinds (read from kernel names) tell the layout conversions NDHWC removes apart
+    from the convs around them, and count both layouts' Triton norm kernels as norms."""
+    from bench.gpu_profile import kind_of
+
+    assert kind_of("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>") == "layout conversion"
+    assert kind_of("void cudnn::ops::nhwcToNchwKernel<float>") == "layout conversion"
+    assert kind_of("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_ndhwc") == "conv"
+    for name in ("_gn_partial_kernel", "_gn_partial_cl_kernel", "_center_scale_act_cl_kernel", "_rms_act_cl_kernel"):
+        assert kind_of(name) == "norm", name
