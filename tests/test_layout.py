@@ -9,7 +9,7 @@ import vae
 from tests.reference import TINY_FAMILIES, load_tiny
 from vae.optimizations import layout, norm_act
 
-FAMILIES = list(TINY_FAMILIES)  # the image family and the variants: test_wan_variants.py
+FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
 FIXED = vae.Optimizations(kernel_choice="defaults")
 CONVS = ("aten::convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution")
 
@@ -36,7 +36,7 @@ def test_ndhwc_equals_ncdhw_with_chunks_tiles_and_frame_streaming(model, op):
     z, video = clip_of(model)
     x = z if op == "decode" else video
     whole = run(model, op, x, vae.Settings(), "ncdhw")
-    tile = 2 * model.spatial_factor if op == "encode" else 2 * model.spatial_factor
+    tile = 2 * model.spatial_factor  # pixels: tiles of 2 latent pixels, a 3x3 grid
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
                      vae.Settings(temporal_chunk=1, stream_frames=True)):
         torch.testing.assert_close(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
