@@ -10,7 +10,8 @@ import vae
 from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from tests.test_tiling import FIXTURES, _last_causal_conv
 from vae import memory
-from vae.causal_cache import CausalCache, _HostStore
+from vae.causal_cache import CausalCache, _DiskStore, _HostStore
+from vae.optimizations import layout
 
 FAMILIES = list(TINY_FAMILIES)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -70,6 +71,28 @@ def test_device_store_writes_a_new_entry_into_the_old_ones_memory():
         cache.pop(conv)
     cache.put(conv, frames[:, :, :3])  # another shape: a new entry
     assert torch.equal(cache.get(conv), frames[:, :, :3])
+
+
+@pytest.mark.parametrize("where", ["disk", "host"])
+def test_offloaded_entries_come_back_in_their_layout(where):
+    """NDHWC frames stored whole or band by band, on disk (rows first, then channels last) or in host
+    memory, come back equal and NDHWC, whole and by rows; NCDHW ones stay NCDHW."""
+    store = _DiskStore() if where == "disk" else _HostStore(budget_bytes=1 << 20)
+    store.pin = False  # (host) no GPU here: pageable buffers, as after a failed pin
+    conv = torch.nn.Identity()
+    for layout_name, fmt in (("ndhwc", torch.channels_last_3d), ("ncdhw", torch.contiguous_format)):
+        frames = torch.randn(2, 6, 3, 5, 7).contiguous(memory_format=fmt)
+        store.put(conv, frames[:, :, 1:], owned=False)
+        for got in (store.get(conv, "cpu"), store.rows(conv, 1, 4, "cpu")):
+            assert layout.layout_of(got) == layout_name
+        assert torch.equal(store.get(conv, "cpu"), frames[:, :, 1:])
+        assert torch.equal(store.rows(conv, 1, 4, "cpu"), frames[:, :, 1:, 1:4])
+        for first, stop in ((0, 2), (2, 5)):  # a new entry written a band of rows at a time
+            store.put_rows(conv, frames[..., first:stop, :] * 2, first, 5)
+        store.commit(conv)
+        assert torch.equal(store.get(conv, "cpu"), frames * 2) and layout.layout_of(store.get(conv, "cpu")) == layout_name
+        store.discard(conv)
+    store.close()
 
 
 def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():

@@ -1,5 +1,5 @@
 """Activations channels-last (NDHWC) end to end: the same numbers as NCDHW for every family, chunks,
-exact tiles and frame streaming included; every conv of an NDHWC run reads and writes NDHWC (no
+exact tiles, frame streaming and caches on disk included; every conv of an NDHWC run reads and writes NDHWC (no
 conversion on the way); the CPU norms' channels-last paths equal the channel-plane ones."""
 import pytest
 import torch
@@ -38,7 +38,8 @@ def test_ndhwc_equals_ncdhw_with_chunks_tiles_and_frame_streaming(model, op):
     whole = run(model, op, x, vae.Settings(), "ncdhw")
     tile = 2 * model.spatial_factor  # pixels: tiles of 2 latent pixels, a 3x3 grid
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
-                     vae.Settings(temporal_chunk=1, stream_frames=True)):
+                     vae.Settings(temporal_chunk=1, stream_frames=True),
+                     vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="disk")):  # caches by bands
         torch.testing.assert_close(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
                                    msg=lambda m, s=settings: f"{s}: {m}")
 

@@ -48,6 +48,12 @@ def _raw(t: torch.Tensor):
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+# An entry on disk is stored rows first, then in its layout: (rows,B,C,T,W), or (rows,B,T,W,C) for NDHWC
+# frames, so a band of rows is one contiguous read and comes back in the layout it was written in.
+_ROWS_FIRST = {False: (3, 0, 1, 2, 4), True: (3, 0, 2, 4, 1)}  # B,C,T,rows,W -> rows first
+_FROM_ROWS_FIRST = {False: (1, 2, 3, 0, 4), True: (1, 4, 2, 0, 3)}  # and back
+
+
 def _whole(shape, height: int) -> torch.Size:
     """The shape B,C,T,height,W of an entry that bands of `shape` (B,C,T,rows,W) are written into."""
     return torch.Size((*shape[:3], height, shape[4]))
@@ -63,8 +69,8 @@ class _DiskStore:
         self.file = tempfile.TemporaryFile(prefix="streamvae-cache-")
         self.slots: dict[object, tuple[int, int]] = {}  # offset, capacity in bytes
         self.spare: dict[object, tuple[int, int]] = {}  # a key's other slot, for its next band-written entry
-        self.live: dict[object, tuple[torch.Size, torch.dtype]] = {}
-        self.next: dict[object, tuple[int, int, torch.Size, torch.dtype]] = {}
+        self.live: dict[object, tuple[torch.Size, torch.dtype, bool]] = {}  # shape, dtype, NDHWC
+        self.next: dict[object, tuple[int, int, torch.Size, torch.dtype, bool]] = {}
         self.end = 0
 
     def _slot(self, nbytes: int, reuse: tuple[int, int] | None) -> tuple[int, int]:
@@ -73,43 +79,45 @@ class _DiskStore:
         self.end += nbytes
         return self.end - nbytes, nbytes
 
-    def _write_rows(self, offset: int, frames: torch.Tensor, first_row: int) -> None:
-        """frames B,C,T,rows,W into rows [first_row, first_row + rows) of the entry at `offset`."""
+    def _write_rows(self, offset: int, frames: torch.Tensor, first_row: int, ndhwc: bool) -> None:
+        """frames B,C,T,rows,W into rows [first_row, first_row + rows) of the entry at `offset` (an
+        NDHWC entry when `ndhwc`)."""
         row_bytes = frames[..., :1, :].numel() * frames.element_size()
         step = max(1, WRITE_BLOCK_BYTES // max(1, row_bytes))
         for a in range(0, frames.shape[3], step):
-            block = frames[..., a:a + step, :].permute(3, 0, 1, 2, 4).to("cpu").contiguous()  # rows,B,C,T,W
+            block = frames[..., a:a + step, :].permute(_ROWS_FIRST[ndhwc]).to("cpu").contiguous()  # rows first
             self.file.seek(offset + (first_row + a) * row_bytes)
             self.file.write(_raw(block))
 
     def put(self, key, frames: torch.Tensor, owned: bool = False) -> None:
         offset, capacity = self._slot(frames.nbytes, self.slots.get(key))
-        self._write_rows(offset, frames.detach(), 0)
-        self.slots[key], self.live[key] = (offset, capacity), (frames.shape, frames.dtype)
+        self._write_rows(offset, frames.detach(), 0, is_ndhwc(frames))
+        self.slots[key], self.live[key] = (offset, capacity), (frames.shape, frames.dtype, is_ndhwc(frames))
 
     def get(self, key, device) -> torch.Tensor:
         return self.rows(key, 0, self.live[key][0][3], device)
 
     def rows(self, key, first: int, stop: int, device) -> torch.Tensor:
-        (b, c, t, _, w), dtype = self.live[key]
-        host = torch.empty((stop - first, b, c, t, w), dtype=dtype)  # rows,B,C,T,W
+        (b, c, t, _, w), dtype, ndhwc = self.live[key]
+        shape = (b, c, t, stop - first, w)
+        host = torch.empty([shape[i] for i in _ROWS_FIRST[ndhwc]], dtype=dtype)  # rows first
         self.file.seek(self.slots[key][0] + first * host[:1].nbytes)
         if self.file.readinto(_raw(host)) != host.nbytes:
             raise OSError(f"StreamVAE: the causal-cache file {self.file.name} came back short; is its disk full?")
-        return host.permute(1, 2, 3, 0, 4).to(device)  # B,C,T,rows,W
+        return host.permute(_FROM_ROWS_FIRST[ndhwc]).to(device)  # B,C,T,rows,W
 
     def put_rows(self, key, band: torch.Tensor, first: int, height: int) -> None:
         if key not in self.next:
             shape = _whole(band.shape, height)
             offset, capacity = self._slot(math.prod(shape) * band.element_size(), self.spare.get(key))
-            self.next[key] = (offset, capacity, shape, band.dtype)
-        self._write_rows(self.next[key][0], band.detach(), first)
+            self.next[key] = (offset, capacity, shape, band.dtype, is_ndhwc(band))
+        self._write_rows(self.next[key][0], band.detach(), first, self.next[key][4])
 
     def commit(self, key) -> None:
-        offset, capacity, shape, dtype = self.next.pop(key)
+        offset, capacity, shape, dtype, ndhwc = self.next.pop(key)
         if key in self.slots:
             self.spare[key] = self.slots[key]
-        self.slots[key], self.live[key] = (offset, capacity), (shape, dtype)
+        self.slots[key], self.live[key] = (offset, capacity), (shape, dtype, ndhwc)
 
     def shape(self, key) -> torch.Size:
         return self.live[key][0]
@@ -121,7 +129,7 @@ class _DiskStore:
         return self.live.keys()
 
     def sizes(self):
-        return [(shape, shape.numel() * dtype.itemsize) for shape, dtype in self.live.values()]
+        return [(shape, shape.numel() * dtype.itemsize) for shape, dtype, _ in self.live.values()]
 
     def close(self) -> None:
         self.live.clear()
@@ -194,10 +202,12 @@ class _HostStore:
         self.next: dict[object, torch.Tensor] = {}
         self.disk: _DiskStore | None = None
 
-    def _buffer(self, shape, dtype: torch.dtype, reuse: torch.Tensor | None = None) -> torch.Tensor | None:
-        """A host buffer (pinned if possible), `reuse` when it has this shape and dtype, or None when
-        the host has no room (what `reuse` held is given back)."""
-        if reuse is not None and reuse.shape == shape and reuse.dtype == dtype:
+    def _buffer(self, like: torch.Tensor, shape, reuse: torch.Tensor | None = None) -> torch.Tensor | None:
+        """A host buffer of `shape` in like's dtype and layout (pinned if possible), `reuse` when it
+        matches, or None when the host has no room (what `reuse` held is given back)."""
+        dtype, fmt = like.dtype, torch.channels_last_3d if is_ndhwc(like) else torch.contiguous_format
+        if (reuse is not None and reuse.shape == shape and reuse.dtype == dtype
+                and reuse.is_contiguous(memory_format=fmt)):
             return reuse
         if reuse is not None:
             self.left += reuse.nbytes
@@ -207,7 +217,7 @@ class _HostStore:
         buffer = None
         if self.pin:
             try:
-                buffer = torch.empty(shape, dtype=dtype, pin_memory=True)
+                buffer = torch.empty(shape, dtype=dtype, pin_memory=True, memory_format=fmt)
             except RuntimeError as error:
                 self.pin = False
                 message = (f"StreamVAE: could not pin host memory for the causal caches ({str(error).strip()[:200]}); "
@@ -216,7 +226,7 @@ class _HostStore:
                 warnings.warn(message, RuntimeWarning, stacklevel=4)
         if buffer is None:
             try:
-                buffer = torch.empty(shape, dtype=dtype)
+                buffer = torch.empty(shape, dtype=dtype, memory_format=fmt)
             except (RuntimeError, MemoryError):
                 return None
         self.left -= buffer.nbytes
@@ -227,7 +237,7 @@ class _HostStore:
         return self.disk
 
     def put(self, key, frames: torch.Tensor, owned: bool) -> None:
-        held = self._buffer(frames.shape, frames.dtype, self.held.pop(key, None))
+        held = self._buffer(frames, frames.shape, self.held.pop(key, None))
         if held is None:
             self._on_disk().put(key, frames)
             return
@@ -251,7 +261,7 @@ class _HostStore:
     def put_rows(self, key, band: torch.Tensor, first: int, height: int) -> None:
         to_disk = self.disk is not None and key in self.disk.next  # an entry goes wholly to one place
         if key not in self.next and not to_disk:
-            buffer = self._buffer(_whole(band.shape, height), band.dtype, self.spare.pop(key, None))
+            buffer = self._buffer(band, _whole(band.shape, height), self.spare.pop(key, None))
             to_disk = buffer is None
             if buffer is not None:
                 self.next[key] = buffer
