@@ -11,7 +11,8 @@
 # with the fp32 reference (the error columns: max error, PSNR), StreamVAE's default (NDHWC activations on
 # CUDA), the same in NCDHW (the layout before the change: "today's"), and ComfyUI 0.33.0's own VAE with
 # the same weights (comfy-kitchen 0.2.40 and comfy-aimdo 0.6.0 installed as its users have them); every
-# row has upstream's model FLOPs over its time against the same process's bf16 GEMM rate ("% GEMM").
+# row has upstream's model FLOPs over its time against the same process's bf16 GEMM rate ("% GEMM"). Rows run
+# in that order within each part's budget: if one runs out, the NCDHW row (last) is the one skipped.
 # The memory sweep of issue 32 is the second call, bench/gpu_memory_session.sh.
 #
 # Results: gpu_check's JSON lines in $OUT (the device tool brings them back), a table in the output.
@@ -27,13 +28,13 @@ $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_COR
 $py -m bench.gpu_check --parts tests --part-budget 60 --out "$out" | tail -30
 # 2. Wan2.1 81x480x832 decode (target <= 0.9 s, >= 1.8x core 0.33.0).
 $py -m bench.gpu_check --parts decode --workloads wan21:81x480x832 --part-budget 100 --out "$out" \
-    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+    --variants reference bf16 bf16-core_0.33.0 bf16-ncdhw
 # 3. Wan2.2 81x704x1280 decode (target <= 2.0 s).
 $py -m bench.gpu_check --parts decode --workloads wan22:81x704x1280 --part-budget 90 --out "$out" \
-    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+    --variants reference bf16 bf16-core_0.33.0 bf16-ncdhw
 # 4. SeedVR2 81x720x1248 decode (target <= 3.0 s; core 0.33.0's native SeedVR2 VAE with comfy-kitchen).
 $py -m bench.gpu_check --parts decode --workloads seedvr2:81x720x1248 --part-budget 120 --out "$out" \
-    --variants reference bf16 bf16-ncdhw bf16-core_0.33.0
+    --variants reference bf16 bf16-core_0.33.0 bf16-ncdhw
 # 5. Encode of the Wan2.1 clip: NDHWC against NCDHW (target >= 1.5x).
 $py -m bench.gpu_check --parts encode --workloads wan21:81x480x832 --part-budget 50 --out "$out" \
     --variants reference bf16 bf16-ncdhw
