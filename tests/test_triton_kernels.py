@@ -113,6 +113,7 @@ LARGE_MEANS = """
     import torch.nn.functional as F
     from vae.optimizations import norm_act
     USE_TRITON = {use_triton}
+    LAYOUT = torch.{memory_format}
     if USE_TRITON:
         from vae.optimizations import triton_norm
 
@@ -120,7 +121,7 @@ LARGE_MEANS = """
     worst_stats, worst_out = 0.0, 0.0
     for centre in (0.0, 1e2, 1e3, 1e4):
         b, c, t, h, w, groups = 1, 8, 2, 33, 40, 2  # 1320 pixels: two partial blocks per frame
-        x = torch.randn(b, c, t, h, w, generator=g) + centre
+        x = (torch.randn(b, c, t, h, w, generator=g) + centre).contiguous(memory_format=LAYOUT)
         x64 = x.double()
         grouped = x64.reshape(b, groups, c // groups, t, h * w)
         ref_mean, ref_var = grouped.mean(dim=(2, 4)), grouped.var(dim=(2, 4), unbiased=False)
@@ -146,9 +147,11 @@ LARGE_MEANS = """
 """
 
 
+@pytest.mark.parametrize("memory_format", ["contiguous_format", "channels_last_3d"])
 @pytest.mark.parametrize("kernels", ["triton", "torch"])
-def test_group_norm_is_accurate_for_large_means(kernels):
-    code = LARGE_MEANS.replace("{use_triton}", str(kernels == "triton"))
+def test_group_norm_is_accurate_for_large_means(kernels, memory_format):
+    """Both layouts (NDHWC: the channels-last kernels, several tiles per block and two blocks per frame)."""
+    code = LARGE_MEANS.replace("{use_triton}", str(kernels == "triton")).replace("{memory_format}", memory_format)
     if kernels == "triton":
         stats, out = (float(v) for v in interpreted(code).split())
     else:

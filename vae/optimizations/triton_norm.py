@@ -152,27 +152,49 @@ if triton is not None:
         return offs, (p < H * W)[:, None] & (c < C)[None, :]
 
     @triton.jit
-    def _gn_partial_cl_kernel(x_ptr, count_ptr, shift_ptr, delta_ptr, m2_ptr, T, H, W, C, n_blocks,
-                              sxb, sxc, sxt, sxh, sxw, G: tl.constexpr, CPG: tl.constexpr, G_P2: tl.constexpr,
-                              CPG_P2: tl.constexpr, BLOCK_P: tl.constexpr):
-        # program (row = b*T + t, block of pixels): per group, the block's count, mean (shift + delta)
-        # and M2, two passes over the [pixels, groups, channels of a group] tile held in registers
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1).to(tl.int64)
-        b = row // T
-        t = row % T
-        p = blk * BLOCK_P + tl.arange(0, BLOCK_P).to(tl.int64)
+    def _group_tile(x_ptr, b, t, first, H, W, sxb, sxc, sxt, sxh, sxw, G: tl.constexpr, CPG: tl.constexpr,
+                    G_P2: tl.constexpr, CPG_P2: tl.constexpr, BLOCK_P: tl.constexpr):
+        """(values float32, mask) of the [groups, channels of a group, pixels] tile of pixels first.. of
+        frame t of batch b (the channels are what is contiguous in memory, whatever the axis order; the
+        pixels last make the long sums tree-shaped in the interpreter too, as they are on the GPU)."""
+        p = first + tl.arange(0, BLOCK_P).to(tl.int64)
         g = tl.arange(0, G_P2).to(tl.int64)
         c = tl.arange(0, CPG_P2).to(tl.int64)
-        chan = g[None, :, None] * CPG + c[None, None, :]
-        offs = (b * sxb + t * sxt + (p // W)[:, None, None] * sxh + (p % W)[:, None, None] * sxw + chan * sxc)
-        mask = (p < H * W)[:, None, None] & (g < G)[None, :, None] & (c < CPG)[None, None, :]
-        v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        n = tl.sum(tl.sum(mask.to(tl.float32), axis=2), axis=0)  # [G_P2]
-        shift = tl.sum(tl.sum(v, axis=2), axis=0) / tl.maximum(n, 1.0)
-        d = tl.where(mask, v - shift[None, :, None], 0.0)
-        s1 = tl.sum(tl.sum(d, axis=2), axis=0)
-        s2 = tl.sum(tl.sum(d * d, axis=2), axis=0)
+        chan = g[:, None, None] * CPG + c[None, :, None]
+        offs = b * sxb + t * sxt + (p // W)[None, None, :] * sxh + (p % W)[None, None, :] * sxw + chan * sxc
+        mask = (g < G)[:, None, None] & (c < CPG)[None, :, None] & (p < H * W)[None, None, :]
+        return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32), mask
+
+    @triton.jit
+    def _gn_partial_cl_kernel(x_ptr, count_ptr, shift_ptr, delta_ptr, m2_ptr, T, H, W, n_blocks,
+                              sxb, sxc, sxt, sxh, sxw, G: tl.constexpr, CPG: tl.constexpr, G_P2: tl.constexpr,
+                              CPG_P2: tl.constexpr, BLOCK_P: tl.constexpr, STEPS: tl.constexpr):
+        # program (block of STEPS * BLOCK_P pixels, row = b*T + t): per group, the block's count, mean
+        # (shift + delta) and M2, in two passes over the block's tiles as the channel-plane kernel does:
+        # the first gives the approximate mean (the shift), the second the sums of the deviations from it
+        # (which correct it exactly) and of their squares; the second reads what the first left in cache.
+        blk = tl.program_id(0).to(tl.int64)
+        row = tl.program_id(1).to(tl.int64)
+        b = row // T
+        t = row % T
+        first = blk * STEPS * BLOCK_P
+        n = tl.zeros([G_P2], dtype=tl.float32)
+        total = tl.zeros([G_P2], dtype=tl.float32)
+        for i in range(0, STEPS):
+            v, mask = _group_tile(x_ptr, b, t, first + i * BLOCK_P, H, W, sxb, sxc, sxt, sxh, sxw, G, CPG, G_P2,
+                                  CPG_P2, BLOCK_P)
+            n += tl.sum(tl.sum(mask.to(tl.float32), axis=2), axis=1)
+            total += tl.sum(tl.sum(v, axis=2), axis=1)
+        shift = total / tl.maximum(n, 1.0)
+        s1 = tl.zeros([G_P2], dtype=tl.float32)
+        s2 = tl.zeros([G_P2], dtype=tl.float32)
+        for i in range(0, STEPS):
+            v, mask = _group_tile(x_ptr, b, t, first + i * BLOCK_P, H, W, sxb, sxc, sxt, sxh, sxw, G, CPG, G_P2,
+                                  CPG_P2, BLOCK_P)
+            d = tl.where(mask, v - shift[:, None, None], 0.0)
+            s1 += tl.sum(tl.sum(d, axis=2), axis=1)
+            s2 += tl.sum(tl.sum(d * d, axis=2), axis=1)
+        g = tl.arange(0, G_P2).to(tl.int64)
         slot = (row * n_blocks + blk) * G + g
         keep = g < G
         tl.store(count_ptr + slot, n, mask=keep)
@@ -184,9 +206,9 @@ if triton is not None:
     def _center_scale_act_cl_kernel(x_ptr, out_ptr, mean_ptr, scale_ptr, shift_ptr, C, T, H, W,
                                     sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
                                     ACT: tl.constexpr, C_P2: tl.constexpr, BLOCK_P: tl.constexpr):
-        # program (row = b*T + t, block of pixels): y = (x - mean) * scale + shift per channel, all channels
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1).to(tl.int64)
+        # program (block of pixels, row = b*T + t): y = (x - mean) * scale + shift per channel, all channels
+        blk = tl.program_id(0).to(tl.int64)  # the many blocks on axis 0 (axis 1 takes at most 65535)
+        row = tl.program_id(1).to(tl.int64)
         x_offs, mask = _pixel_channel_tile(row, blk, T, H, W, C, sxb, sxc, sxt, sxh, sxw, BLOCK_P, C_P2)
         o_offs, _ = _pixel_channel_tile(row, blk, T, H, W, C, sob, soc, sot, soh, sow, BLOCK_P, C_P2)
         c = tl.arange(0, C_P2).to(tl.int64)
@@ -205,9 +227,9 @@ if triton is not None:
     def _rms_act_cl_kernel(x_ptr, out_ptr, gamma_ptr, C, T, H, W, scale, eps,
                            sxb, sxc, sxt, sxh, sxw, sob, soc, sot, soh, sow,
                            ACT: tl.constexpr, C_P2: tl.constexpr, BLOCK_P: tl.constexpr):
-        # program (row = b*T + t, block of pixels): the norm over each pixel's channels, one read of x
-        row = tl.program_id(0).to(tl.int64)
-        blk = tl.program_id(1).to(tl.int64)
+        # program (block of pixels, row = b*T + t): the norm over each pixel's channels, one read of x
+        blk = tl.program_id(0).to(tl.int64)  # the many blocks on axis 0 (axis 1 takes at most 65535)
+        row = tl.program_id(1).to(tl.int64)
         x_offs, mask = _pixel_channel_tile(row, blk, T, H, W, C, sxb, sxc, sxt, sxh, sxw, BLOCK_P, C_P2)
         o_offs, _ = _pixel_channel_tile(row, blk, T, H, W, C, sob, soc, sot, soh, sow, BLOCK_P, C_P2)
         c = tl.arange(0, C_P2)
@@ -255,15 +277,17 @@ def _pixels_per_program(channels: int) -> int:
 
 def _channels_last_partials(x: torch.Tensor, groups: int):
     """The per-block (count, shift, delta, M2) of NDHWC x, each float32 (B*G*T, blocks) as the
-    channel-planes kernel lays them out."""
+    channel-planes kernel lays them out; a block is BLOCK pixels (several tiles), as there."""
     b, c, t, h, w = x.shape
     pixels = _pixels_per_program(c)
-    n_blocks = triton.cdiv(h * w, pixels)
+    steps = max(1, BLOCK // pixels)
+    n_blocks = triton.cdiv(h * w, pixels * steps)
     parts = torch.empty((4, b * t, n_blocks, groups), device=x.device, dtype=torch.float32)
     with _on_device(x):
-        _gn_partial_cl_kernel[(b * t, n_blocks)](x, *parts, t, h, w, c, n_blocks, *x.stride(), G=groups,
-                                                 CPG=c // groups, G_P2=triton.next_power_of_2(groups),
-                                                 CPG_P2=triton.next_power_of_2(c // groups), BLOCK_P=pixels)
+        _gn_partial_cl_kernel[(n_blocks, b * t)](x, *parts, t, h, w, n_blocks, *x.stride(), G=groups, CPG=c // groups,
+                                                 G_P2=triton.next_power_of_2(groups),
+                                                 CPG_P2=triton.next_power_of_2(c // groups), BLOCK_P=pixels,
+                                                 STEPS=steps)
     # 4, (b t), blocks, g -> 4, (b g t), blocks
     return parts.view(4, b, t, n_blocks, groups).permute(0, 1, 4, 2, 3).reshape(4, b * groups * t, n_blocks)
 
@@ -275,7 +299,7 @@ def center_scale_act(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, s
     if is_ndhwc(x):
         pixels = _pixels_per_program(c)
         with _on_device(x):
-            _center_scale_act_cl_kernel[(b * t, triton.cdiv(h * w, pixels))](
+            _center_scale_act_cl_kernel[(triton.cdiv(h * w, pixels), b * t)](
                 x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h, w, *x.stride(),
                 *out.stride(), ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
         return out
@@ -292,7 +316,7 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float, act: bool, ou
     if is_ndhwc(x):
         pixels = _pixels_per_program(c)
         with _on_device(x):
-            _rms_act_cl_kernel[(b * t, triton.cdiv(h * w, pixels))](
+            _rms_act_cl_kernel[(triton.cdiv(h * w, pixels), b * t)](
                 x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps, *x.stride(), *out.stride(),
                 ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
         return out
