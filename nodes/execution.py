@@ -131,7 +131,7 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
 
 def _finish(handle, report: RunReport) -> RunReport:
     dtype = handle.model.decode_dtype if report.op == "decode" else handle.model.encode_dtype
-    run_layout = layout.resolve(handle.opts.activation_layout, handle.load_device, dtype)
+    run_layout = layout.choose(handle.model, handle.opts.activation_layout, handle.opts.kernel_choice, dtype)
     report.kernels = (f"{kernel_choice.describe(handle.opts.kernel_choice, handle.load_device)}; "
                       f"activations {run_layout.upper()}")
     if handle.compile_report is not None:

@@ -1,13 +1,15 @@
 """Activations channels-last (NDHWC) end to end: the same numbers as NCDHW for every family, chunks,
 exact tiles, frame streaming and caches on disk included; every conv of an NDHWC run reads and writes NDHWC (no
 conversion on the way); the CPU norms' channels-last paths equal the channel-plane ones."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
 from tests.reference import TINY_FAMILIES, load_tiny
-from vae.optimizations import layout, norm_act
+from vae.optimizations import conv, kernel_choice, layout, norm_act
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
 FIXED = vae.Optimizations(kernel_choice="defaults")
@@ -116,6 +118,33 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
     else:  # half precision: the channels-last blocks round once, the channel-plane path twice
         assert (got.double() - exact).abs().max() <= (planes_got.double() - exact).abs().max()
         torch.testing.assert_close(got.double(), exact, atol=1e-2, rtol=2**-8)
+
+
+def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatch):
+    """The decision: "auto" on CUDA with measured kernels is what `measured` finds on that GPU; with
+    fixed kernels, an explicit layout or on a CPU, the rule."""
+    monkeypatch.setattr(layout, "measured", lambda model, device, dtype: "ncdhw")
+    gpu, cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
+    assert layout.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
+    assert layout.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
+    assert layout.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
+    assert layout.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
+
+
+def test_the_layout_measurement_times_both_layouts_once(monkeypatch, tmp_path):
+    """`measured` (what CUDA runs, here on the CPU): both layouts timed on the model's widest and
+    narrowest 3x3x3 convs, the choice kept in the machine's record and read back, not timed again."""
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(layout, "PROBE_SIDES", (8, 16))
+    model = load_tiny("seedvr2")
+    chosen = layout.measured(model, "cpu", torch.float32)
+    record = kernel_choice.choices_for("cpu")
+    entries = {key: entry for key, entry in record._choices.items() if key.startswith("activation layout cpu float32")}
+    assert len(entries) == 1 and set(next(iter(entries.values()))["ms"]) == {"ndhwc", "ncdhw"}
+    assert chosen == next(iter(entries.values()))["choice"] in ("ndhwc", "ncdhw")
+    timed = []
+    monkeypatch.setattr(conv, "conv3d", lambda *args, **kwargs: timed.append(args))
+    assert layout.measured(model, "cpu", torch.float32) == chosen and not timed
 
 
 def test_auto_layout_by_device_and_dtype():

@@ -274,7 +274,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
     ctx = StreamContext(opts)
-    run_layout = layout.for_run(model, opts.activation_layout, model.encode_dtype)
+    run_layout = layout.for_run(model, opts.activation_layout, opts.kernel_choice, model.encode_dtype)
 
     def step(first, n, write):
         start, stop = geometry.pixel_span(first, n, clip.temporal_factor)
@@ -426,7 +426,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
     ctx = StreamContext(opts)
-    run_layout = layout.for_run(model, opts.activation_layout, model.decode_dtype)
+    run_layout = layout.for_run(model, opts.activation_layout, opts.kernel_choice, model.decode_dtype)
     pos = 0
 
     scale = model.spatial_factor * model.decode_upscale  # output rows per latent row

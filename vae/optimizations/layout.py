@@ -11,9 +11,14 @@ channels-last weights alone made it 2.0x slower, because each activation was the
 - every buffer a block allocates takes the layout of the tensor it is made from (`empty_video`), and
   convs, norms, adds and copies keep the layout of their input, so the activations never fall back.
 
-Which layout a run takes is `Optimizations.activation_layout`: "ncdhw", "ndhwc", or "auto" (`resolve`).
+Which layout a run takes is `Optimizations.activation_layout`: "ncdhw", "ndhwc", or "auto" (`resolve`;
+on CUDA with measured kernels, `measured` confirms it on the GPU that runs).
 """
+from functools import lru_cache
+
 import torch
+
+from . import kernel_choice
 
 LAYOUTS = ("auto", "ncdhw", "ndhwc")
 FORMATS = {"ncdhw": torch.contiguous_format, "ndhwc": torch.channels_last_3d}
@@ -79,9 +84,53 @@ def weights_in(module: torch.nn.Module, layout: str) -> None:
                 param.data = param.data.contiguous(memory_format=fmt)
 
 
-def for_run(model: torch.nn.Module, setting: str, dtype: torch.dtype) -> str:
+# `measured`'s probes: output frames, and the frame side in pixels of the widest and of the narrowest
+# conv (a decoder's low- and full-resolution ends).
+PROBE_FRAMES, PROBE_SIDES = 2, (64, 256)
+
+
+def measured(model: torch.nn.Module, device, dtype: torch.dtype) -> str:
+    """The layout in which `model`'s convs run faster on `device` in `dtype`, timed once per machine
+    (kernel_choice, keyed by the two weights' shapes): its widest and its narrowest 3x3x3 conv, each on
+    PROBE_FRAMES output frames at PROBE_SIDES, inputs and weights in the layout timed. NDHWC unless
+    NCDHW is kernel_choice.MIN_GAIN faster."""
+    from .conv import conv3d
+
+    convs = [p for p in model.parameters() if p.dim() == 5 and tuple(p.shape[2:]) == (3, 3, 3)]
+    if not convs:
+        return "ndhwc"
+    probes = (max(convs, key=lambda w: w.shape[0] * w.shape[1]), min(convs, key=lambda w: w.shape[0] * w.shape[1]))
+    device = torch.device(device)
+
+    @lru_cache(maxsize=None)
+    def cases(layout: str):  # built only when a layout is timed (not when the choice is on record)
+        return [(torch.randn(1, w.shape[1], PROBE_FRAMES + 2, side, side, device=device, dtype=dtype)
+                 .contiguous(memory_format=FORMATS[layout]),
+                 w.detach().to(device, dtype).contiguous(memory_format=FORMATS[layout]))
+                for w, side in zip(probes, PROBE_SIDES)]
+
+    def run(layout: str) -> None:
+        for x, w in cases(layout):
+            conv3d(x, w, None, (1, 1, 1), (0, 1, 1), cudnn_workaround=True)
+
+    key = (f"activation layout {device.type} {str(dtype).removeprefix('torch.')} "
+           f"w{tuple(probes[0].shape)} w{tuple(probes[1].shape)}")
+    return kernel_choice.pick(key, device, {name: (lambda name=name: run(name)) for name in ("ndhwc", "ncdhw")},
+                              "ndhwc")
+
+
+def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtype) -> str:
     """The layout of a run of `model` (a `VideoVAE`, on `model.device`) computing in `dtype`, for the
-    `activation_layout` `setting`; the model's weights are put in it (`weights_in`)."""
-    chosen = resolve(setting, model.device, dtype)
+    `activation_layout` `setting` and the `kernel_choice` mode `kernels`: `resolve`'s, except that
+    "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC is unmeasured on
+    most GPUs; a GPU or a torch whose NDHWC convs are slower keeps NCDHW)."""
+    if setting == "auto" and kernels == "measure" and torch.device(model.device).type == "cuda":
+        return measured(model, model.device, dtype)
+    return resolve(setting, model.device, dtype)
+
+
+def for_run(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtype) -> str:
+    """`choose`, with the model's weights put in the chosen layout (`weights_in`)."""
+    chosen = choose(model, setting, kernels, dtype)
     weights_in(model, chosen)
     return chosen

@@ -62,7 +62,8 @@ class Optimizations:
     kernel_choice: str = "measure"
     # The memory layout of the activations from the first conv to the last (layout.py): "ndhwc"
     # (channels last: cuDNN's and oneDNN's native conv layout, no conversion around each conv),
-    # "ncdhw" (channel planes, upstream's), or "auto" (layout.resolve: by device and dtype).
+    # "ncdhw" (channel planes, upstream's), or "auto" (layout.choose: by device and dtype; on CUDA with
+    # measured kernels, the layout whose convs the GPU runs faster).
     activation_layout: str = "auto"
 
     def __post_init__(self):
