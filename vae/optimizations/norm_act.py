@@ -206,21 +206,29 @@ def _cpu_plane_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return plane_mean.double() + plane_fix, plane_m2.double()
 
 
-def _row_blocks(x: torch.Tensor):
-    """(batch index, frame, row slice) covering x (B,C,T,H,W) in NDHWC, about CPU_BLOCK_BYTES of
-    float32 pixel rows (W x C, channels innermost) per block."""
+def _channels_last_blocks(x: torch.Tensor):
+    """(batch index, frame, row slice, float32 copy (rows, W, C) of those pixel rows) covering NDHWC x
+    (B,C,T,H,W) in blocks of about CPU_BLOCK_BYTES, which stay in cache for the few ops on them; every
+    block's copy is in the same buffer."""
     b, c, t, h, w = x.shape
     rows = max(1, CPU_BLOCK_BYTES // (4 * w * c))
+    scratch = torch.empty(rows * w * c, dtype=torch.float32)
     for i in range(b):
         for f in range(t):
             for r0 in range(0, h, rows):
-                yield i, f, slice(r0, min(r0 + rows, h))
+                src = x[i, :, f, r0:r0 + rows].permute(1, 2, 0)  # (rows, W, C)
+                yield i, f, slice(r0, r0 + src.shape[0]), scratch[:src.numel()].view(src.shape).copy_(src)
 
 
-def _row_scratch(x: torch.Tensor) -> torch.Tensor:
-    """A float32 buffer for one block of `_row_blocks(x)`."""
-    c, w = x.shape[1], x.shape[4]
-    return torch.empty(max(1, CPU_BLOCK_BYTES // (4 * w * c)) * w * c, dtype=torch.float32)
+def _channels_last_map(x: torch.Tensor, out: torch.Tensor, act: bool, op) -> torch.Tensor:
+    """out = act(op(block)) of NDHWC x, block by block (`_channels_last_blocks`): `op(i, f, block)`
+    changes the float32 block (rows, W, C) in place; the result is rounded once into out."""
+    for i, f, rows, work in _channels_last_blocks(x):
+        op(i, f, work)
+        if act:
+            F.silu(work, inplace=True)
+        out[i, :, f, rows].permute(1, 2, 0).copy_(work)
+    return out
 
 
 def _cpu_channels_last_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,10 +237,8 @@ def _cpu_channels_last_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     blocks in float64 with Chan's formula."""
     b, c, t, h, w = x.shape
     mean, m2 = torch.zeros(2, b, c, t, dtype=torch.float64)
-    scratch = _row_scratch(x)
-    for i, f, rows in _row_blocks(x):
-        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
-        block = scratch[:src.numel()].view(src.shape).copy_(src).view(-1, c)  # (pixels, C) float32
+    for i, f, rows, work in _channels_last_blocks(x):
+        block = work.view(-1, c)  # (pixels, C) float32
         n, seen = block.shape[0], (rows.start * w)  # pixels in this block and in the frame before it
         centre = block.mean(0)
         block.sub_(centre)
@@ -266,17 +272,11 @@ def _cpu_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor
     """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C) converted to float32,
     which stay in cache for the few ops on them (one pass over memory, one rounding); 3-5x the
     whole-tensor ops in bf16 (bench/RESULTS.md section 11). In float32 the whole-tensor ops are as fast."""
-    c, w = x.shape[1], x.shape[4]
-    scratch = _row_scratch(x)
-    for i, f, rows in _row_blocks(x):
-        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
-        work = scratch[:src.numel()].view(src.shape).copy_(src)
+    def apply(i, f, work):
         work.sub_(centre[i, :, f])  # per channel, along the innermost dim
         torch.addcmul(shift[i, :, f], work, scale[i, :, f], out=work)
-        if act:
-            F.silu(work, inplace=True)
-        out[i, :, f, rows].permute(1, 2, 0).copy_(work)
-    return out
+
+    return _channels_last_map(x, out, act, apply)
 
 
 def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run) -> bool:
@@ -352,12 +352,8 @@ def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act
     slower in bf16, as fast in float32 (bench/RESULTS.md section 11)."""
     c = x.shape[1]
     gain = gamma.reshape(c).float() * math.sqrt(c)
-    scratch = _row_scratch(x)
-    for i, f, rows in _row_blocks(x):
-        src = x[i, :, f, rows].permute(1, 2, 0)  # (rows, W, C)
-        work = scratch[:src.numel()].view(src.shape).copy_(src)
+
+    def normalise(i, f, work):
         work.div_(torch.linalg.vector_norm(work, dim=-1, keepdim=True).clamp_min_(eps)).mul_(gain)
-        if act:
-            F.silu(work, inplace=True)
-        out[i, :, f, rows].permute(1, 2, 0).copy_(work)
-    return out
+
+    return _channels_last_map(x, out, act, normalise)
