@@ -270,8 +270,10 @@ def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Te
 
 def _cpu_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
     """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C) converted to float32,
-    which stay in cache for the few ops on them (one pass over memory, one rounding); 3-5x the
-    whole-tensor ops in bf16 (bench/RESULTS.md section 11). In float32 the whole-tensor ops are as fast."""
+    which stay in cache for the few ops on them (one pass over memory, one rounding): with the blocked
+    statistics, GroupNorm + SiLU 1.3-1.5x upstream's ops in bf16 (bench/RESULTS.md section 11c). Float32
+    keeps the whole-tensor ops, as fast there."""
+
     def apply(i, f, work):
         work.sub_(centre[i, :, f])  # per channel, along the innermost dim
         torch.addcmul(shift[i, :, f], work, scale[i, :, f], out=work)
@@ -348,8 +350,9 @@ def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act
                            out: torch.Tensor) -> torch.Tensor:
     """`rms_norm_act` of half-precision NDHWC x (B,C,T,H,W) on the CPU: blocks of pixel rows (rows*W, C)
     converted to float32, each read once and normalised along its contiguous channels in cache, rounded
-    once; the whole-tensor path takes four passes over memory (the norm, two scalings, the SiLU): 2.5x
-    slower in bf16, as fast in float32 (bench/RESULTS.md section 11)."""
+    once; the whole-tensor path takes four passes over memory (the norm, two scalings, the SiLU). bf16:
+    up to 2.1x upstream's ops at high resolution (bench/RESULTS.md section 11c); float32 keeps the
+    whole-tensor path, as fast there."""
     c = x.shape[1]
     gain = gamma.reshape(c).float() * math.sqrt(c)
 
