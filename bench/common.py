@@ -83,19 +83,23 @@ def ceilings(dtypes=("fp32", "bf16"), seconds: float = 2.0) -> dict[str, float]:
     for name in dtypes:
         dtype = DTYPES[name]
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-        result[f"gemm_{name}"] = _rate(lambda: a @ b, 2 * 2048 ** 3, seconds)
+        result[f"gemm_{name}"] = rate(lambda: a @ b, 2 * 2048 ** 3, seconds)
         x = torch.randn(1, 256, 6, 64, 64, dtype=dtype)
         w = torch.randn(256, 256, 3, 3, 3, dtype=dtype)
         flops = 2 * 256 * 256 * 27 * 4 * 64 * 64
-        result[f"conv3d_{name}"] = _rate(lambda: conv3d(x, w, None, (1, 1, 1), (0, 1, 1)), flops, seconds)
+        result[f"conv3d_{name}"] = rate(lambda: conv3d(x, w, None, (1, 1, 1), (0, 1, 1)), flops, seconds)
     return result
 
 
-def _rate(fn, flops: int, seconds: float) -> float:
+def rate(fn, flops: int, seconds: float, sync=lambda: None) -> float:
+    """FLOP/s of fn() (`flops` each) run for about `seconds` (at most 50 runs) after one warm-up; `sync`
+    waits for the device after each run (a GPU's launches return before the work is done)."""
     fn()
+    sync()
     n, start = 0, time.perf_counter()
     while True:
         fn()
+        sync()
         n += 1
         elapsed = time.perf_counter() - start
         if elapsed > seconds or n >= 50:

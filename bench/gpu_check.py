@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from bench import models
-from bench.common import REPO, git_commit, print_table, psnr
+from bench.common import REPO, git_commit, print_table, psnr, rate
 from bench.variants import parse_row, prepared, variant
 from vae.devices import DTYPES
 
@@ -153,20 +153,12 @@ def run_case(spec: dict) -> dict:
 
 
 def gemm_tflops(device: torch.device) -> float:
-    """This device's bf16 GEMM rate right now (TFLOP/s, best of a few 8192^3 products; 512^3 on the CPU
+    """This device's bf16 GEMM rate right now (TFLOP/s, 8192^3 products for half a second; 512^3 on the CPU
     dry run): the yardstick of the rows' model-FLOP rate, measured in the same process as the row."""
     n = 8192 if device.type == "cuda" else 512
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    best = float("inf")
-    for _ in range(4):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best / 1e12
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    return rate(lambda: a @ b, 2 * n ** 3, 0.5, sync) / 1e12
 
 
 # --- the parts --------------------------------------------------------------------------------------
