@@ -48,29 +48,28 @@ def main() -> None:
     print(header)
     print("| size | budget GiB | plan | predicted GiB | measured GiB | s | max err vs untiled |")
     print("|---|---|---|---|---|---|---|")
-    rows = []
+    # Each row is written as it finishes: a run stopped at its time limit keeps the rows it measured.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"header": header}) + "\n")
     for size in args.sizes:
         height, width = (int(v) for v in size.lower().split("x"))
         base = dict(family=args.family, op=args.op, frames=args.frames, height=height, width=width,
                     device=args.device, dtype=args.dtype, temporal_chunk=1)
         untiled = None if args.no_untiled else run_worker("bench.memory_worker", base)
         budgets = [g * GIB for g in args.budgets_gib] or [f * untiled["peak_bytes"] for f in args.fractions]
-        runs = ([(None, untiled)] if untiled else []) + [
-            (int(budget), run_worker("bench.memory_worker", dict(base, memory_budget=int(budget),
-                                                                 compare_untiled=untiled is not None)))
+        runs = ([(None, lambda: untiled)] if untiled else []) + [
+            (int(budget), lambda budget=budget: run_worker("bench.memory_worker", dict(
+                base, memory_budget=int(budget), compare_untiled=untiled is not None)))
             for budget in budgets]
-        for budget, result in runs:
+        for budget, measure in runs:
+            result = measure()
             row = dict(size=size, budget_gib=None if budget is None else round(budget / GIB, 3), **result)
-            rows.append(row)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
             predicted = "-" if result["predicted_bytes"] is None else f"{result['predicted_bytes'] / GIB:.3f}"
             error = f"{result['max_err']:.1e}" if "max_err" in result else "(reference)" if budget is None else "-"
             print(f"| {size} | {'none' if budget is None else f'{budget / GIB:.3f}'} | {result['plan']} | {predicted} | "
                   f"{result['peak_bytes'] / GIB:.3f} | {result['seconds']:.1f} | {error} |", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        f.write(json.dumps({"header": header}) + "\n")
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
     print(f"wrote {out}")
 
 
