@@ -265,7 +265,7 @@ def test_the_norm_takes_triton_only_where_it_measured_faster(cache_folder, monke
         time.sleep(torch_delay)
         return vector_norm(*args, **kwargs)
 
-    monkeypatch.setattr(norm_act, "_use_triton", lambda x, enabled: enabled)
+    monkeypatch.setattr(norm_act, "_use_triton", lambda x, enabled, kernel: enabled)
     monkeypatch.setattr(norm_act.triton_norm, "rms_norm_act", fake_triton_rms)
     monkeypatch.setattr(torch.linalg, "vector_norm", slow_vector_norm)
     out = norm_act.rms_norm_act(x, gamma, triton=True, kernels="measure")

@@ -11,7 +11,9 @@
 - `kernel_choice`: which exact kernel each layer shape runs, measured once per machine and kept on disk
   (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`); `describe` for readouts.
 - `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass
-  statistics), probed once per device.
+  statistics); `kernel_check`: each of them compared with torch on its first use on a device in a dtype
+  (both layouts, a production-sized grid), kept in the kernel record; one that fails is replaced by
+  torch's op alone.
 - `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.
 - `backend`: process-wide torch switches (cuDNN autotuning, TF32, the PyTorch 2.9 conv3d
   workaround) applied around one encode/decode and restored afterwards.
