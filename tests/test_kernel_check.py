@@ -228,3 +228,40 @@ def test_a_verdict_is_kept_per_gpu_driver_and_triton_version(monkeypatch, tmp_pa
     assert len(checks) == 3  # a new Triton: checked again
     kernel_check.verdicts.cache_clear()
     kernel_choice._choices_for.cache_clear()
+
+
+# A Wan2.1 decode on the CPU with the Triton kernels (interpreted) while the channels-last RMS kernel
+# raises: the NCDHW run takes the kernel, the NDHWC run torch's op for that step; both give torch's
+# decode, and the run's kernel log says which ran.
+MODEL_RUN = COMMON + """
+    import vae
+    from vae.optimizations import KernelLog
+    from tests.reference import load_tiny
+
+    kernel_check.LARGE = ((1, 512, 1, 2, 20), 32)
+    fresh_record()
+    name = JIT["rms_norm", "ndhwc"]
+    setattr(triton_norm, name, Launch(getattr(triton_norm, name), before=lambda: 1 / 0))
+    model = load_tiny("wan21")
+    z = torch.randn(1, model.latent_channels, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    result = {}
+    for layout in ("ncdhw", "ndhwc"):
+        log = KernelLog()
+        opts = vae.Optimizations(kernel_choice="defaults", activation_layout=layout)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = vae.decode(model, z, opts=opts, kernel_log=log)
+        reference = vae.decode(model, z, opts=opts.with_(triton_norm=False))
+        result[layout] = [(y - reference).abs().max().item(), log.describe("defaults"), [str(w.message) for w in caught]]
+    print(json.dumps(result))
+"""
+
+
+def test_a_model_runs_the_kernels_that_passed_and_torch_for_the_one_that_failed():
+    result = json.loads(interpreted(MODEL_RUN))
+    worst, ran, warned = result["ncdhw"]
+    assert worst < 1e-4 and "RMS norm triton" in ran and ran.endswith("(NCDHW)")
+    assert len(warned) == 1 and "rms_norm NDHWC" in warned[0] and "ZeroDivisionError" in warned[0]
+    worst, ran, warned = result["ndhwc"]
+    assert worst < 1e-4 and "RMS norm torch" in ran and "triton" not in ran and ran.endswith("(NDHWC)")
+    assert not warned  # warned once, when the device was checked

@@ -229,6 +229,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
     assert run["plan"]["kernel_choice"] == "measure" and run["kernels"].startswith("kernels: measured")
     assert run["kernels"].endswith("activations NCDHW")  # float32 on a CPU: the automatic layout
+    assert "conv3d onednn" in run["kernels"]  # what this run ran, not what the process had measured
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
 
 

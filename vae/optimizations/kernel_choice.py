@@ -275,20 +275,6 @@ def choices_for(device) -> KernelChoices:
     return _choices_for(str(cache_dir()), _identity_json("cpu" if device.type == "cpu" else str(device)))
 
 
-def describe(mode: str, device) -> str:
-    """One line for the plan readout, e.g. "kernels: measured (12 shapes: onednn 8, winograd_onednn 4;
-    3 new, 1.9 s tuning; 9 from the cache)" or "kernels: defaults (fixed by the kernel_choice setting)"."""
-    if mode == "defaults":
-        return "kernels: defaults (fixed by the kernel_choice setting)"
-    stats = choices_for(device).summary()
-    if not stats["shapes"]:
-        return "kernels: measured per shape on first use (nothing run yet)"
-    wins = ", ".join(f"{name} {count}" for name, count in stats["wins"].items())
-    parts = [f"{stats['measured']} new, {stats['tuning_s']:.1f} s tuning" if stats["measured"] else "",
-             f"{stats['reused']} from the cache" if stats["reused"] else ""]
-    return f"kernels: measured ({stats['shapes']} shapes: {wins}; {'; '.join(p for p in parts if p)})"
-
-
 def pick(key: str, device, candidates: dict[str, Callable[[], object]], default: str) -> str:
     """`KernelChoices.choose` on this machine's choices for `device` (waiting for a GPU before the clock)."""
     device = torch.device(device)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from . import kernel_check, kernel_choice, triton_norm
+from .kernel_log import KernelLog
 from .layout import is_ndhwc, layout_of
 
 
@@ -24,6 +25,13 @@ def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:
     torch.compile traces a block (inductor generates its own fused kernels there), and usable for x
     (a CUDA tensor; the kernel passed its first-use check there in x's layout and dtype)."""
     return enabled and not torch.compiler.is_compiling() and kernel_check.usable(x, kernel)
+
+
+def _logged(log: KernelLog | None, step: str, triton: bool, x: torch.Tensor) -> bool:
+    """Adds the call of norm `step` on x to the run's `log` (if any); returns `triton`."""
+    if log is not None:
+        log.add(step, "triton" if triton else "torch", x)
+    return triton
 
 
 def _traced_act(y: torch.Tensor, act: bool, out: torch.Tensor | None) -> torch.Tensor:
@@ -38,15 +46,18 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = False,
+                     log: KernelLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-frame group statistics of x (B,C,T,H,W) -> (mean, rstd), each float32 of shape B,G,T."""
-    mean, var = group_norm_moments(x, groups, triton)
+    mean, var = group_norm_moments(x, groups, triton, log)
     return mean, torch.rsqrt(var + eps)
 
 
-def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
-    if _use_triton(x, triton, "group_norm_stats"):
+def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False,
+                       log: KernelLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T.
+    `log`: the run's record of what ran (kernel_log.py)."""
+    if _logged(log, "group_norm_stats", _use_triton(x, triton, "group_norm_stats"), x):
         return triton_norm.group_norm_moments(x, groups)
     if x.device.type == "cpu" and x.dtype != torch.float64 and not torch.compiler.is_compiling():
         return _cpu_group_moments(x, groups)
@@ -101,6 +112,7 @@ def group_norm_apply(
     act: bool,
     out: torch.Tensor | None = None,
     triton: bool = False,
+    log: KernelLog | None = None,
 ) -> torch.Tensor:
     """(x - mean) * rstd * weight + bias (statistics B,G,T), then SiLU if `act`.
 
@@ -115,7 +127,7 @@ def group_norm_apply(
         return _traced_act(torch.addcmul(shift, x.to(scale.dtype) - centre, scale).to(x.dtype), act, out)
     if out is None:
         out = torch.empty_like(x)
-    if _use_triton(x, triton, "group_norm_apply"):
+    if _logged(log, "group_norm_apply", _use_triton(x, triton, "group_norm_apply"), x):
         return triton_norm.center_scale_act(x, centre, scale, shift, act, out)
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         half_act = _cpu_channels_last_act if is_ndhwc(x) else _cpu_half_center_scale_act
@@ -304,14 +316,14 @@ def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run
     return kernel_choice.pick(key, x.device, {"triton": lambda: run(True), "torch": lambda: run(False)}, "triton") == "triton"
 
 
-def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False, kernels="defaults"):
+def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False, kernels="defaults", log=None):
     """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go (Triton kernels on CUDA if `triton`;
-    `kernels` as in `_measured_triton`)."""
+    `kernels` as in `_measured_triton`; `log` as in `group_norm_moments`)."""
     triton = _measured_triton(x, triton, kernels, f"group_norm_act g{groups} act {act}",
                               lambda use: group_norm_act(x, groups, weight, bias, eps, act, None, use),
                               ("group_norm_stats", "group_norm_apply"))
-    mean, rstd = group_norm_stats(x, groups, eps, triton)
-    return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton)
+    mean, rstd = group_norm_stats(x, groups, eps, triton, log)
+    return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton, log)
 
 
 # On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W and runs at ~2 GB/s;
@@ -334,13 +346,14 @@ def _channel_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True,
-                 out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults") -> torch.Tensor:
+                 out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults",
+                 log: KernelLog | None = None) -> torch.Tensor:
     """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma.
-    `kernels` as in `_measured_triton`."""
+    `kernels` as in `_measured_triton`; `log` as in `group_norm_moments`."""
     c = x.shape[1]
     triton = _measured_triton(x, triton, kernels, f"rms_norm_act act {act}",
                               lambda use: rms_norm_act(x, gamma, eps, act, None, use), ("rms_norm",))
-    if x.dim() == 5 and _use_triton(x, triton, "rms_norm"):
+    if _logged(log, "rms_norm", x.dim() == 5 and _use_triton(x, triton, "rms_norm"), x):
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     if (x.device.type == "cpu" and is_ndhwc(x) and x.dtype in (torch.bfloat16, torch.float16)
             and not torch.compiler.is_compiling()):
