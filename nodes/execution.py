@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from .. import vae
+from ..vae import doctor
 from ..vae.devices import same_device
 from ..vae.optimizations import KernelLog, backend, kernel_choice, layout, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
@@ -46,11 +47,13 @@ class RunReport:
     kernels: str = ""  # how the kernels were chosen, what ran (KernelLog.describe) and the activation layout
     # What this run's convs and norms ran (None: they ran in the device workers' processes, not counted).
     kernel_log: KernelLog | None = field(default=None, repr=False)
+    doctor: list[str] = field(default_factory=list)  # vae.doctor's lines for this run (what a bug report needs)
 
     def as_dict(self) -> dict:
         return {"op": self.op, "plan": self.plan.as_dict(), "summary": self.plan.summary(), "clips": self.clips,
                 "steps": self.steps, "measured_peak_bytes": self.measured_peak_bytes, "notes": self.notes,
-                "latent_layout": self.latent_layout, "output": self.output, "kernels": self.kernels}
+                "latent_layout": self.latent_layout, "output": self.output, "kernels": self.kernels,
+                "doctor": self.doctor}
 
 
 class Progress:
@@ -137,6 +140,7 @@ def _finish(handle, report: RunReport) -> RunReport:
     ran = (report.kernel_log.describe(handle.opts.kernel_choice) if report.kernel_log is not None
            else f"kernels: {handle.opts.kernel_choice} (run by the device workers' processes, not counted here)")
     report.kernels = f"{ran}; activations {run_layout.upper()}"
+    report.doctor = doctor.report(handle.load_device, [dtype], handle.opts, model=handle.model, plan=report.plan)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")
     if handle.load_device.type == "cuda":

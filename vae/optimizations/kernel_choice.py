@@ -235,8 +235,12 @@ class KernelChoices:
 
     def chosen(self, prefix: str) -> set[str]:
         """The choices on record for the keys that start with `prefix`."""
+        return {entry["choice"] for entry in self.recorded(prefix).values()}
+
+    def recorded(self, prefix: str) -> dict:
+        """{key: entry} on record for the keys that start with `prefix` (a copy)."""
         with self._lock:
-            return {entry["choice"] for key, entry in self._choices.items() if key.startswith(prefix)}
+            return {key: dict(entry) for key, entry in self._choices.items() if key.startswith(prefix)}
 
     def on_record(self) -> int:
         """How many layer shapes have a choice on record for this machine (any model)."""
