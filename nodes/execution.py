@@ -140,7 +140,7 @@ def _finish(handle, report: RunReport) -> RunReport:
     ran = (report.kernel_log.describe(handle.opts.kernel_choice) if report.kernel_log is not None
            else f"kernels: {handle.opts.kernel_choice} (run by the device workers' processes, not counted here)")
     report.kernels = f"{ran}; activations {run_layout.upper()}"
-    report.doctor = doctor.report(handle.load_device, [dtype], handle.opts, model=handle.model, plan=report.plan)
+    report.doctor = doctor.for_run(handle.load_device, dtype, handle.opts, handle.model, report.plan)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")
     if handle.load_device.type == "cuda":

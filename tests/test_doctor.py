@@ -76,7 +76,7 @@ def test_on_a_gpu_it_names_the_gpu_the_driver_and_a_failed_kernel(monkeypatch, t
     monkeypatch.setattr(kernel_check.backend, "conv3d_regression_affected", lambda: True)
     monkeypatch.setattr(kernel_check, "runs_triton", lambda device: True)
     monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which:
-                        ({("rms_norm", "ndhwc"): "RuntimeError: no kernel image"} if dtype == torch.bfloat16 else {}, None))
+                        ({("rms_norm", "ndhwc"): "RuntimeError: no kernel image"} if dtype == torch.bfloat16 else {}, set()))
     kernel_check.verdicts.cache_clear()
     import warnings
     with warnings.catch_warnings():
@@ -91,3 +91,20 @@ def test_on_a_gpu_it_names_the_gpu_the_driver_and_a_failed_kernel(monkeypatch, t
     assert "6 of 6 passed" in norms["norms in fp32"]
     assert "activation layout in bf16: NDHWC, or NCDHW for a model whose convs run faster so" in text
     assert "memory model on cuda: " in text and "measured" in text
+
+
+def test_a_failing_doctor_costs_the_run_report_its_lines_not_the_run(monkeypatch):
+    """What a node's run report carries (`doctor.for_run`): the run's layout and memory mode; a failure
+    to gather the lines leaves one line saying why instead of failing the finished run."""
+    model = load_tiny("wan21")
+    plan = vae.plan(model, "decode", (1, model.latent_channels, 2, 4, 4), vae.Settings(tile_size=16))
+    lines = doctor.for_run("cpu", torch.float32, vae.Optimizations(), model, plan)
+    assert lines == doctor.report("cpu", [torch.float32], model=model, plan=plan)
+    assert lines[-1] == "memory model on cpu: wan21 decode exact: measured"
+
+    def broken(*args, **kwargs):
+        raise OSError("cannot read /proc/cpuinfo")
+
+    monkeypatch.setattr(doctor, "report", broken)
+    assert doctor.for_run("cpu", torch.float32, vae.Optimizations(), model, plan) == [
+        "doctor: unavailable (OSError: cannot read /proc/cpuinfo)"]

@@ -131,7 +131,7 @@ def test_a_kernel_failing_its_check_falls_back_with_one_warning(monkeypatch, cap
     monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
     kernel_check.verdicts.cache_clear()
     failure = "RuntimeError: Triton requires CUDA 11.4+ / sm_75 or newer"
-    monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which: ({k: failure for k in which}, None))
+    monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which: ({k: failure for k in which}, set()))
     with caplog.at_level(logging.WARNING, logger="streamvae"), pytest.warns(RuntimeWarning, match="sm_75"):
         first = kernel_check.verdicts(kernel_check.device_name("cuda"), torch.float32)
         assert kernel_check.verdicts(kernel_check.device_name("cuda:0"), torch.float32) is first  # once per device

@@ -12,6 +12,8 @@ report a GPU.
 """
 import json
 import logging
+import time
+import warnings
 
 import pytest
 import torch
@@ -197,7 +199,7 @@ def test_a_verdict_is_kept_per_gpu_driver_and_triton_version(monkeypatch, tmp_pa
 
     def check(device, dtype, which):
         checks.append((str(device), list(which)))
-        return {("rms_norm", "ndhwc"): "RuntimeError: no kernel image is available"}, None
+        return {("rms_norm", "ndhwc"): "RuntimeError: no kernel image is available"}, set()
 
     monkeypatch.setattr(kernel_check, "_check", check)
     driver = {"version": "570.124.06"}
@@ -265,3 +267,47 @@ def test_a_model_runs_the_kernels_that_passed_and_torch_for_the_one_that_failed(
     worst, ran, warned = result["ndhwc"]
     assert worst < 1e-4 and "RMS norm torch" in ran and "triton" not in ran and ran.endswith("(NDHWC)")
     assert not warned  # warned once, when the device was checked
+
+
+@pytest.mark.parametrize("where", ["large", "small"])
+def test_a_check_that_does_not_fit_in_memory_is_not_kept(monkeypatch, tmp_path, where):
+    """Out of memory on the large input: the verdict rests on the small ones (passed) and is not kept;
+    on a small one: the kernel is not used in this process, and that is not kept either."""
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernel_check, "LARGE", ((1, 16, 1, 3, 4), 4))
+    large = kernel_check.LARGE[0]
+
+    def check(x, groups, out, generator):
+        if (tuple(x.shape) == large) == (where == "large"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return 0.0
+
+    monkeypatch.setattr(kernel_check, "CHECKS", {kernel: check for kernel in kernel_check.KERNELS})
+    kernel_check.verdicts.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the small inputs' failure is warned about
+        found = kernel_check.verdicts("cpu", torch.float32)
+    kernel_check.verdicts.cache_clear()
+    assert all(v.passed == (where == "large") and "out of memory" in v.how for v in found.values())
+    record = kernel_choice.choices_for("cpu")
+    assert not any(record.check(kernel_check._record_key(k, l, torch.float32)) for k, l in JIT)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_kernel_passes_its_check_on_cuda_at_production_size(monkeypatch, tmp_path):
+    """The check as a first decode runs it: the production LARGE input (>65535 pixel blocks on axis 0),
+    fp32 and bf16, both layouts; then from the record. The time is printed (unmeasured elsewhere)."""
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    kernel_check.verdicts.cache_clear()
+    device = kernel_check.device_name("cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        start = time.perf_counter()
+        found = kernel_check.verdicts(device, dtype)
+        spent = time.perf_counter() - start
+        print(f"first-use check on {device} in {dtype}: {spent:.2f} s (compiles included)")
+        failed = {v.name(): (v.error, v.how) for v in found.values() if not v.passed or "out of memory" in v.how}
+        assert not failed, failed
+    kernel_check.verdicts.cache_clear()
+    assert {v.how for v in kernel_check.verdicts(device, torch.bfloat16).values()} == {"on record"}
+    kernel_check.verdicts.cache_clear()

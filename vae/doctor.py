@@ -9,6 +9,7 @@ them once on the GPU); the activation layout per dtype and why; and where the me
 coefficients come from (measured on that device type, or derived from the CPU's). With a run's model
 and plan (`model=`, `plan=`) the layout is the run's and the memory line the plan's mode.
 """
+import logging
 import platform
 import sys
 
@@ -17,6 +18,8 @@ import torch
 from . import devices, memory
 from .devices import dtype_name
 from .optimizations import Optimizations, backend, conv, kernel_check, kernel_choice, layout, winograd
+
+log = logging.getLogger("streamvae")
 
 
 def report(device, dtypes, opts: Optimizations | None = None, *, model=None, plan=None) -> list[str]:
@@ -41,6 +44,16 @@ def report(device, dtypes, opts: Optimizations | None = None, *, model=None, pla
                      f"{layout.explain(opts.activation_layout, device, dtype, opts.kernel_choice, chosen)}")
     lines.append(f"memory model on {device.type}: {_memory(device, model, plan)}")
     return lines
+
+
+def for_run(device, dtype: torch.dtype, opts: Optimizations, model, plan) -> list[str]:
+    """`report` for one finished run (a node's run report): a failure to gather the lines costs the
+    report its lines, never the run."""
+    try:
+        return report(device, [dtype], opts, model=model, plan=plan)
+    except Exception as error:  # noqa: BLE001 - a report line must never fail a finished run
+        log.warning("StreamVAE: no doctor lines for this run (%s: %s)", type(error).__name__, error)
+        return [f"doctor: unavailable ({type(error).__name__}: {error})"]
 
 
 def _device(device: torch.device) -> str:

@@ -16,7 +16,8 @@ replaces it (norm_act.py, `triton=False`), statistics with torch's float64 ones:
   and more than 65535 pixel blocks on grid axis 0, as a 1080p decode does
   (`triton_norm.channels_last_launch`). It takes 0.5 GiB in bf16 (1 GiB in fp32) and its output as
   much, freed after the check; where that memory is not free the verdict rests on the small inputs,
-  is not kept and the next process checks again.
+  is not kept and the next process checks again (as where even a small input does not fit: then
+  the kernel is not used in this process).
 
 A verdict per (kernel, layout, dtype) is decided once per process and device and kept in the kernel
 record (kernel_choice.py: per GPU, driver, CUDA, cuDNN, torch build and pack; its key names the Triton
@@ -128,13 +129,14 @@ def verdicts(device: str, dtype: torch.dtype) -> dict[tuple[str, str], Verdict]:
                 found[kernel, layout] = Verdict(kernel, layout, dtype, device, entry["error"], "on record")
     if missing:
         start = time.perf_counter()
-        errors, large_skipped = _check(torch.device(device), dtype, missing)
-        how = (f"checked in {time.perf_counter() - start:.1f} s" if large_skipped is None
-               else f"checked without the large input ({large_skipped}); checked again in the next process")
+        errors, unsure = _check(torch.device(device), dtype, missing)
+        how = f"checked in {time.perf_counter() - start:.1f} s"
         for kernel, layout in missing:
-            verdict = Verdict(kernel, layout, dtype, device, errors.get((kernel, layout)), how)
+            verdict = Verdict(kernel, layout, dtype, device, errors.get((kernel, layout)),
+                              f"{how}; out of memory for a part, checked again in the next process"
+                              if (kernel, layout) in unsure else how)
             found[kernel, layout] = verdict
-            if large_skipped is None or not verdict.passed:
+            if (kernel, layout) not in unsure:
                 record.keep_check(_record_key(kernel, layout, dtype), {"error": verdict.error})
         log.info("StreamVAE: first-use check of the Triton norm kernels on %s in %s: %s", device,
                  str(dtype).removeprefix("torch."), how)
@@ -158,42 +160,49 @@ def _warn(failed: list[Verdict]) -> None:
 
 
 def _check(device: torch.device, dtype: torch.dtype, which: list[tuple[str, str]]):
-    """({(kernel, layout): error} of the kernels in `which` that raised or disagreed with torch, and
-    None or why the large input was skipped)."""
-    from ..devices import is_oom
-
+    """({(kernel, layout): error} of the kernels in `which` that raised or disagreed with torch, and the
+    set of those a part of whose check did not fit in memory: their verdict rests on what did, or, where
+    a small input did not fit, fails, and is not kept)."""
     errors: dict[tuple[str, str], str] = {}
-    large_skipped = None
+    unsure: set[tuple[str, str]] = set()
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.inference_mode():
         for layout in LAYOUTS:
             for (shape, groups), large in [(case, False) for case in SMALL] + [(LARGE, True)]:
-                kernels = [k for k in KERNELS if (k, layout) in which and (k, layout) not in errors]
-                if not kernels or (large and large_skipped):
-                    continue
-                try:
-                    x, buffer, out = _case(shape, layout, dtype, device, generator)
-                except Exception as error:  # noqa: BLE001 - the device cannot even hold the input
-                    if large and is_oom(error):
-                        large_skipped = "out of memory"
-                    else:
-                        errors.update({(kernel, layout): _reason(error) for kernel in kernels})
-                    continue
-                for kernel in kernels:
-                    try:
-                        buffer.zero_()
-                        worst = CHECKS[kernel](x, groups, out, generator)
-                        if _margin(buffer).any():
-                            errors[kernel, layout] = "it wrote outside its output view"
-                        elif worst > 1:
-                            errors[kernel, layout] = f"its results disagree with torch's ({worst:.1f}x the allowed error)"
-                    except Exception as error:  # noqa: BLE001 - any failure to build, launch or run it
-                        if large and is_oom(error):
-                            large_skipped = "out of memory"
-                            break
-                        errors[kernel, layout] = _reason(error)
-                del x, buffer, out
-    return errors, large_skipped
+                kernels = [k for k in KERNELS if (k, layout) in which and (k, layout) not in errors.keys() | unsure]
+                if kernels:
+                    _check_case(shape, groups, large, layout, dtype, device, generator, kernels, errors, unsure)
+    return errors, unsure
+
+
+def _check_case(shape, groups: int, large: bool, layout: str, dtype, device, generator, kernels: list[str],
+                errors: dict, unsure: set) -> None:
+    """Run `kernels` on one input; add their errors and what did not fit in memory (`_check`)."""
+    from ..devices import is_oom
+
+    def failed(kernel: str, error: Exception) -> None:
+        if is_oom(error):
+            unsure.add((kernel, layout))
+            if large:  # the small inputs passed: the verdict rests on them
+                return
+        errors[kernel, layout] = _reason(error)
+
+    try:
+        x, buffer, out = _case(shape, layout, dtype, device, generator)
+    except Exception as error:  # noqa: BLE001 - the device cannot even hold the input
+        for kernel in kernels:
+            failed(kernel, error)
+        return
+    for kernel in kernels:
+        try:
+            buffer.zero_()
+            worst = CHECKS[kernel](x, groups, out, generator)
+            if _margin(buffer).any():
+                errors[kernel, layout] = "it wrote outside its output view"
+            elif worst > 1:
+                errors[kernel, layout] = f"its results disagree with torch's ({worst:.1f}x the allowed error)"
+        except Exception as error:  # noqa: BLE001 - any failure to build, launch or run it
+            failed(kernel, error)
 
 
 def _reason(error: Exception) -> str:
