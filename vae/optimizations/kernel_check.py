@@ -21,8 +21,8 @@ replaces it (norm_act.py, `triton=False`), statistics with torch's float64 ones:
 
 A verdict per (kernel, layout, dtype) is decided once per process and device and kept in the kernel
 record (kernel_choice.py: per GPU, driver, CUDA, cuDNN, torch build and pack; its key names the Triton
-version), so each machine checks each kernel once: a few compiles and well under a second of GPU
-time. A kernel that raises or disagrees is not used there in that dtype and layout: the torch op runs
+version), so each machine checks each kernel once: a few compiles and, per dtype, a few GiB of reads
+and writes on the GPU (unmeasured so far; tests/test_kernel_check.py prints the time where CUDA runs). A kernel that raises or disagrees is not used there in that dtype and layout: the torch op runs
 instead (the other kernels keep running), and one warning names the kernels, the device and the
 error. Under Triton's interpreter (TRITON_INTERPRET=1) the kernels run on CPU tensors and are checked
 the same way: that is how CI tests this module.

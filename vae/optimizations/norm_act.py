@@ -23,7 +23,8 @@ from .layout import is_ndhwc, layout_of
 def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:
     """Whether the Triton `kernel` (kernel_check.KERNELS) computes this call: asked for, not while
     torch.compile traces a block (inductor generates its own fused kernels there), and usable for x
-    (a CUDA tensor; the kernel passed its first-use check there in x's layout and dtype)."""
+    (`kernel_check.usable`: a GPU tensor whose device, layout and dtype the kernel passed its first-use
+    check in)."""
     return enabled and not torch.compiler.is_compiling() and kernel_check.usable(x, kernel)
 
 
