@@ -79,16 +79,20 @@ class Verdict:
         return f"{self.kernel} {self.layout.upper()}"
 
 
-def runs_triton(device) -> bool:
-    """Whether Triton kernels launch on `device`: a CUDA (or ROCm) GPU, or the CPU while Triton
-    interprets (TRITON_INTERPRET=1, how CI runs them)."""
-    device = torch.device(device)
-    return triton_norm.triton is not None and (device.type == "cuda" or (device.type == "cpu" and _interpreting()))
-
-
-def _interpreting() -> bool:
+def _interpreted() -> bool:
     knobs = getattr(triton_norm.triton, "knobs", None)  # Triton 3.4+; before: the variable itself
     return bool(knobs.runtime.interpret) if knobs is not None else os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# Whether triton_norm's kernels run in Triton's interpreter, on CPU tensors (how CI runs them): decided
+# when they were decorated, at import, by TRITON_INTERPRET=1.
+INTERPRETED = triton_norm.triton is not None and _interpreted()
+
+
+def runs_triton(device) -> bool:
+    """Whether Triton kernels launch on `device`: a CUDA (or ROCm) GPU, or the CPU under the interpreter."""
+    device = torch.device(device)
+    return triton_norm.triton is not None and (device.type == "cuda" or (device.type == "cpu" and INTERPRETED))
 
 
 def device_name(device) -> str:
@@ -108,7 +112,7 @@ def usable(x: torch.Tensor, kernel: str) -> bool:
 
 
 def _record_key(kernel: str, layout: str, dtype: torch.dtype) -> str:
-    interpreted = " interpreted" if _interpreting() else ""
+    interpreted = " interpreted" if INTERPRETED else ""
     return (f"triton {kernel} {layout} {str(dtype).removeprefix('torch.')} "
             f"triton {backend.triton_version()}{interpreted}")
 

@@ -25,7 +25,9 @@ def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:
     torch.compile traces a block (inductor generates its own fused kernels there), and usable for x
     (`kernel_check.usable`: a GPU tensor whose device, layout and dtype the kernel passed its first-use
     check in)."""
-    return enabled and not torch.compiler.is_compiling() and kernel_check.usable(x, kernel)
+    # The device test first, inline: on a CPU (without the interpreter) a switched-on Triton costs nothing.
+    return (enabled and (x.is_cuda or (x.is_cpu and kernel_check.INTERPRETED)) and not torch.compiler.is_compiling()
+            and kernel_check.usable(x, kernel))
 
 
 def _logged(log: KernelLog | None, step: str, triton: bool, x: torch.Tensor) -> bool:
