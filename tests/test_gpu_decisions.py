@@ -10,7 +10,7 @@ import torch
 import vae
 import torch.nn.functional as F
 
-from vae.optimizations import Optimizations, attention, backend, conv, norm_act, triton_norm
+from vae.optimizations import Optimizations, attention, backend, conv, kernel_check, kernel_choice, norm_act
 from vae.optimizations.compile import CompileSettings, _guarded, uses_cuda_graphs
 from tests.reference import load_tiny, tiny_checkpoint
 from vae import devices, recovery
@@ -121,26 +121,28 @@ def test_an_mps_out_of_memory_mid_decode_is_retried_smaller(monkeypatch):
     assert failed
 
 
-# -- the Triton probe ------------------------------------------------------------------------------------
+# -- the Triton kernels' first-use check (tests/test_kernel_check.py tests the check itself) ------------
 
 
-def test_a_failing_triton_probe_falls_back_with_one_warning(monkeypatch, caplog):
-    """Triton imports but cannot build or run here (old GPU, no C compiler, broken driver): the torch
-    kernels run, one warning names the cause, and the result is the torch path's."""
+def test_a_kernel_failing_its_check_falls_back_with_one_warning(monkeypatch, caplog, tmp_path):
+    """Triton imports but cannot build or run here (old GPU, no C compiler, broken driver): each kernel's
+    check fails, one warning names them, the device and the cause, and it is decided once per device."""
     pretend_gpu(monkeypatch, major=7)
-    triton_norm._failure_on.cache_clear()
-    monkeypatch.setattr(triton_norm, "triton", object())  # "installed"
-    monkeypatch.setattr(triton_norm, "_probe", lambda device: "RuntimeError: Triton requires CUDA 11.4+ / sm_75 or newer")
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    kernel_check.verdicts.cache_clear()
+    failure = "RuntimeError: Triton requires CUDA 11.4+ / sm_75 or newer"
+    monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which: ({k: failure for k in which}, set()))
     with caplog.at_level(logging.WARNING, logger="streamvae"), pytest.warns(RuntimeWarning, match="sm_75"):
-        assert not triton_norm.usable(torch.device("cuda"))
-        assert not triton_norm.usable(torch.device("cuda:0"))  # decided once per device
-    assert sum("Triton norm kernels do not work on cuda:0" in r.message for r in caplog.records) == 1
-    triton_norm._failure_on.cache_clear()
+        first = kernel_check.verdicts(kernel_check.device_name("cuda"), torch.float32)
+        assert kernel_check.verdicts(kernel_check.device_name("cuda:0"), torch.float32) is first  # once per device
+    assert not any(v.passed for v in first.values())
+    assert sum("failed the first-use check on cuda:0" in r.message for r in caplog.records) == 1
+    kernel_check.verdicts.cache_clear()
 
 
 def test_no_triton_means_the_torch_kernels():
     x = torch.randn(1, 8, 2, 4, 4)
-    assert not triton_norm.usable(torch.device("cpu"))
+    assert not kernel_check.usable(x, "group_norm_stats")
     torch.testing.assert_close(norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=True),
                                norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=False))
 

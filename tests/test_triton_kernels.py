@@ -224,10 +224,12 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
     fp32 decode, and the Triton path may not be further from it than the torch path (bf16 rounding of
     two different kernels differs element by element, so they are not compared with each other)."""
     import vae
-    from vae.optimizations import BackendFlags, Optimizations, backend, triton_norm
+    from vae.optimizations import BackendFlags, Optimizations, backend, kernel_check
     from tests.reference import load_tiny
 
-    assert triton_norm.usable(torch.device("cuda")), "the Triton probe failed on this GPU (see the warning)"
+    for dtype in (torch.float32, torch.bfloat16):
+        failed = [v for v in kernel_check.verdicts(kernel_check.device_name("cuda"), dtype).values() if not v.passed]
+        assert not failed, f"Triton kernels failed their first-use check on this GPU: {failed}"
     z = torch.randn(1, 16, 3, 8, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     decoded = {}
     for dtype in (torch.float32, torch.bfloat16):

@@ -4,6 +4,7 @@ latent files without holding the clip in memory.
     python -m vae roundtrip [input.mp4] [--checkpoint ema_vae_fp16.safetensors] [--out out/roundtrip.mp4]
     python -m vae encode --in clip.mp4 [--out out/latent.safetensors] [--every 2 --width 960 ...]
     python -m vae decode out/latent.safetensors [--out out/decoded.mp4] [--codec h264 --crf 19 ...]
+    python -m vae doctor [--device cuda:0] [--dtype bf16 ...]   # what a bug report needs (vae/doctor.py)
 
 Without an input a moving test pattern is generated; without a checkpoint the tiny SeedVR2 fixture
 model from ../shared/reference is used (random weights: the output only shows that the pipeline runs).
@@ -169,6 +170,12 @@ def decode(args: argparse.Namespace) -> None:
     print(f"wrote {path}")
 
 
+def doctor(args: argparse.Namespace) -> None:
+    from .doctor import main as doctor_main
+
+    doctor_main(args.device, args.dtype)
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     """Model and engine options every command takes."""
     parser.add_argument("--checkpoint", help="VAE checkpoint (.safetensors/.pth); default: the tiny SeedVR2 fixture")
@@ -219,9 +226,13 @@ def main(argv: list[str] | None = None) -> None:
     dec.add_argument("--fps", type=float, default=None, help="frames per second (default: the latent file's, else 24)")
     add_common(dec)
     add_video_output(dec)
+    doc = sub.add_parser("doctor", help="device, versions, the kernels and layout a run takes here and why, memory calibration")
+    doc.add_argument("--device", default=None, help="torch device (default: the GPU, else the CPU)")
+    doc.add_argument("--dtype", choices=DTYPES, action="append", default=None,
+                     help="a precision to report (repeatable; default: what auto decodes and encodes in there)")
     args = parser.parse_args(argv)
     try:
-        {"roundtrip": roundtrip, "encode": encode, "decode": decode}[args.command](args)
+        {"roundtrip": roundtrip, "encode": encode, "decode": decode, "doctor": doctor}[args.command](args)
     except (ValueError, RuntimeError, OSError) as error:  # bad input or setup: one clear line, no traceback
         sys.exit(f"error: {error}")
 
