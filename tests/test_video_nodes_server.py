@@ -102,7 +102,8 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
     (0.3.75 only: 0.33.0's Get Video Components converts through FFmpeg's float RGB path, which moves
     8-bit RGB values by up to 1.1 levels, so its frames are not the file's.)"""
     name = "streamvae_clip.mkv"
-    with VideoWriter(comfy_server.base / "input" / name, resolve("ffv1", fps=15), WIDTH, HEIGHT, FRAMES) as writer:
+    with VideoWriter(comfy_server.base / "input" / name, resolve("ffv1", fps=15), WIDTH, HEIGHT, FRAMES,
+                     overwrite=True) as writer:
         writer.write(clip)
         writer.finish()
     prompt = {
@@ -120,7 +121,7 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
     from_file, from_image = saved_latent(comfy_server, entry, "4"), saved_latent(comfy_server, entry, "7")
     assert from_file.shape == (1, 16, geometry.latent_frames(FRAMES), math.ceil(HEIGHT / 8), math.ceil(WIDTH / 8))
     torch.testing.assert_close(from_file, from_image, rtol=1e-5, atol=1e-5)
-    assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames {WIDTH}x{HEIGHT}")
+    assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames of {WIDTH}x{HEIGHT}")
     assert probe(written_file(comfy_server, entry, "8")[0]).fps == 15
 
 
