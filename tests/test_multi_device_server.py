@@ -78,3 +78,7 @@ def test_devices_are_checked_when_queued(comfy_client, object_info):
                    "4": node(object_info, "PreviewImage", images=["3", 0])})
     with pytest.raises(PromptRejected, match="at least two devices"):
         comfy_client.queue(prompt)
+    if not torch.cuda.is_available():  # CUDA devices counted in words: not "0 CUDA device(s) (cuda:0 .. cuda:-1)"
+        prompt["m"]["inputs"]["devices"] = "cuda:0, cuda:1"
+        with pytest.raises(PromptRejected, match=r"'cuda:0': this machine has no CUDA device \(a CPU-only torch"):
+            comfy_client.queue(prompt)
