@@ -123,7 +123,8 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
     plan = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=_budget(handle, settings)),
                     opts=handle.opts, **placement)
     if plan.fits is False and isinstance(settings.memory_budget, int):  # the node's own budget: refused
-        raise ValueError(f"StreamVAE {op}: {plan.below_floor('memory_budget_gb', '0 for automatic (what is free)', False)}")
+        floor = plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
+        raise ValueError(f"StreamVAE {op}: {floor}")
     report = RunReport(op, plan, clips)
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the free memory")

@@ -30,7 +30,8 @@ def cuda_devices(count: int) -> str:
     """What CUDA devices this machine has, in words."""
     if count == 0:
         return "this machine has no CUDA device (a CPU-only torch, or no NVIDIA driver)"
-    return f"this machine has {count} CUDA device{'s' if count > 1 else ''} ({', '.join(f'cuda:{i}' for i in range(count))})"
+    names = ", ".join(f"cuda:{i}" for i in range(count))
+    return f"this machine has {count} CUDA device{'s' if count > 1 else ''} ({names})"
 
 
 def parse_devices(text: str) -> tuple[str, ...]:

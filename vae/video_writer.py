@@ -125,7 +125,9 @@ class VideoWriter:
             self.partial.open("wb" if self.overwrite else "xb").close()
         except (OSError, ValueError) as error:  # ValueError: a name with a NUL byte
             if getattr(error, "errno", None) == errno.ENAMETOOLONG:
-                reason = f"the name {self.partial.name} is too long for this file system ({len(os.fsencode(self.partial.name))} bytes)"
+                length = len(os.fsencode(self.partial.name))
+                reason = (f"the name {self.path.name} is too long for this file system ({length} bytes with the "
+                          ".partial it is written under)")
             else:
                 reason = _reason(error)
             raise VideoWriteError(f"cannot write the video {self.path}: {reason}. Choose another name or folder "
