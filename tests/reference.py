@@ -22,9 +22,9 @@ def magnitude(reference: torch.Tensor) -> float:
     return max(1.0, float(reference.detach().abs().max()))
 
 
-def assert_exact(actual: torch.Tensor, expected: torch.Tensor, bound: float = 1e-5, rtol: float = 0, **kwargs) -> None:
-    """`actual` equals `expected` within `bound` x `magnitude(expected)` (and `rtol`, 0 unless given)."""
-    torch.testing.assert_close(actual, expected, atol=bound * magnitude(expected), rtol=rtol, **kwargs)
+def assert_exact(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 0, **kwargs) -> None:
+    """`torch.testing.assert_close` with `atol` x `magnitude(expected)` (and `rtol`, 0 unless given)."""
+    torch.testing.assert_close(actual, expected, atol=atol * magnitude(expected), rtol=rtol, **kwargs)
 
 
 def shared_dir() -> Path:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vae
-from reference import TINY_CONFIG_OVERRIDES, load_tiny, tensors
+from reference import REPO, TINY_CONFIG_OVERRIDES, load_tiny, tensors
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriteError, VideoWriter
 
@@ -47,9 +47,10 @@ def test_nonfinite_weight_is_refused_naming_it(key, value, stored):
 
 @pytest.mark.parametrize("family, key, dim", [
     ("wan21", "decoder.conv1.weight", 1),  # the latent channels are read from it: 6 other tensors then mismatch
-    ("wan22", "decoder.head.0.gamma", 0),  # the decoder width
+    ("wan22", "decoder.conv1.weight", 1),
+    ("seedvr2", "decoder.conv_in.weight", 1),  # the latent channels: the encoder's output then mismatches
     ("seedvr2", "decoder.up_blocks.0.upsamplers.0.upscale_conv.weight", 0),  # the temporal upsampler count
-], ids=["wan21_z_dim", "wan22_dec_dim", "seedvr2_temporal"])
+], ids=["wan21_z_dim", "wan22_z_dim", "seedvr2_z_dim", "seedvr2_temporal"])
 def test_one_damaged_shape_is_named_alone(family, key, dim):
     """A tensor the config is read from, one size off: the message names it, not the tensors the
     wrong config then expects otherwise."""
@@ -144,3 +145,30 @@ def test_a_failure_names_only_files_that_exist(tmp_path):
     error = writer.abort("stopped")
     assert "Nothing was written" in str(error) and "partial" not in str(error) and error.partial_path is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_video_with_no_frames_says_so(tmp_path):
+    """A container that ends after its header (FFmpeg: "End of file")."""
+    import av
+
+    from vae.video_reader import VideoReader
+
+    path = tmp_path / "empty.mkv"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("ffv1", rate=24)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "bgr0"
+        container.start_encoding()
+    with pytest.raises(ValueError, match=r"empty.mkv has no frames \(the file ends after its header\)"):
+        VideoReader(path)
+
+
+def test_troubleshooting_lists_every_bad_input_with_a_test_that_exists():
+    """docs/troubleshooting.md's table: at least 40 kinds of bad input, each naming a test of this suite."""
+    table = (REPO / "docs" / "troubleshooting.md").read_text().split("## Every bad input")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Bad input")]
+    assert len(rows) >= 40, len(rows)
+    for row in rows:
+        tests = re.findall(r"`(test_\w+\.py)::(test_\w+)", row)
+        assert tests, row
+        for module, name in tests:
+            assert re.search(rf"^def {name}\(", (REPO / "tests" / module).read_text(), re.M), (module, name)
