@@ -1,8 +1,7 @@
 """The tiling and memory inputs that Encode, Decode, the video file nodes and the core-VAE adapter
 share: their definitions (`tiling_inputs`), their validation (`check_tile_size` when a prompt is
 queued, `check_tiling` when the node runs) and the `vae.Settings` a node's run is planned with
-(`settings_from_inputs`). Pure torch; the ComfyUI schema
-objects are built in `tiling_inputs()` only.
+(`settings_from_inputs`). Pure torch; the ComfyUI schema objects are built in `tiling_inputs()` only.
 """
 import math
 

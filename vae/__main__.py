@@ -226,12 +226,12 @@ def checked_latent(model, z: torch.Tensor, metadata: dict, path: str) -> None:
     if family and family != model.family:
         raise CommandError(f"{path} was made by a {family} VAE, but {model.family} is loaded: pass --checkpoint with a "
                            f"{family} VAE file")
-    if z.dim() != 5 or z.shape[1] != model.latent_channels:
+    if z.dim() not in (4, 5) or z.shape[1] != model.latent_channels:
         raise CommandError(f"{path} holds a latent of shape {tuple(z.shape)}, but this {model.family} VAE decodes "
                            f"B,{model.latent_channels},T,h,w latents: pass --checkpoint with the VAE that made it")
     if "streamvae_size" in metadata:
         height, width = (int(v) for v in metadata["streamvae_size"].split(","))
-        sf, h, w = model.spatial_factor, z.shape[3], z.shape[4]
+        sf, (h, w) = model.spatial_factor, z.shape[-2:]
         if (-(-height // sf), -(-width // sf)) != (h, w):
             raise CommandError(f"{path} is {width}x{height} px as a {w}x{h} latent, but this {model.family} VAE's latent "
                                f"cells are {sf} px (a {-(-width // sf)}x{-(-height // sf)} latent): it was made by a VAE "
