@@ -206,16 +206,19 @@ def _one_wrong_tensor(cls: type[VideoVAE], cfg, given: Mapping[str, torch.Tensor
     shapes = {k: tuple(v.shape) for k, v in given.items()}
     sizes = {d for k in wrong for d in shapes[k]}
 
-    def variants():
-        for field in dataclasses.fields(cfg):
-            value = getattr(cfg, field.name)
-            entries = [(None, value)] if isinstance(value, int) and not isinstance(value, bool) else \
-                [(i, v) for i, v in enumerate(value) if isinstance(v, int)] if isinstance(value, tuple) else []
-            for i, old in entries:
-                for new in sorted({old // 2, old * 2, old - 2, old - 1, old + 1, old + 2, *sizes} - {old}):
-                    if new > 0:
-                        changed = new if i is None else value[:i] + (new,) + value[i + 1:]
-                        yield dataclasses.replace(cfg, **{field.name: changed})
+    def variants():  # the likeliest first: int fields before tuple entries, near values before the sizes
+        fields = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+        entries = [(name, None, value) for name, value in fields if isinstance(value, int) and not isinstance(value, bool)]
+        entries += [(name, i, v) for name, value in fields if isinstance(value, tuple)
+                    for i, v in enumerate(value) if isinstance(v, int)]
+        tried = set()
+        for near in (True, False):
+            for name, i, old in entries:
+                for new in ({old // 2, old * 2, old - 2, old - 1, old + 1, old + 2} if near else sizes) - {old}:
+                    if new > 0 and (name, i, new) not in tried:
+                        tried.add((name, i, new))
+                        value = getattr(cfg, name)
+                        yield dataclasses.replace(cfg, **{name: new if i is None else value[:i] + (new,) + value[i + 1:]})
 
     for variant in variants():
         try:
