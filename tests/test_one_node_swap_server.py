@@ -5,7 +5,6 @@ StreamVAE Encode/Decode and the library give, with the weights loaded once.
 import re
 
 import pytest
-import torch
 import vae
 
 from reference import assert_exact
