@@ -17,6 +17,7 @@ from ..vae.devices import same_device
 from ..vae.optimizations import KernelLog, backend, kernel_choice, layout, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
+from ..vae.run_warnings import collected
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
 from ..vae.planning import Settings
@@ -78,15 +79,17 @@ def _cancel() -> bool:
 
 
 @contextlib.contextmanager
-def _engine_scope(handle):
-    """Backend flags, dynamo limits, and Cancelled -> ComfyUI's execution_interrupted."""
+def _engine_scope(handle, report: RunReport):
+    """Backend flags, dynamo limits, the run's warnings into the report's notes (once; the log has them
+    once too), and Cancelled -> ComfyUI's execution_interrupted."""
     try:
-        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
+        with collected() as said, backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
             yield
     except vae.Cancelled:
         if mm is not None:
             mm.throw_exception_if_processing_interrupted()
         raise
+    report.notes += [note for note in said if note not in report.notes]
 
 
 def plan_placement(device) -> dict:
@@ -125,7 +128,8 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
     plan = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=_budget(handle, settings)),
                     opts=handle.opts, **placement)
     if plan.fits is False and isinstance(settings.memory_budget, int):  # the node's own budget: refused
-        raise ValueError(f"StreamVAE {op}: {plan.below_floor('memory_budget_gb')}")
+        floor = plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
+        raise ValueError(f"StreamVAE {op}: {floor}")
     report = RunReport(op, plan, clips, kernel_log=KernelLog(kernel_choice.choices_for(handle.load_device)))
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the free memory")
@@ -164,7 +168,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
         log.warning("StreamVAE encode: %s", note)
     progress = Progress(n, report)
     samples = None
-    with _engine_scope(handle):
+    with _engine_scope(handle, report):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(n):
             progress.index = i
@@ -214,7 +218,7 @@ def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callab
         report.notes.append(note)
         log.info("StreamVAE decode: %s", note)
     progress = Progress(b, report)
-    with _engine_scope(handle):
+    with _engine_scope(handle, report):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(b):
             progress.index = i

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
-from tests.reference import TINY_FAMILIES, load_tiny
+from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
 from vae.optimizations import conv, kernel_choice, layout, norm_act
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
@@ -46,7 +46,7 @@ def test_ndhwc_equals_ncdhw_with_chunks_tiles_and_frame_streaming(model, op):
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
                      vae.Settings(temporal_chunk=1, stream_frames=True),
                      vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="disk")):  # caches by bands
-        torch.testing.assert_close(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
+        assert_exact(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
                                    msg=lambda m, s=settings: f"{s}: {m}")
 
 
@@ -126,24 +126,24 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
     x, planes = channels_last_view((2, 16, 3, 11, 6), mean, dtype)
     exact_mean, exact_var = norm_act.torch_group_moments(planes.double(), 4)
     got_mean, got_var = norm_act.group_norm_moments(x, 4)
-    torch.testing.assert_close(got_mean.double(), exact_mean, atol=1e-5 * (1 + mean), rtol=1e-6)
-    torch.testing.assert_close(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(got_mean.double(), exact_mean, atol=1e-5 * (1 + mean), rtol=1e-6)  # scaled already
+    assert_exact(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
     weight, bias = torch.randn(16), torch.randn(16)
     rstd = torch.rsqrt(exact_var.float() + 1e-6)
     out = layout.empty_video(x, x.shape)
     norm_act.group_norm_apply(x, exact_mean.float(), rstd, weight, bias, True, out)
     expected = norm_act.group_norm_apply(planes, exact_mean.float(), rstd, weight, bias, True)
     assert layout.is_ndhwc(out)
-    torch.testing.assert_close(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
+    assert_exact(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
     gamma = torch.randn(16, 1, 1, 1)
     exact = torch.nn.functional.silu(torch.nn.functional.normalize(planes.double(), dim=1) * 4 * gamma.double())
     got, planes_got = norm_act.rms_norm_act(x, gamma), norm_act.rms_norm_act(planes, gamma)
     assert layout.is_ndhwc(got)
     if dtype == torch.float32:
-        torch.testing.assert_close(got, planes_got, atol=1e-5, rtol=0)
+        assert_exact(got, planes_got, atol=1e-5, rtol=0)
     else:  # half precision: the channels-last blocks round once, the channel-plane path twice
         assert (got.double() - exact).abs().max() <= (planes_got.double() - exact).abs().max()
-        torch.testing.assert_close(got.double(), exact, atol=1e-2, rtol=2**-8)
+        assert_exact(got.double(), exact, atol=1e-2, rtol=2**-8)
 
 
 def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatch):
@@ -199,7 +199,7 @@ def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
         want = run(model, op, x, vae.Settings(temporal_chunk=2), "ncdhw")
         with ConvLayouts() as probe:
             got = run(model, op, x, vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor), "ndhwc")
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert_exact(got, want, atol=1e-4, rtol=0)
     assert probe.seen, probe.no_conv_message()
     fell = [i for i, (inp, out) in enumerate(probe.seen) if not (inp and out)]
     assert not fell, f"{len(fell)} of {len(probe.seen)} convs not NDHWC, first at conv {fell[0]}: {probe.seen}"

@@ -29,6 +29,7 @@ from . import geometry, planning, recovery
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 from .causal_cache import CausalCache
 from .devices import is_oom, same_device
+from .input_checks import check_pixels
 from .model import run_stages
 from .optimizations import KernelLog, Optimizations, layout
 from .planning import Plan, Settings
@@ -73,7 +74,7 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
         io_on_device = tuple(same_device(d, model.device) for d in io_devices)
         plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
     if plan.fits is False and bands is None and isinstance(how, Settings) and isinstance(how.memory_budget, int):
-        raise ValueError(plan.below_floor())  # a budget the caller gave: refused before any work
+        raise planning.BudgetTooSmall(plan)  # a budget the caller gave: refused before any work
     if plan.fits is False and bands is not None:
         return plan  # a band cannot be tiled yet: `RowBands.plan` said so, and it runs a chunk at a time
     if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
@@ -198,7 +199,8 @@ def _overflowed(y: torch.Tensor) -> bool:
 def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
            return_logvar: bool = False, out_device: torch.device | str | None = None, bands: RowBands | None = None,
            progress: ProgressFn | None = None, cancel: CancelFn | None = None, kernel_log: KernelLog | None = None):
-    """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w.
+    """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w. NaN/Inf
+    pixels and values outside [-1, 1] (beyond rounding) are a ValueError naming the frames or the range.
 
     `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
     `dtype`, `device` and `index_select(2, ascending frame indices)` as a tensor has them.
@@ -220,6 +222,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
+    if isinstance(video, torch.Tensor):  # a frame source (a video file) gives [-1, 1] by construction
+        check_pixels(video)
     opts = opts or Optimizations()
     sf = model.spatial_factor
     partition = bands.start(-(-h // sf)) if bands is not None else WHOLE_FRAME
