@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .causal_cache import CausalCache
+from .conv_buffer import Fill, interior, padded_buffer, reflect_border
 
 from .optimizations import Optimizations, conv3d
 from .optimizations.kernel_log import KernelLog
@@ -26,6 +27,8 @@ class StreamContext:
     module must remember between chunks (for causal convs: the input frames the next chunk still
     needs, unpadded). `first_chunk` is True while the chunk that holds frame 0 of the clip is
     processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
+    `last_chunk` is True while the chunk that holds the clip's last frame is processed: a conv that
+    looks ahead in time (`CausalConv3d.lookahead`) then pads the clip's end and gives its last frames.
     `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
@@ -37,6 +40,7 @@ class StreamContext:
                  kernel_log: KernelLog | None = None):
         self.opts = opts
         self.first_chunk = True
+        self.last_chunk = False
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
@@ -78,49 +82,8 @@ class Conv3d(nn.Conv3d):
                       log=ctx.kernel_log)
 
 
-# A producer of conv input: fill(view, rows, cols) writes rows x cols (slices of the unpadded input
-# frame) of the new frames into `view`. Producers are region-aware so exact tiling can ask for a
-# tile plus its halo instead of the whole frame.
-Fill = Callable[[torch.Tensor, slice, slice], object]
-
-
-def _padded_buffer(like: torch.Tensor, shape, head: int, pad, fill: Fill) -> torch.Tensor:
-    """A conv input buffer B,C,head+T,H+top+bottom,W+left+right for new frames of `shape` (B,C,T,H,W).
-
-    `fill` writes the frames into their place and the spatial zero pads (left, right, top, bottom)
-    are zeroed here for all frames; the head frames' interior is left for the caller.
-    """
-    b, c, t, h, w = shape
-    left, right, top, bottom = pad
-    buf = empty_video(like, (b, c, head + t, h + top + bottom, w + left + right))
-    fill(buf[:, :, head:, top:top + h, left:left + w], slice(0, h), slice(0, w))
-    zero_border(buf, pad)
-    return buf
-
-
-def zero_border(buf: torch.Tensor, pad) -> None:
-    """Zero the outer `pad` = (left, right, top, bottom) columns/rows of a buffer (..., H, W): the
-    zero padding around a frame (or around the part of a tile that lies in the frame)."""
-    left, right, top, bottom = pad
-    height, width = buf.shape[-2:]
-    if right:
-        buf[..., width - right:].zero_()
-    if bottom:
-        buf[..., height - bottom:, :].zero_()
-    if left:
-        buf[..., :left].zero_()
-    if top:
-        buf[..., :top, :].zero_()
-
-
-def _interior(buf: torch.Tensor, pad) -> torch.Tensor:
-    """The unpadded frame region of a padded conv buffer (what caches store)."""
-    left, right, top, bottom = pad
-    return buf[..., top:buf.shape[3] - bottom, left:buf.shape[4] - right]
-
-
 class CausalConv3d(Conv3d):
-    """Conv3d that is causal in time: output frame t only sees input frames <= t.
+    """Conv3d that is causal in time: output frame t only sees input frames <= t + `lookahead`.
 
     The temporal padding is not a conv padding: each call convolves [head | new frames], where head
     is what the previous chunk left unconsumed (its cache) or, on the first chunk, `head_frames`
@@ -128,19 +91,36 @@ class CausalConv3d(Conv3d):
     a call is exactly the input frames a whole-clip pass would still read, so any temporal chunking
     reproduces the whole-clip result, strided convs included.
 
-    Spatial padding is zero padding, (left, right, top, bottom); symmetric padding is done by the
-    conv itself, asymmetric padding (the downsamplers' right/bottom pad) inside the input buffer.
+    `lookahead` > 0 makes a conv centred in time (LTX-2's decoder): each output reads `lookahead` later
+    frames, the clip's start gets `kt - 1 - lookahead` copies of frame 0 and its end `lookahead`
+    copies of the last frame (on the call with `ctx.last_chunk`). Such a conv emits its outputs
+    `lookahead` frames late: a call gives the outputs its frames complete, the last call the rest, so
+    its output over a clip is the whole-clip one however the input is cut. Its start is its first
+    call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
+
+    Spatial padding (left, right, top, bottom) is `padding_mode` "zeros" or "reflect" (torch's
+    modes); symmetric zero padding is done by the conv itself, asymmetric or reflected padding inside
+    the input buffer (the downsamplers' right/bottom pad; every reflected pad), only at the frame
+    border: a tile's halo inside the frame is the frame's pixels.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None, spatial_pad=None):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None,
+                 spatial_pad=None, lookahead: int = 0, padding_mode: str = "zeros"):
         kt, kh, kw = _triple(kernel_size)
         pad = spatial_pad if spatial_pad is not None else (kw // 2, kw // 2, kh // 2, kh // 2)
-        symmetric = pad[0] == pad[1] and pad[2] == pad[3]
+        if padding_mode not in ("zeros", "reflect"):
+            raise ValueError(f"padding_mode must be 'zeros' or 'reflect', got {padding_mode!r}")
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3] and padding_mode == "zeros"
         super().__init__(in_channels, out_channels, (kt, kh, kw), _triple(stride), padding=(0, pad[2], pad[0]) if symmetric else 0)
         if head not in ("zeros", "replicate"):
             raise ValueError(f"head must be 'zeros' or 'replicate', got {head!r}")
+        if lookahead and (head != "replicate" or self.stride[0] != 1 or not 0 < lookahead < kt):
+            raise ValueError("a conv that looks ahead pads both ends with copies: head='replicate', temporal stride 1, "
+                             f"lookahead below the kernel's {kt} frames")
         self.head_mode = head
-        self.head_frames = kt - 1 if head_frames is None else head_frames
+        self.lookahead = lookahead
+        self.head_frames = kt - 1 - lookahead if head_frames is None else head_frames
+        self.padding_mode = padding_mode
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = kt > 1 or self.stride[0] > 1
@@ -148,6 +128,8 @@ class CausalConv3d(Conv3d):
     def forward(self, x: torch.Tensor, ctx: StreamContext, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         opts = ctx.opts
+        if self.waiting(ctx, x.shape[2]):
+            return self.no_output(x, x.shape)
         if ctx.execution is not None:
             # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
             stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
@@ -162,6 +144,17 @@ class CausalConv3d(Conv3d):
         return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
     # -- the causal state, one definition for the untiled path and for exact tiles ------------------
+    def waiting(self, ctx: StreamContext, frames: int) -> bool:
+        """Whether a call with `frames` new frames has nothing to do: a conv that looks ahead has not
+        started (it needs its first frame to pad the clip's start with) and gets none."""
+        return bool(self.lookahead) and frames == 0 and self not in ctx.cache
+
+    def no_output(self, like: torch.Tensor, shape) -> torch.Tensor:
+        """The empty output (B,C',0,H',W') of a call on new frames of `shape` that convolves nothing."""
+        h_out = (shape[3] + sum(self.spatial_pad[2:]) - self.kernel_size[1]) // self.stride[1] + 1
+        w_out = (shape[4] + sum(self.spatial_pad[:2]) - self.kernel_size[2]) // self.stride[2] + 1
+        return empty_video(like, (shape[0], self.out_channels, 0, h_out, w_out))
+
     def head(self, ctx: StreamContext) -> tuple[torch.Tensor | None, int]:
         """(cached frames or None, how many head frames go before this call's new frames): the
         previous chunk's unconsumed input, or on the first chunk `head_frames` frames of padding."""
@@ -174,7 +167,13 @@ class CausalConv3d(Conv3d):
         """How many head frames go before this call's new frames, without reading the cache."""
         if not self.temporal:
             return 0
-        return ctx.cache.frames(self) if self in ctx.cache else self.head_frames if ctx.first_chunk else 0
+        if self in ctx.cache:
+            return ctx.cache.frames(self)
+        return self.head_frames if ctx.first_chunk or self.lookahead else 0
+
+    def tail_count(self, ctx: StreamContext) -> int:
+        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end."""
+        return self.lookahead if ctx.last_chunk else 0
 
     def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
@@ -186,6 +185,13 @@ class CausalConv3d(Conv3d):
             frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
         elif n_head:
             frames[:, :, :n_head].zero_()
+
+    def write_tail(self, frames: torch.Tensor, n_tail: int) -> None:
+        """Fill the last `n_tail` frames of `frames` (as in `write_head`, head and new frames written)
+        with copies of the frame before them, the clip's last."""
+        if n_tail:
+            last = frames.shape[2] - n_tail
+            frames[:, :, last:] = frames[:, :, last - 1:last]
 
     def output_frames(self, n: int) -> int:
         """Output frames of a window of `n` input frames (head included)."""
@@ -199,21 +205,29 @@ class CausalConv3d(Conv3d):
     def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
 
-        The buffer holds [head | new frames] plus any asymmetric spatial padding, so neither the cache
-        nor the padding is ever concatenated onto the input (one write instead of write + copy).
+        The buffer holds [head | new frames | tail] plus any asymmetric or reflected spatial padding,
+        so neither the cache nor the padding is ever concatenated onto the input (one write instead of
+        write + copy).
         """
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, shape, like, fill)
+        if self.waiting(ctx, shape[2]):
+            return self.no_output(like, shape)
         head, n_head = self.head(ctx)
+        n_tail = self.tail_count(ctx)
         if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
-                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0]):
-            return self._convolve_after_zeros(_padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
-        buf = _padded_buffer(like, shape, n_head, self.buffer_pad, fill)
-        self.write_head(_interior(buf, self.buffer_pad), head, n_head)
+                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
+            return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
+        buf = padded_buffer(like, shape, n_head, self.buffer_pad, fill, n_tail, self.padding_mode)
+        frames = interior(buf, self.buffer_pad)
+        self.write_head(frames, head, n_head)
+        self.write_tail(frames, n_tail)
+        if self.padding_mode == "reflect":
+            reflect_border(buf, self.buffer_pad)
         return self._convolve(buf, ctx)
 
     def _forward_concat(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        """Straightforward path: torch.cat of the head + F.pad, as the upstream code does."""
+        """Straightforward path: torch.cat of the head (and tail) + F.pad, as the upstream code does."""
         head, n_head = self.head(ctx)
         if head is None and n_head:
             if self.head_mode == "replicate":
@@ -222,8 +236,12 @@ class CausalConv3d(Conv3d):
                 head = empty_video(x, x.shape[:2] + (n_head,) + x.shape[3:]).zero_()
         if head is not None:
             x = torch.cat([head, x], dim=2)
+        n_tail = self.tail_count(ctx)
+        if n_tail:
+            x = torch.cat([x, x[:, :, -1:].expand(-1, -1, n_tail, -1, -1)], dim=2)
         if any(self.buffer_pad):
-            x = F.pad(x, self.buffer_pad)
+            left, right, top, bottom = self.buffer_pad
+            x = F.pad(x, (left, right, top, bottom, 0, 0), mode="reflect" if self.padding_mode == "reflect" else "constant")
         return self._convolve(x, ctx)
 
     def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamContext) -> torch.Tensor:
@@ -235,7 +253,7 @@ class CausalConv3d(Conv3d):
         kt, t = self.kernel_size[0], buf.shape[2]
         n_out = n_head + t - kt + 1
         keep = kt - 1  # what the next window still reads: the last kt - 1 frames of [zeros | buf]
-        tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
+        tail = interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
         missing = keep - tail.shape[2]
         if missing:
             zeros = empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_()  # B,C,missing,H,W
@@ -256,7 +274,7 @@ class CausalConv3d(Conv3d):
         if self.temporal:
             # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
             # copy, so the chunk's buffer can be freed.
-            ctx.cache.put(self, _interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
+            ctx.cache.put(self, interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
@@ -294,15 +312,26 @@ class FrameConv2d(nn.Conv2d):
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = False
+        self.lookahead = 0
+        self.padding_mode = "zeros"
 
     # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
+    def waiting(self, ctx: StreamContext, frames: int) -> bool:
+        return False
+
     def head(self, ctx: StreamContext) -> tuple[None, int]:
         return None, 0
 
     def head_count(self, ctx: StreamContext) -> int:
         return 0
 
+    def tail_count(self, ctx: StreamContext) -> int:
+        return 0
+
     def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
+        pass
+
+    def write_tail(self, frames, n_tail) -> None:
         pass
 
     def output_frames(self, n: int) -> int:
@@ -330,7 +359,7 @@ class FrameConv2d(nn.Conv2d):
         """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, shape, like, fill)
-        return self._convolve(_padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
+        return self._convolve(padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
 
     def _convolve(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return self.conv5d(x, ctx)

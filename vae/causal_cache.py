@@ -320,7 +320,7 @@ class CausalCache:
     read, and replace it on `commit`. `fallback` is the offload an out-of-memory retry may switch to
     (None: the user chose where the caches live). `host_budget` caps the RAM that "host" offloading
     takes (default: `devices.host_available()`, what the OS has free minus a margin); past it the
-    caches go to disk.
+    caches go to disk. `advance` counts frames per key (what a module has given so far in this run).
     """
 
     def __init__(self, offload: str = "none", device=None, fallback: str | None = None, host_budget: int | None = None):
@@ -335,6 +335,15 @@ class CausalCache:
             self._store = _HostStore(host_available() if host_budget is None else host_budget)
         else:
             self._store = _DiskStore() if offload == "disk" else _DeviceStore()
+        self._counts: dict[object, int] = {}
+
+    def advance(self, key, frames: int) -> int:
+        """The frames counted under `key` so far in this run, before adding `frames`: where a module's
+        output of this call starts in the clip, for rules on its frame 0 that a module whose input
+        lags (a layer after one that looks ahead) meets on a later chunk than the first."""
+        before = self._counts.get(key, 0)
+        self._counts[key] = before + frames
+        return before
 
     def __contains__(self, module) -> bool:
         return module in self._store.keys()
@@ -369,6 +378,7 @@ class CausalCache:
     def clear(self) -> None:
         for module in list(self._store.keys()):
             self._store.discard(module)
+        self._counts.clear()
 
     @contextlib.contextmanager
     def copying_new_entries(self):
@@ -391,3 +401,4 @@ class CausalCache:
     def close(self) -> None:
         """Drop everything (and the disk file, if any)."""
         self._store.close()
+        self._counts.clear()

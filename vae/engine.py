@@ -104,7 +104,7 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
-    ctx.first_chunk = True
+    ctx.first_chunk, ctx.last_chunk = True, False
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
@@ -119,7 +119,8 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
 
 def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
     """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames until
-    the clip is done or step returns False; the causal caches are closed at the end.
+    the clip is done or step returns False; the causal caches are closed at the end. The context
+    says which chunk holds the clip's first frame and which its last (`first_chunk`, `last_chunk`).
 
     Out of memory inside a step (where the partition allows it) goes on with a smaller plan, made by
     `_recover`; the output written so far stays."""
@@ -128,6 +129,7 @@ def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Part
     try:
         while first < n_lat:
             n = min(plan.temporal_chunk, n_lat - first)
+            ctx.last_chunk = first + n == n_lat  # convs that look ahead pad the clip's end now
             try:
                 more = step(first, n, True)
             except (RuntimeError, MemoryError) as error:
@@ -173,14 +175,19 @@ def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Par
             reason = str(error) or type(error).__name__
 
 
-def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, op: str, emit) -> None:
+def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
     """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
     encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
-    the stream runs frame by frame (`ctx.frame_stream`)."""
+    the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
+    the frames they held back with the clip's last chunk, each layer more than the one before: that
+    chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's."""
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     if ctx.frame_stream is not None:
         ctx.frame_stream.run(x, ctx, emit)
+    elif ctx.last_chunk and model.looks_ahead(plan.op):
+        FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     else:
-        emit(model.decode_chunk(x, ctx) if op == "decode" else run_stages(model.encode_stages(), x, ctx))
+        emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
 
 
 def _with_half_fallback(model, op: str, run):
@@ -308,7 +315,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
                     outputs[i][:, :, at[0]:at[0] + whole.shape[2]] = whole
             at[0] += h.shape[2]
 
-        _run_chunk(model, x, ctx, "encode", emit)
+        _run_chunk(model, x, ctx, plan, emit)
 
     _stream(model, ctx, steps, plan, partition, step)
 
@@ -453,7 +460,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     def step(first, n, write):
         x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
         x = layout.to_layout(x, run_layout)
-        _run_chunk(model, x, ctx, "decode", lambda y: emit(y, write))
+        _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
         return pos < t_out
 
     _stream(model, ctx, steps, plan, partition, step)

@@ -98,9 +98,40 @@ class RMSNorm(nn.Module):
         return y if out is None else out.copy_(y)
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """b c t (h q) (w r) -> b (c r q) t h w: a p x p pixel block per position, channel order c, then the
+    column offset r, then the row offset q (Wan2.2's and LTX's order)."""
+    if p == 1:
+        return x
+    b, c, t, h, w = x.shape
+    out = empty_video(x, (b, c * p * p, t, h // p, w // p))  # in x's layout
+    out.view(b, c, p, p, t, h // p, w // p).copy_(  # b c r q t h w
+        x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5))  # b c t h q w r -> b c r q t h w
+    return out
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Inverse of `patchify`: b (c r q) t h w -> b c t (h q) (w r)."""
+    if p == 1:
+        return x
+    b, cpp, t, h, w = x.shape
+    return x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, cpp // (p * p), t, h * p, w * p)
+
+
 def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
     """branch + skip; in place into the freshly computed branch when allowed."""
     return branch.add_(skip) if ctx.opts.inplace_residual else branch + skip
+
+
+def lagged(ctx: StreamContext, key, frames: torch.Tensor, count: int) -> torch.Tensor:
+    """The first `count` frames of [what waits under `key` | frames] (B,C,T,H,W), the rest left waiting
+    in `ctx.cache`: a residual's shortcut waits there for a branch that gives its frames later (its
+    convs look ahead in time), so the two meet frame by frame over the clip however it is chunked."""
+    held = ctx.cache.pop(key)
+    queue = frames if held is None else torch.cat([held, frames], dim=2)
+    if queue.shape[2] > count:
+        ctx.cache.put(key, queue[:, :, count:])
+    return queue[:, :, :count]
 
 
 def residual_convs(x: torch.Tensor, ctx: StreamContext, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:

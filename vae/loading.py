@@ -16,6 +16,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from .ltx2 import LTX2VAE
 from .model import LayoutError, VideoVAE
 from .qwen21 import Qwen21VAE
 from .seedvr2 import SeedVR2VAE
@@ -23,7 +24,7 @@ from .wan21 import Wan21VAE
 from .wan22 import Wan22VAE
 
 # Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE]
+FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, LTX2VAE]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -49,11 +50,19 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         return _read_pickle(path), {}
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in vae_part(list(f.keys()))}, dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as err:
         if path.lower().endswith(SAFETENSORS_SUFFIXES):
             raise _unreadable(path, err) from err
         return _read_pickle(path), {}
+
+
+def vae_part(keys: list[str]) -> list[str]:
+    """The keys of a file to read: all of them, or in a full model checkpoint (a diffusion model with its
+    VAE under `vae.`, as LTX-2 ships) only the VAE's, so the rest of the file is never read (safetensors
+    tensors are read one by one from the mapped file)."""
+    part = [k for k in keys if k.startswith("vae.")]
+    return part if part and len(part) < len(keys) else keys
 
 
 def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -63,7 +72,7 @@ def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[
     if path.lower().endswith(SAFETENSORS_SUFFIXES):
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
-                shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+                shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in vae_part(list(f.keys()))}
                 metadata = dict(f.metadata() or {})
         except (SafetensorError, OSError, ValueError) as err:
             raise _unreadable(path, err) from err
@@ -182,6 +191,11 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
                 return cls, native
     if not sd:
         raise CheckpointError("the checkpoint holds no tensors: it is empty or not a model file; download it again")
+    for candidate in _candidates(sd):
+        for cls in FAMILIES:
+            refused = cls.refusal(candidate)
+            if refused:
+                raise CheckpointError(refused)
     stripped = next((c for c in list(_candidates(sd))[1:] if len(c) == len(sd)), sd)  # a prefix all keys share
     tried = "; ".join(f"{cls.family}: missing {', '.join(k for k in cls.probe_keys if k not in stripped)}" for cls in FAMILIES)
     sample = ", ".join(sorted(sd)[:5])
@@ -190,8 +204,8 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
     raise CheckpointError(
         f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
         "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors), Wan2.2 (wan2.2_vae.safetensors), "
-        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one) or Qwen-Image 2.1 "
-        "(qwen_image_2.1_vae_bf16.safetensors) VAE file.")
+        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one), Qwen-Image 2.1 "
+        "(qwen_image_2.1_vae_bf16.safetensors) or LTX-2 (the LTX-2 checkpoint itself, or its split video VAE) VAE file.")
 
 
 def _one_wrong_tensor(cls: type[VideoVAE], cfg, given: Mapping[str, torch.Tensor], wrong: list[str]):
@@ -331,7 +345,7 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     overrides.update(config or {})
     cls, native = detect_family(state_dict)
     try:
-        cfg = cls.config_from_state_dict(native, overrides)
+        cfg = cls.config_from_state_dict(native, {**cls.metadata_overrides(metadata), **overrides})
     except KeyError as err:
         raise CheckpointError(f"checkpoint does not match the {cls.family} VAE layout; missing: {err.args[0]} "
                               "(the file is incomplete: download it again)") from None

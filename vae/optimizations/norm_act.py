@@ -388,3 +388,41 @@ def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act
         work.div_(torch.linalg.vector_norm(work, dim=-1, keepdim=True).clamp_min_(eps)).mul_(gain)
 
     return _channels_last_map(x, out, act, normalise)
+
+
+def pixel_norm_act(x: torch.Tensor, eps: float = 1e-8, scale: torch.Tensor | None = None,
+                   shift: torch.Tensor | None = None, act: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+    """LTX's per-position RMS norm over the channels (dim 1) of x (B,C,...), then an optional per-channel
+    affine and SiLU: act(x / sqrt(mean_C(x^2) + eps) * (1 + scale) + shift), `scale` and `shift` of C
+    values (the decoder's timestep conditioning) or None. Unlike `rms_norm_act`, eps is added to the
+    mean square (upstream's PixelNorm). The statistics are float32."""
+    c = x.shape[1]
+    gain = None if scale is None else (1 + scale.float()).reshape(c)
+    bias = None if shift is None else shift.float().reshape(c)
+    if (x.device.type == "cpu" and is_ndhwc(x) and x.dtype in (torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling()):
+        def normalise(i, f, work):  # work: float32 (rows, W, C)
+            work.mul_(work.square().mean(-1, keepdim=True).add_(eps).rsqrt_())
+            if gain is not None:
+                work.mul_(gain)
+            if bias is not None:
+                work.add_(bias)
+
+        return _channels_last_map(x, torch.empty_like(x) if out is None else out, act, normalise)
+    norm = _channel_norm(x)  # float32 sqrt(sum_C x^2)
+    inv = (norm * norm).div_(c).add_(eps).rsqrt_().to(x.dtype)
+    per_channel = (1, c) + (1,) * (x.dim() - 2)
+    if torch.compiler.is_compiling():
+        y = x * inv
+        y = y if gain is None else y * gain.view(per_channel).to(x.dtype)
+        return _traced_act(y if bias is None else y + bias.view(per_channel).to(x.dtype), act, out)
+    if out is None:
+        out = torch.empty_like(x)
+    torch.mul(x, inv, out=out)
+    if gain is not None:
+        out.mul_(gain.view(per_channel).to(x.dtype))
+    if bias is not None:
+        out.add_(bias.view(per_channel).to(x.dtype))
+    if act:
+        F.silu(out, inplace=True)
+    return out
