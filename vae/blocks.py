@@ -172,8 +172,10 @@ class CausalConv3d(Conv3d):
         return self.head_frames if ctx.first_chunk or self.lookahead else 0
 
     def tail_count(self, ctx: StreamContext) -> int:
-        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end."""
-        return self.lookahead if ctx.last_chunk else 0
+        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end.
+        `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not guard
+        on it (a middle chunk would trace a third graph)."""
+        return self.lookahead if self.lookahead and ctx.last_chunk else 0
 
     def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
