@@ -3,7 +3,7 @@
 ComfyUI imports this folder as a package, serves `web/` to the frontend and calls
 `comfy_entrypoint()` for the V3 node list. Nothing here imports ComfyUI at module level, so the
 folder can be imported (by pytest, by tools) without it; the `vae` library (its kernels in
-`vae.optimizations`) never imports ComfyUI at all.
+`vae.kernels`) never imports ComfyUI at all.
 """
 WEB_DIRECTORY = "./web"
 

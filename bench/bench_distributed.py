@@ -28,13 +28,13 @@ import torch
 
 from bench import models
 from bench.common import git_commit
-from vae import memory
-from vae.blocks import StreamContext
-from vae.causal_cache import CausalCache
-from vae.planning import clip_of
-from vae.strategies.row_bands import Bands, RowBands
-from vae.layers import FrameGroupNorm
-from vae.optimizations import Optimizations
+from vae.run import memory
+from vae.run.stream_context import StreamContext
+from vae.run.causal_cache import CausalCache
+from vae.run.planning import clip_of
+from vae.distributed.row_bands import Bands, RowBands
+from vae.model.layers import FrameGroupNorm
+from vae.kernels import Optimizations
 
 # (name, family, frames, height, width, T1 seconds on one H100 in bf16, how T1 is known)
 WORKLOADS = [

@@ -35,8 +35,8 @@ from bench import models
 from bench.common import machine_summary, print_table, psnr
 from bench.core_vae import TREES
 from bench.variants import options, parse_row
-from vae import devices
-from vae.optimizations import kernel_choice, winograd
+from vae.kernels import devices
+from vae.kernels import kernel_choice, winograd
 
 CORE = "0.3.75"  # the core whose VAE gets a row (one ComfyUI per process)
 VARIANTS = ("straightforward", "kernels_defaults", "optimized")

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from bench import models
 from bench.common import machine_summary, print_table, run_worker, scratch_dir
-from vae import memory, planning
+from vae.run import memory, planning
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
            ("time_ratio", "time vs first row", ".2f"), ("act_gib", "act GiB", ".3f"),

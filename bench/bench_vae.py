@@ -36,8 +36,8 @@ from bench.common import ceilings, machine_summary, print_table, psnr, run_worke
 from bench.core_vae import TREES
 from bench.models import FAMILIES
 from bench.variants import NOT_MEASURED, SWITCHES, VARIANTS, is_extra, variant, verdict
-from vae.devices import DTYPES
-from vae.optimizations import kernel_choice
+from vae.kernels.devices import DTYPES
+from vae.kernels import kernel_choice
 
 BASELINE = ("fp32", "straightforward")
 DEFAULT_EXTRAS = ("kernels_defaults", "kernels_cached", "ndhwc", "ncdhw", "winograd_uncapped")
@@ -162,7 +162,7 @@ def main():
                 notes.extend(n)
     if not machine["native_bf16_conv"]:
         notes.append("this CPU has no native bf16/fp16 conv kernels: half-precision convs are computed in fp32 "
-                     "(vae/optimizations/conv.py), so bf16 rows can only gain from halved memory traffic")
+                     "(vae/kernels/conv.py), so bf16 rows can only gain from halved memory traffic")
     if not torch.cuda.is_available():
         notes.append("no CUDA device: the triton_norm switch changes nothing on the CPU and has no row; "
                      "CUDA-only optimizations are listed below as not measured")

@@ -48,7 +48,7 @@ def tiny_model_and_latent(spec: dict):
 
 def decode_runs(model, z, folder: Path) -> dict:
     """The ways to decode `z` that the tables compare: name -> zero-argument function."""
-    t, h, w = vae.geometry.pixel_frames(z.shape[2]), z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor
+    t, h, w = vae.run.geometry.pixel_frames(z.shape[2]), z.shape[3] * model.spatial_factor, z.shape[4] * model.spatial_factor
 
     def to_image(dtype):
         return lambda: models.run(model, "decode", z, dict(temporal_chunk=1), out=torch.empty(1, 3, t, h, w, dtype=dtype))

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import print_table
-from vae.optimizations.conv import conv3d
-from vae.optimizations.winograd import FilterCache, winograd_conv3d
+from vae.kernels.conv import conv3d
+from vae.kernels.winograd import FilterCache, winograd_conv3d
 
 CACHE = FilterCache(1 << 34)  # every transform stays: the timings compare kernels, not cache misses
 

@@ -1,4 +1,4 @@
-"""Calibrate the memory model (vae/memory_calibration.json) by measuring peak memory.
+"""Calibrate the memory model (vae/run/memory_calibration.json) by measuring peak memory.
 
     python -m bench.calibrate_memory                    # all families, CPU (peak RSS) or CUDA
     python -m bench.calibrate_memory --families seedvr2 --check
@@ -6,14 +6,14 @@
 
 On the CPU each measurement runs one encode/decode of the full released config (random weights,
 float32) in a fresh process (bench.memory_worker) and records the activation peak of the call
-after a warm-up (which leaves the CPU Winograd filter cache resident; `vae.memory` computes that
+after a warm-up (which leaves the CPU Winograd filter cache resident; `vae.run.memory` computes that
 from the weights): peak RSS of live tensors (VmHWM reset after the model, buffers and warm-up). On
 CUDA one process per family measures every point (the allocator's statistics are exact per call):
 the caching allocator's reserved peak (cuDNN workspaces and fragmentation included), at larger
 sizes and in the precision a GPU runs by default (decode bf16, encode fp32).
 A least-squares fit of activations / element size = per_pixel * chunk pixel-frames
-+ per_tile_pixel * tile pixel-frames + fixed (all in elements) gives the coefficients `vae.memory` uses; the causal
-caches' share of that (`vae.memory.cache_profile`: elements per video pixel, all and the largest, from
++ per_tile_pixel * tile pixel-frames + fixed (all in elements) gives the coefficients `vae.run.memory` uses; the causal
+caches' share of that (`vae.run.memory.cache_profile`: elements per video pixel, all and the largest, from
 a short run of the same model) is stored too, for plans that offload them. `--check` compares the
 stored model with fresh measurements at other sizes instead.
 """
@@ -24,8 +24,8 @@ import torch
 
 from bench import models
 from bench.common import run_worker
-from vae import memory
-from vae.devices import DTYPES
+from vae.run import memory
+from vae.kernels.devices import DTYPES
 
 FAMILIES = models.FAMILIES
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured
@@ -88,7 +88,7 @@ COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixe
 
 
 def features(mode: str, size: int, tile) -> list[float]:
-    """What the mode's coefficients multiply (`vae.memory.estimate`): pixels of a 4-frame chunk and of
+    """What the mode's coefficients multiply (`vae.run.memory.estimate`): pixels of a 4-frame chunk and of
     its tile; streamed, of one frame and of its tile."""
     if mode == "streamed":
         side = min(tile or size, size)

@@ -5,7 +5,7 @@ memory, and its predicted peak, from the memory model's CUDA coefficients (shape
 
 A card's budget is its memory less what a desktop and the CUDA context keep (CARD_RESERVE); decode in
 bf16 and encode in fp32 (the GPU defaults), frames to host memory as the nodes run them. Where the
-CUDA coefficients of a mode were not measured on a GPU the model scales the CPU's (`vae.memory`),
+CUDA coefficients of a mode were not measured on a GPU the model scales the CPU's (`vae.run.memory`),
 so a cell is a prediction until the GPU session's calibration and sweep parts (bench/gpu_session.py) have
 run on a GPU.
 """
@@ -13,7 +13,7 @@ import torch
 
 import vae
 from bench import models
-from vae.geometry import input_shape
+from vae.run.geometry import input_shape
 
 GB = 10**9
 GIB = 2**30

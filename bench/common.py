@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from vae.devices import DTYPES
-from vae.optimizations import conv3d, cpu_has_native, kernel_choice
+from vae.kernels.devices import DTYPES
+from vae.kernels import conv3d, cpu_has_native, kernel_choice
 
 REPO = Path(__file__).resolve().parent.parent
 

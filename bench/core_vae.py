@@ -158,7 +158,7 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
         if family == "seedvr2":
             model = _seedvr2(core, cfg)
         elif family == "ltx2":
-            from vae.ltx2_layout import upstream_config
+            from vae.model.ltx2_layout import upstream_config
 
             model = core.VideoVAE(config=upstream_config(cfg))
         else:

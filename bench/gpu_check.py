@@ -36,7 +36,7 @@ import torch
 from bench import models
 from bench.common import REPO, git_commit, print_table, psnr, rate
 from bench.variants import parse_row, prepared, variant
-from vae.devices import DTYPES
+from vae.kernels.devices import DTYPES
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
 WORKLOADS = {
@@ -98,7 +98,7 @@ def _build(spec: dict):
 
 def run_case(spec: dict) -> dict:
     from bench.core_vae import package_versions
-    from vae.optimizations.compile import run_with_fallback
+    from vae.run.compile import run_with_fallback
 
     device = torch.device(spec["device"])
     model, x, settings, call = _build(spec)
@@ -250,7 +250,7 @@ def _logged_run(cmd: list[str], timeout: float) -> int:
 
 def calibrate(args, out: Path) -> None:
     """Fit this device type's memory model, check it at other sizes, keep a copy of the file."""
-    from vae import memory
+    from vae.run import memory
 
     start = time.monotonic()
     tool = [sys.executable, "-m", "bench.calibrate_memory", "--device", args.device, "--families", *args.families]

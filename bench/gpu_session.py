@@ -70,7 +70,7 @@ PARTS = [
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",
          ("bench.calibrate_memory", "--device", "{device}", "--modes", "streamed", "--families", "seedvr2", "wan21",
-          "--ops", "decode"), keeps=("vae/memory_calibration.json",)),
+          "--ops", "decode"), keeps=("vae/run/memory_calibration.json",)),
     _sweep("seedvr2-1080p-cards", "1080x1920", ["8", "12", "16"], 300, "SeedVR2 1080p within 8, 12 and 16 GiB cards",
            untiled=False),
     _sweep("seedvr2-4k-cards", "2160x3840", ["10", "16"], 240, "SeedVR2 4K within 10 and 16 GiB cards", untiled=False),

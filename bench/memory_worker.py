@@ -23,8 +23,8 @@ import vae
 
 from bench import models
 from bench.common import peak_rss_bytes, reset_peak_rss, rss_bytes
-from vae.devices import DTYPES
-from vae.optimizations.conv import WINOGRAD_MIN_FRAME_PIXELS
+from vae.kernels.devices import DTYPES
+from vae.kernels.conv import WINOGRAD_MIN_FRAME_PIXELS
 
 
 def fixed_mmap_threshold(threshold: int = 1 << 16) -> None:

@@ -19,11 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 import vae
-import vae.layers
+import vae.model.layers
 from bench import models
-from vae.blocks import StreamContext
-from vae.strategies.exact_tiles import ExactTiles
-from vae.strategies.frame_stream import FrameStream
+from vae.run.stream_context import StreamContext
+from vae.run.strategies.exact_tiles import ExactTiles
+from vae.run.strategies.frame_stream import FrameStream
 
 GIB = 2**30
 
@@ -107,7 +107,7 @@ class ShapeStore:
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    vae.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)  # flash attention: O(tokens)
+    vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)  # flash attention: O(tokens)
     ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
     ctx.cache._store, ctx.cache.offload = ShapeStore(), "host"
     ctx.execution = ExactTiles((height, width), (tile, tile), lambda: None, chain=chain)

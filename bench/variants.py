@@ -1,6 +1,6 @@
 """The one variant table: what each benchmark row runs, and verdicts for what a CPU cannot measure.
 
-A row is a precision (`vae.devices.DTYPES`: fp32, bf16, fp16) and a variant of `VARIANTS`, named
+A row is a precision (`vae.kernels.devices.DTYPES`: fp32, bf16, fp16) and a variant of `VARIANTS`, named
 `<dtype>-<variant>` ("bf16-tiles", "fp32-no-winograd_conv"); a bare precision is its optimized row
 ("bf16"), a bare variant runs in fp32 ("reference"). Variants:
 - "optimized": StreamVAE's default (every switch of `Optimizations` on, kernels measured on this machine);
@@ -16,12 +16,12 @@ import contextlib
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
-from vae.devices import DTYPES
-from vae.optimizations import BackendFlags, Optimizations
+from vae.kernels.devices import DTYPES
+from vae.kernels import BackendFlags, Optimizations
 
 SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))
 
-# What each switch does, in the table's words (the full story is in vae/optimizations/settings.py).
+# What each switch does, in the table's words (the full story is in vae/kernels/settings.py).
 SWITCH_NOTES = {
     "fused_norm_act": "norm + SiLU in one pass, fp32 statistics, written into the next conv's buffer",
     "buffered_causal_pad": "causal cache + pads in one preallocated buffer (memory-efficient concat)",
@@ -89,8 +89,8 @@ NOT_MEASURED = [
     ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
     ("chunked upsampling (4-8x channel-expansion peak)", "Part of native_pixel_shuffle (its row): the expanding conv runs "
                                                          "a few frames at a time."),
-    ("preallocated outputs, cached blend ramps, separable blending", "Engine and fast tiles (vae/strategies/fast_tiles.py, "
-                                                                     "vae/engine.py); always on, not timed here."),
+    ("preallocated outputs, cached blend ramps, separable blending", "Engine and fast tiles (vae/run/strategies/fast_tiles.py, "
+                                                                     "vae/run/engine.py); always on, not timed here."),
 ]
 
 
@@ -130,8 +130,8 @@ def prepared(model, name: str):
     """Set StreamVAE's `model` up for variant `name` for the duration of the block. Yields `opts` (the
     optimizations to pass to the engine), `per_run` (a context each timed run enters: the backend flags,
     the compile's recompile limits) and `compile_report` (the compile's, or None)."""
-    from vae.optimizations.backend import applied
-    from vae.optimizations.compile import CompileSettings, blocks, compile_blocks, dynamo_limits, uncompile_blocks
+    from vae.kernels.backend import applied
+    from vae.run.compile import CompileSettings, blocks, compile_blocks, dynamo_limits, uncompile_blocks
 
     v = variant(name)
     settings = CompileSettings(mode=v.compile) if v.compile else None

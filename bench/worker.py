@@ -21,8 +21,8 @@ from bench import models
 from bench.common import count_flops, peak_rss_bytes, reset_peak_rss, rss_bytes, timed_runs
 from bench.variants import prepared, variant
 
-from vae.devices import DTYPES
-from vae.optimizations import kernel_choice
+from vae.kernels.devices import DTYPES
+from vae.kernels import kernel_choice
 
 
 def build(spec: dict):

@@ -1,5 +1,5 @@
 """The ComfyUI node layer of StreamVAE (V3 schema). Imported by the pack's `comfy_entrypoint()` only,
-inside a running ComfyUI; the library (`vae`, with its kernels in `vae.optimizations`) never imports it.
+inside a running ComfyUI; the library (`vae`, with its kernels in `vae.kernels`) never imports it.
 
 One file per node (loader, encode, decode, settings, core_vae, test_pattern, video_output = Decode to
 Video, video_input = Encode from Video); shared pieces live in

@@ -28,8 +28,7 @@ import comfy.sd
 
 from .. import vae
 from . import core_api, execution
-from ..vae.geometry import latent_frames, pixel_frames
-from ..vae.planning import Settings
+from ..vae import Settings, latent_frames, pixel_frames
 from .images import check_image
 from .latents import latent_layout, read_latent
 from .run_settings import check_tile_size, check_tiling, settings_from_inputs, tiling_inputs

@@ -13,14 +13,12 @@ import torch
 
 from .. import vae
 from ..vae import doctor
-from ..vae.devices import same_device
-from ..vae.optimizations import KernelLog, backend, kernel_choice, layout, run_with_fallback
-from ..vae.optimizations.compile import dynamo_limits
-from ..vae.planning import budget_from_free
-from ..vae.run_warnings import collected
+from ..vae.kernels.devices import same_device
+from ..vae.kernels import KernelLog, backend, kernel_choice
+from ..vae import budget_from_free, collected_warnings, dynamo_limits, run_with_fallback
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
-from ..vae.planning import Settings
+from ..vae import Settings
 from .latents import CORE_LAYOUT, LatentClips
 
 try:
@@ -83,7 +81,7 @@ def _engine_scope(handle, report: RunReport):
     """Backend flags, dynamo limits, the run's warnings into the report's notes (once; the log has them
     once too), and Cancelled -> ComfyUI's execution_interrupted."""
     try:
-        with collected() as said, backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
+        with collected_warnings() as said, backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
             yield
     except vae.Cancelled:
         if mm is not None:
@@ -127,9 +125,11 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
     handle.prepare(wanted)
     plan = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=_budget(handle, settings)),
                     opts=handle.opts, **placement)
-    if plan.fits is False and isinstance(settings.memory_budget, int):  # the node's own budget: refused
-        floor = plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
-        raise ValueError(f"StreamVAE {op}: {floor}")
+    try:
+        vae.refuse_over_budget(plan, settings)  # the node's own budget
+    except vae.BudgetTooSmall as refused:
+        floor = refused.plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
+        raise ValueError(f"StreamVAE {op}: {floor}") from None
     report = RunReport(op, plan, clips, kernel_log=KernelLog(kernel_choice.choices_for(handle.load_device)))
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the free memory")
@@ -140,10 +140,9 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
 
 def _finish(handle, report: RunReport) -> RunReport:
     dtype = handle.model.decode_dtype if report.op == "decode" else handle.model.encode_dtype
-    run_layout = layout.choose(handle.model, handle.opts.activation_layout, handle.opts.kernel_choice, dtype)
     ran = (report.kernel_log.describe(handle.opts.kernel_choice) if report.kernel_log is not None
            else f"kernels: {handle.opts.kernel_choice} (run by the device workers' processes, not counted here)")
-    report.kernels = f"{ran}; activations {run_layout.upper()}"
+    report.kernels = f"{ran}; activations {report.plan.activation_layout.upper()}"
     report.doctor = doctor.for_run(handle.load_device, dtype, handle.opts, handle.model, report.plan)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")

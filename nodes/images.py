@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..vae.geometry import is_4n1
+from ..vae import is_4n1
 
 MAX_FRAMES = 16385  # frames of one IMAGE batch or clip
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..vae.geometry import latent_frames, pixel_frames
+from ..vae import latent_frames, pixel_frames
 from .core_api import advanced
 
 FRAMES_KEY = "streamvae_frames"

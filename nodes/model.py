@@ -9,11 +9,10 @@ import torch
 import torch.nn as nn
 
 from .. import vae
-from ..vae import devices
-from ..vae.devices import DTYPES, dtype_name
-from ..vae.optimizations import (BackendFlags, CompileSettings, Optimizations, attention, backend, compile_blocks,
-                                 kernel_choice)
-from ..vae.layers import FrameSelfAttention
+from ..vae.kernels import devices
+from ..vae.kernels.devices import DTYPES, dtype_name
+from ..vae.kernels import BackendFlags, Optimizations, attention, backend, kernel_choice
+from ..vae import CompileSettings, compile_blocks
 
 try:  # ComfyUI services; the pack imports without them (e.g. in tools), it just cannot be managed
     import comfy.model_management as mm
@@ -76,7 +75,7 @@ def resolve_offload(choice: str, load_device: torch.device) -> torch.device:
 
 
 def resolve_dtype(choice: str, device: torch.device, half: str) -> torch.dtype:
-    """"auto": `vae.devices.auto_dtype` (decode in bf16 where the device computes it natively, which
+    """"auto": `vae.kernels.devices.auto_dtype` (decode in bf16 where the device computes it natively, which
     is near-lossless; encode in fp32, as bf16 encode hurts image-to-video). ComfyUI's
     --fp32-vae/--bf16-vae/--fp16-vae flags win over both."""
     if choice != "auto":
@@ -104,7 +103,7 @@ class StreamVAEHandle:
                  kernels: str = "measure"):
         self.model = model
         self.devices = devices  # a multi_device.DeviceSet: run on worker processes, one per device
-        self.workers = None  # their vae.workers.RankWorkers, started by the first run
+        self.workers = None  # their vae.distributed.workers.RankWorkers, started by the first run
         self.name = name
         self.load_device = torch.device(load_device)
         self.offload_device = torch.device(offload_device)
@@ -205,8 +204,7 @@ class StreamVAEHandle:
         if gpu.cudnn_benchmark and not cuda:
             self.warn(f"cudnn_benchmark: a cuDNN setting, no effect on {device.type}")
         if gpu.attention != "auto":
-            heads = sorted({m.channels for m in self.model.modules() if isinstance(m, FrameSelfAttention)})
-            for head in heads:
+            for head in self.model.attention_widths():
                 kernel, why = attention.choose(gpu.attention, head, self.model.decode_dtype, device)
                 if why is not None:
                     self.warn(why)

@@ -1,5 +1,5 @@
 """Several local devices for one StreamVAE Encode/Decode: the StreamVAE Multi-GPU settings node, and
-the worker processes (`vae.workers.RankWorkers`, one per device) a STREAMVAE handle runs them on.
+the worker processes (`vae.distributed.workers.RankWorkers`, one per device) a STREAMVAE handle runs them on.
 
 The workers start at the first Encode/Decode that needs them and stay (with their copy of the weights)
 for the next runs; a failure, an out-of-memory error or Cancel stops all of them (the error names the
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from comfy_api.latest import io
 
-from ..vae.workers import RankWorkers
+from ..vae import RankWorkers
 from . import core_api
 from .types import DEVICES
 

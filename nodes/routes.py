@@ -15,7 +15,7 @@ import logging
 import torch
 
 from .. import vae
-from ..vae.geometry import TILING_MODES, input_shape
+from ..vae import TILING_MODES, input_shape
 from . import checkpoints
 from .run_settings import check_tiling, settings_from_inputs
 from .execution import plan_placement

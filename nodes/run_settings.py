@@ -5,8 +5,7 @@ queued, `check_tiling` when the node runs) and the `vae.Settings` a node's run i
 """
 import math
 
-from ..vae.geometry import TILING_MODES, tiling_error
-from ..vae.planning import Settings
+from ..vae import TILING_MODES, Settings, tiling_error
 from .core_api import advanced
 
 MAX_TILE = 8192

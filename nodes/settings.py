@@ -1,9 +1,8 @@
 """The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
 from comfy_api.latest import io
 
-from ..vae.optimizations import CompileSettings
-from ..vae.optimizations.attention import KERNELS
-from ..vae.optimizations.compile import MODES
+from ..vae.kernels.attention import KERNELS
+from ..vae import COMPILE_MODES, CompileSettings
 from . import core_api
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS
@@ -27,7 +26,7 @@ class TorchCompileSettings(io.ComfyNode):
                 io.Combo.Input("backend", options=list(COMPILE_BACKENDS), default="inductor", tooltip=(
                     "inductor = generated kernels, the fast one; cudagraphs = CUDA graph replay; aot_eager / eager = "
                     "trace only, for debugging.")),
-                io.Combo.Input("mode", options=list(MODES), default="default", tooltip=(
+                io.Combo.Input("mode", options=list(COMPILE_MODES), default="default", tooltip=(
                     "inductor mode: default = quick compile; max-autotune = minutes of compile, fastest; "
                     "reduce-overhead = CUDA graphs, more memory.")),
                 io.Boolean.Input("fullgraph", default=False, **core_api.advanced(), tooltip=(

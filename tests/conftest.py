@@ -45,7 +45,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 # Kernel choices measured by the tests (and the servers they start) go to a scratch folder, never the
-# user's cache (optimizations/kernel_choice.py).
+# user's cache (kernels/kernel_choice.py).
 os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernels-")
 
 if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)

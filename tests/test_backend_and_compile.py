@@ -8,8 +8,8 @@ import vae
 import torch.nn as nn
 import torch.nn.functional as F
 
-from vae.optimizations import BackendFlags, CompileSettings, backend, compile_blocks, run_with_fallback
-from vae.optimizations.compile import CompileFallback, blocks, dynamo_limits, is_compiled, unavailable_reason
+from vae.kernels import BackendFlags, backend
+from vae.run.compile import CompileFallback, CompileSettings, compile_blocks, run_with_fallback, blocks, dynamo_limits, is_compiled, unavailable_reason
 from reference import assert_exact, load_tiny
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -142,7 +142,7 @@ def test_unavailable_backend_falls_back_with_one_warning(caplog):
 
 
 def test_inductor_without_triton_is_reported_unavailable(monkeypatch):
-    import vae.optimizations.compile as compile_module
+    import vae.run.compile as compile_module
 
     monkeypatch.setattr(compile_module, "_has_triton", lambda: False)
     reason = unavailable_reason(CompileSettings(backend="inductor"), "cuda")

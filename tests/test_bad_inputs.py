@@ -18,7 +18,7 @@ import torch
 import vae
 from tests.comfy_support import faults
 from bench import models
-from vae.run_warnings import collected
+from vae.run.run_warnings import collected
 from tests.reference import REPO, assert_exact, load_tiny, tensors, tiny_checkpoint
 
 
@@ -339,7 +339,7 @@ def test_a_tiny_budget_is_refused_with_its_floor_in_the_surfaces_words(wan21):
     settings = run_settings.settings_from_inputs(memory_budget_gb=1e-12)
     assert settings.memory_budget == 1
     z = torch.zeros(1, 16, 2, 4, 4)
-    with pytest.raises(vae.planning.BudgetTooSmall) as refused:
+    with pytest.raises(vae.run.planning.BudgetTooSmall) as refused:
         vae.decode(wan21, z, settings)
     library = str(refused.value)
     assert "memory budget of 9.31e-10 GiB" in library and "or None for no limit" in library, library

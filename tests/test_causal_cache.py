@@ -1,4 +1,4 @@
-"""Offloaded causal caches (vae/causal_cache.py): every family encodes and decodes bit-identically with
+"""Offloaded causal caches (vae/run/causal_cache.py): every family encodes and decodes bit-identically with
 its caches on disk or in host memory, the disk store keeps one slot per module, a memory budget
 offloads the caches before it tiles, and out of memory offloads them before it shrinks the tile."""
 import logging
@@ -9,9 +9,9 @@ import torch
 import vae
 from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from tests.test_tiling import FIXTURES, _last_causal_conv
-from vae import memory
-from vae.causal_cache import CausalCache, _DiskStore, _HostStore
-from vae.optimizations import layout
+from vae.run import memory
+from vae.run.causal_cache import CausalCache, _DiskStore, _HostStore
+from vae.kernels import layout
 
 FAMILIES = list(TINY_FAMILIES)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -120,7 +120,7 @@ def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():
 
 
 def test_host_budget_defaults_to_what_the_machine_can_spare(monkeypatch):
-    from vae import devices
+    from vae.kernels import devices
 
     monkeypatch.setattr(devices, "host_free", lambda: 40 * 2**30)
     assert devices.host_available() == 36 * 2**30  # 10 % margin
@@ -142,7 +142,7 @@ def test_budget_offloads_the_caches_before_it_tiles(caplog):
     m = load_tiny("seedvr2")
     z = torch.randn(1, 16, 3, 16, 12, generator=torch.Generator().manual_seed(4))
     shape = tuple(z.shape)
-    clip = vae.planning.clip_of(m, "decode", shape)
+    clip = vae.run.planning.clip_of(m, "decode", shape)
     on_device, offloaded = (memory.estimate(m, clip, 1, None, cache_offload=o) for o in ("none", "disk"))
     assert offloaded < on_device
     budget = (on_device + offloaded) // 2

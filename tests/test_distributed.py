@@ -1,4 +1,4 @@
-"""Several processes, one exact decode/encode (row bands: `vae.RowBands`, `vae.workers`), on the CPU with gloo.
+"""Several processes, one exact decode/encode (row bands: `vae.RowBands`, `vae.distributed.workers`), on the CPU with gloo.
 
 One spawn of three real processes runs every distributed case (a 2-rank subgroup and the 3-rank world,
 uneven bands, all three families, encode and decode in temporal chunks); the test process compares
@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 import vae
 from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from vae import Cancelled, RowBands, Settings
-from vae.strategies.row_bands import Bands
-from vae.workers import RankWorkers, WorkerFailed
+from vae.distributed.row_bands import Bands
+from vae.distributed.workers import RankWorkers, WorkerFailed
 
 FAMILIES = list(TINY_FAMILIES)
 FIXTURES = {  # (file, video input, file, raw decoder input); frames 64x64, latents 8x8 (Wan2.2: 4x4)
@@ -211,11 +211,11 @@ def test_worker_processes_decode_and_encode_like_one_process(workers):
 
 
 def worker_processes(parent: int | None = None) -> list:
-    """The running `vae.workers` processes under `parent` (default: this process; zombies not counted)."""
+    """The running `vae.distributed.workers` processes under `parent` (default: this process; zombies not counted)."""
     found = []
     for child in psutil.Process(parent).children(recursive=True):
         try:
-            if "vae.workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+            if "vae.distributed.workers" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child)
         except psutil.NoSuchProcess:
             pass

@@ -8,9 +8,10 @@ import vae
 from tests.reference import load_tiny
 from tests.test_gpu_decisions import pretend_gpu
 from tests.test_layout import ConvLayouts
-from vae import doctor, memory
+from vae import doctor
+from vae.run import memory
 from vae.__main__ import main
-from vae.optimizations import conv, kernel_check, kernel_choice
+from vae.kernels import conv, kernel_check, kernel_choice
 
 LABELS = ("StreamVAE:", "device:", "versions:", "kernel record:", "convolutions:", "norms in ", "activation layout in ",
           "memory model on ")

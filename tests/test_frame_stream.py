@@ -9,8 +9,8 @@ import torch
 
 import vae
 from tests.reference import TINY_FAMILIES, load_tiny, magnitude, tensors
-from vae.optimizations import Optimizations
-from vae.strategies.frame_stream import FrameStream
+from vae.kernels import Optimizations
+from vae.run.strategies.frame_stream import FrameStream
 
 EXACT_ATOL = 1e-5
 FIXTURES = {  # (file, video input, file, raw decoder input): 9 frames of 64x64, 3 latent frames
@@ -69,7 +69,7 @@ def test_stages_see_one_frame_at_a_time_and_frame_zero_first(model, whole):
             return stage(x, ctx)
         return run
 
-    ctx = vae.blocks.StreamContext(Optimizations())
+    ctx = vae.run.stream_context.StreamContext(Optimizations())
     stream = FrameStream([watched(i, s) for i, s in enumerate(stages)])
     out = []
     with torch.inference_mode():

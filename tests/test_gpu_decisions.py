@@ -10,10 +10,11 @@ import torch
 import vae
 import torch.nn.functional as F
 
-from vae.optimizations import Optimizations, attention, backend, conv, kernel_check, kernel_choice, norm_act
-from vae.optimizations.compile import CompileSettings, _guarded, uses_cuda_graphs
+from vae.kernels import Optimizations, attention, backend, conv, kernel_check, kernel_choice, norm_act
+from vae.run.compile import CompileSettings, _guarded, uses_cuda_graphs
 from tests.reference import assert_exact, load_tiny, tiny_checkpoint
-from vae import devices, recovery
+from vae.kernels import devices
+from vae.run import recovery
 
 
 def pretend_gpu(monkeypatch, major=8, minor=0, hip_arch=None, name="Fake GPU"):
@@ -309,7 +310,7 @@ def test_graph_replaying_blocks_keep_their_causal_caches(monkeypatch):
     """A graph-replaying block also leaves graph outputs in the causal caches (the frames the next
     chunk reads), which the block's next replay would overwrite: they are copied, so a chunked decode
     equals the eager one (with the replays emulated on the CPU)."""
-    import vae.optimizations.compile as compile_module
+    import vae.run.compile as compile_module
 
     monkeypatch.setattr(compile_module, "uses_cuda_graphs", lambda settings: True)
     model = load_tiny("wan22")

@@ -1,4 +1,4 @@
-"""The first-use check of the Triton norm kernels (vae/optimizations/kernel_check.py).
+"""The first-use check of the Triton norm kernels (vae/kernels/kernel_check.py).
 
 In Triton's interpreter on the CPU (a subprocess: the interpreter is chosen when Triton is first
 imported), where the check runs on CPU tensors as it runs on a GPU: every kernel in both layouts and
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.test_gpu_decisions import pretend_gpu
-from vae.optimizations import kernel_check, kernel_choice, norm_act, triton_norm
+from vae.kernels import kernel_check, kernel_choice, norm_act, triton_norm
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (requirements-dev.txt installs it)")
 from tests.test_triton_kernels import interpreted  # noqa: E402 (needs Triton)
@@ -33,7 +33,7 @@ JIT = {("group_norm_stats", "ncdhw"): "_gn_partial_kernel", ("group_norm_stats",
 COMMON = f"""
     import json, os, tempfile, warnings
     import torch
-    from vae.optimizations import kernel_check, kernel_choice, norm_act, triton_norm
+    from vae.kernels import kernel_check, kernel_choice, norm_act, triton_norm
 
     JIT = {JIT!r}
 
@@ -237,7 +237,7 @@ def test_a_verdict_is_kept_per_gpu_driver_and_triton_version(monkeypatch, tmp_pa
 # decode, and the run's kernel log says which ran.
 MODEL_RUN = COMMON + """
     import vae
-    from vae.optimizations import KernelLog
+    from vae.kernels import KernelLog
     from tests.reference import load_tiny
 
     kernel_check.LARGE = ((1, 512, 1, 2, 20), 32)

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 import vae
-import vae.optimizations.conv as conv
-import vae.optimizations.kernel_choice as kernel_choice
-from vae.optimizations import Optimizations
-from vae.optimizations.kernel_choice import KernelChoices
-from vae.optimizations import winograd
-from vae.optimizations.winograd import filter_cache
+import vae.kernels.conv as conv
+import vae.kernels.kernel_choice as kernel_choice
+from vae.kernels import Optimizations
+from vae.kernels.kernel_choice import KernelChoices
+from vae.kernels import winograd
+from vae.kernels.winograd import filter_cache
 from tests.reference import assert_exact, load_tiny
 
 MACHINE = {"cpu": "test CPU", "flags": ["avx2"], "torch": "2.13.0", "pack": "0.1.0+abc"}
@@ -208,7 +208,7 @@ def test_measured_dispatch_runs_the_choice_once_measured(cache_folder, monkeypat
 @pytest.mark.parametrize("winner", ["winograd", "direct"])
 def test_a_measured_loser_s_filter_transform_is_not_kept(cache_folder, monkeypatch, winner):
     """Measuring computes the Winograd filter transform; it stays in the cache only where Winograd won
-    (what vae.memory counts as resident follows the same record)."""
+    (what vae.run.memory counts as resident follows the same record)."""
     x, weight, bias = layer(128, 128, 3, 5, 16, 16)
     real_pick = kernel_choice.pick
 
@@ -243,7 +243,7 @@ def test_the_norm_takes_triton_only_where_it_measured_faster(cache_folder, monke
     """The Triton-or-torch decision of the fused norms, on the CPU: a stand-in for the Triton kernel
     (the known result after a controlled delay) with `_use_triton` answering yes, and the torch path
     slowed by a controlled delay; the real kernels are compared with torch's in tests/test_triton_kernels.py."""
-    from vae.optimizations import norm_act
+    from vae.kernels import norm_act
 
     triton_calls = []
     x, gamma = torch.randn(1, 8, 3, 4, 4), torch.rand(8, 1, 1, 1) + 0.5

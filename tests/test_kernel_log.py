@@ -1,4 +1,4 @@
-"""A run's kernel log (vae/optimizations/kernel_log.py) says what that run ran: every conv it counts is
+"""A run's kernel log (vae/kernels/kernel_log.py) says what that run ran: every conv it counts is
 one the dispatcher saw (an independent observer: a TorchDispatchMode), every norm one the layers
 called; a second run with every shape on record still reports its own calls; a layer shape measured
 during the run is said. (With the Triton kernels, in the interpreter: tests/test_kernel_check.py.)"""
@@ -7,12 +7,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
-import vae.layers
+import vae.model.layers
 from tests.reference import load_tiny
 from tests.test_kernel_choice import layer
 from tests.test_layout import CONVS
-from vae.optimizations import KernelLog, conv, kernel_choice
-from vae.optimizations.winograd import filter_cache
+from vae.kernels import KernelLog, conv, kernel_choice
+from vae.kernels.winograd import filter_cache
 
 
 class ConvCount(TorchDispatchMode):
@@ -36,8 +36,8 @@ def test_each_run_reports_the_convs_and_norms_it_ran(cache_folder, monkeypatch, 
     model = load_tiny("wan21")
     z = torch.randn(1, model.latent_channels, 3, 4, 5, generator=torch.Generator().manual_seed(0))
     norms = []
-    rms_norm_act = vae.layers.rms_norm_act
-    monkeypatch.setattr(vae.layers, "rms_norm_act", lambda *a, **k: norms.append(1) or rms_norm_act(*a, **k))
+    rms_norm_act = vae.model.layers.rms_norm_act
+    monkeypatch.setattr(vae.model.layers, "rms_norm_act", lambda *a, **k: norms.append(1) or rms_norm_act(*a, **k))
     opts = vae.Optimizations(activation_layout=layout_name)  # measured kernels (none to measure here)
     settings = vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor)
     logs = []

@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
-from vae.optimizations import conv, kernel_choice, layout, norm_act
+from vae.kernels import conv, kernel_choice, layout, norm_act
+from vae.run import layout_choice
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
 FIXED = vae.Optimizations(kernel_choice="defaults")
@@ -149,37 +150,37 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
 def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatch):
     """The decision: "auto" on CUDA with measured kernels is what `measured` finds on that GPU; with
     fixed kernels, an explicit layout or on a CPU, the rule."""
-    monkeypatch.setattr(layout, "measured", lambda model, device, dtype: "ncdhw")
+    monkeypatch.setattr(layout_choice, "measured", lambda model, device, dtype: "ncdhw")
     gpu, cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
-    assert layout.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
-    assert layout.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
-    assert layout.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
-    assert layout.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
+    assert layout_choice.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
+    assert layout_choice.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
+    assert layout_choice.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
+    assert layout_choice.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
 
 
 def test_the_layout_measurement_times_both_layouts_once(monkeypatch, tmp_path):
     """`measured` (what CUDA runs, here on the CPU): both layouts timed on the model's widest and
     narrowest 3x3x3 convs, the choice kept in the machine's record and read back, not timed again."""
     monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(layout, "PROBE_SIDES", (8, 16))
+    monkeypatch.setattr(layout_choice, "PROBE_SIDES", (8, 16))
     model = load_tiny("seedvr2")
-    chosen = layout.measured(model, "cpu", torch.float32)
+    chosen = layout_choice.measured(model, "cpu", torch.float32)
     record = kernel_choice.choices_for("cpu")
     entries = {key: entry for key, entry in record._choices.items() if key.startswith("activation layout cpu float32")}
     assert len(entries) == 1 and set(next(iter(entries.values()))["ms"]) == {"ndhwc", "ncdhw"}
     assert chosen == next(iter(entries.values()))["choice"] in ("ndhwc", "ncdhw")
     timed = []
     monkeypatch.setattr(conv, "conv3d", lambda *args, **kwargs: timed.append(args))
-    assert layout.measured(model, "cpu", torch.float32) == chosen and not timed
+    assert layout_choice.measured(model, "cpu", torch.float32) == chosen and not timed
 
 
 def test_auto_layout_by_device_and_dtype():
-    assert layout.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
-    assert layout.resolve("auto", "cuda", torch.float32) == "ndhwc"
-    assert layout.resolve("auto", "cpu", torch.float32) == "ncdhw"
-    native = vae.optimizations.cpu_has_native(torch.bfloat16)
-    assert layout.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
-    assert layout.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
+    assert layout_choice.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
+    assert layout_choice.resolve("auto", "cuda", torch.float32) == "ndhwc"
+    assert layout_choice.resolve("auto", "cpu", torch.float32) == "ncdhw"
+    native = vae.kernels.cpu_has_native(torch.bfloat16)
+    assert layout_choice.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
+    assert layout_choice.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
     with pytest.raises(ValueError, match="activation_layout"):
         vae.Optimizations(activation_layout="nhwc")
 
@@ -190,8 +191,8 @@ def test_auto_layout_by_device_and_dtype():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
     """cuDNN and the Triton norms in NDHWC: the NCDHW result (TF32 off), no conv converted on the way."""
-    from vae.optimizations import BackendFlags
-    from vae.optimizations.backend import applied
+    from vae.kernels import BackendFlags
+    from vae.kernels.backend import applied
 
     model = load_tiny(family, device="cuda")
     x = clip_of(model)[0 if op == "decode" else 1].cuda()
@@ -203,3 +204,27 @@ def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
     assert probe.seen, probe.no_conv_message()
     fell = [i for i, (inp, out) in enumerate(probe.seen) if not (inp and out)]
     assert not fell, f"{len(fell)} of {len(probe.seen)} convs not NDHWC, first at conv {fell[0]}: {probe.seen}"
+
+
+@pytest.mark.parametrize("setting", ["ndhwc", "ncdhw"])
+def test_the_plan_puts_the_weights_in_its_layout_and_a_decode_leaves_them(setting):
+    """The plan decides the activation layout and puts the weights in it; a decode run by that plan
+    (chunks, exact tiles, frames streamed) leaves every parameter as it found it: the same tensor,
+    the same strides, the same values."""
+    model = load_tiny("wan21")
+    other = "ncdhw" if setting == "ndhwc" else "ndhwc"
+    opts = vae.Optimizations(activation_layout=other)
+    z = torch.randn(1, model.latent_channels, 3, 6, 8)
+    vae.plan(model, "decode", z.shape, vae.Settings(), opts=opts)  # the weights in the other layout first
+    opts = opts.with_(activation_layout=setting)
+    for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=24),
+                     vae.Settings(temporal_chunk=1, stream_frames=True)):
+        plan = vae.plan(model, "decode", z.shape, settings, opts=opts)
+        assert plan.activation_layout == setting
+        weights = [p for p in model.parameters() if p.dim() == 5]
+        assert all(layout.layout_of(w) == setting for w in weights if w.shape[1] > 1 and w[0, 0].numel() > 1)
+        before = [(p, p.data_ptr(), p.stride(), p.detach().clone()) for p in model.parameters()]
+        vae.decode(model, z, plan, opts=opts)
+        for (param, pointer, stride, values), now in zip(before, model.parameters()):
+            assert now is param and now.data_ptr() == pointer and now.stride() == stride
+            assert torch.equal(now.detach(), values)

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 import vae
 from bench.core_vae import TREES
-from vae.ltx2 import LTX2Config, LTX2VAE
+from vae.model.ltx2 import LTX2Config, LTX2VAE
 from ltx2_fixtures import close, metadata, run_core
 
 diffusers = pytest.importorskip("diffusers")

@@ -9,7 +9,7 @@ import vae
 from bench import models
 from bench.common import run_worker
 from tests.reference import load_tiny
-from vae import memory
+from vae.run import memory
 
 GIB = 2**30
 # (family, op, frames, height, width, budget GiB): the targets of the "fits every GPU" work, bf16 decode
@@ -25,7 +25,7 @@ def test_the_planner_fits_the_targets_on_the_cuda_calibration(family, op, frames
     without a budget would not (the targets are below the untiled peak)."""
     model = models.meta_model(family)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    shape = vae.geometry.input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor,
+    shape = vae.run.geometry.input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor,
                                      model.temporal_factor)
     placement = dict(device="cuda", io_on_device=(False, False), opts=vae.Optimizations(kernel_choice="defaults"))
     plan = vae.plan(model, op, shape, vae.Settings(memory_budget=budget * GIB), **placement)

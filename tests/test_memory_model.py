@@ -1,10 +1,10 @@
-"""The memory model (vae/memory.py, calibrated by bench/calibrate_memory.py) predicts the peak of a
+"""The memory model (vae/run/memory.py, calibrated by bench/calibrate_memory.py) predicts the peak of a
 real full-size decode within 15%: each measurement is a fresh process's peak RSS (bench/memory_worker.py),
 at sizes the calibration did not use."""
 import pytest
 
 from bench.common import run_worker
-from vae import memory
+from vae.run import memory
 
 # (size in pixels, tile in pixels or None, where the causal caches wait, kernel choice): untiled and
 # exact-tiled, none of them calibration points; the last with its caches on disk (the model subtracts

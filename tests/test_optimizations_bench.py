@@ -6,7 +6,7 @@ import vae
 
 from bench.core_vae import TREES, core_model
 from bench.variants import SWITCHES, options, parse_row, prepared
-from vae.optimizations import Optimizations, winograd
+from vae.kernels import Optimizations, winograd
 from reference import assert_exact, load_tiny
 
 

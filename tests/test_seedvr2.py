@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vae
-from vae.optimizations import Optimizations
+from vae.kernels import Optimizations
 from tests.reference import assert_exact, load_tiny, magnitude, manifest, tensors, tiny_checkpoint
 
 ATOL = RTOL = 1e-4  # the fixture README's tolerance for float32 (observed noise < 1e-5)
@@ -106,7 +106,7 @@ def test_cpu_group_norm_equals_torch_in_float64(dtype, view, side, frames):
     whole frames (one full and a partial one); on a whole tensor and on a strided tile view written
     into a buffer view, against F.group_norm per frame in float64. The mean (30) is far above the
     spread, where a one-pass E[x^2] - E[x]^2 in float32 would be wrong in the third digit."""
-    from vae.optimizations import norm_act
+    from vae.kernels import norm_act
 
     planes = norm_act.CPU_BLOCK_BYTES // (4 * side * side)
     channels = 52 if planes < 52 else 48  # 256 px: 16 planes a block; 16 px: 4096 planes, 85 frames of 48

@@ -9,9 +9,9 @@ import torch
 
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, load_tiny, magnitude, tensors
-from vae import memory, recovery
-from vae.optimizations import Optimizations
-from vae.blocks import CausalConv3d
+from vae.run import memory, recovery
+from vae.kernels import Optimizations
+from vae.model.blocks import CausalConv3d
 
 FAMILIES = list(TINY_FAMILIES)
 # (file, video input, raw decoder input) of each family's upstream fixture
@@ -102,7 +102,7 @@ def test_fast_mode_error_is_measured_and_bounded(model, untiled):
 
 def _between_tiled_and_untiled(m, shape) -> int:
     """A budget below the untiled one-frame-chunk peak that the smallest exact tile fits."""
-    clip = vae.planning.clip_of(m, "decode", shape)
+    clip = vae.run.planning.clip_of(m, "decode", shape)
     untiled = memory.estimate(m, clip, 1, None)
     tiled = memory.estimate(m, clip, 1, 4 * m.spatial_factor)
     assert tiled < untiled

@@ -30,7 +30,7 @@ def interpreted(code: str, timeout: float = 600) -> str:
 
 PARITY = """
     import torch
-    from vae.optimizations import norm_act, triton_norm
+    from vae.kernels import norm_act, triton_norm
 
     def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
         return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
@@ -70,7 +70,7 @@ def test_kernels_match_torch_in_the_interpreter():
 # strided view of an NDHWC buffer; channel counts that are not powers of 2 (Wan's 96, 384) included.
 CHANNELS_LAST_PARITY = """
     import torch
-    from vae.optimizations import norm_act, triton_norm
+    from vae.kernels import norm_act, triton_norm
 
     def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
         return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
@@ -117,11 +117,11 @@ def test_channels_last_kernels_match_torch_in_the_interpreter():
 LARGE_MEANS = """
     import math, torch
     import torch.nn.functional as F
-    from vae.optimizations import norm_act
+    from vae.kernels import norm_act
     USE_TRITON = {use_triton}
     LAYOUT = torch.{memory_format}
     if USE_TRITON:
-        from vae.optimizations import triton_norm
+        from vae.kernels import triton_norm
 
     g = torch.Generator().manual_seed(0)
     worst_stats, worst_out = 0.0, 0.0
@@ -174,7 +174,7 @@ def test_group_norm_is_accurate_for_large_means(kernels, memory_format):
 # resident (a few KiB). 32-bit address arithmetic reads wrapped addresses (a crash or garbage).
 HUGE_STRIDES = """
     import torch
-    from vae.optimizations import norm_act, triton_norm
+    from vae.kernels import norm_act, triton_norm
 
     def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
         return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
@@ -207,7 +207,7 @@ def test_kernels_address_past_2_31_elements_in_the_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_kernels_address_past_2_31_elements_on_cuda():
     """A real bf16 activation past 2^31 elements (4.3 GB), as SeedVR2 decodes at 1080p make."""
-    from vae.optimizations import norm_act
+    from vae.kernels import norm_act
 
     free, _ = torch.cuda.mem_get_info()
     if free < 14 * 2**30:
@@ -233,7 +233,7 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
     fp32 decode, and the Triton path may not be further from it than the torch path (bf16 rounding of
     two different kernels differs element by element, so they are not compared with each other)."""
     import vae
-    from vae.optimizations import BackendFlags, Optimizations, backend, kernel_check
+    from vae.kernels import BackendFlags, Optimizations, backend, kernel_check
     from tests.reference import load_tiny
 
     for dtype in (torch.float32, torch.bfloat16):

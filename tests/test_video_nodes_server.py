@@ -13,7 +13,7 @@ from comfy_support.client import PromptRejected
 from reference import assert_exact
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models,  # noqa: F401
                                node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
-from vae import geometry
+from vae.run import geometry
 from vae.video_codecs import resolve
 from vae.video_file import to_pixels
 from vae.video_reader import probe

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vae
-from vae.optimizations import Optimizations
+from vae.kernels import Optimizations
 from tests.reference import assert_exact, load_tiny, magnitude, manifest, tensors
 from vae.loading import CheckpointError, detect_family, save_checkpoint
 
@@ -261,7 +261,7 @@ def test_cpu_rms_norm_equals_the_reference_formula(dtype, above):
     """The fused RMS norm (+SiLU) on both sides of norm_act.PLANE_SUM_MIN_POSITIONS (positions per
     channel, T*H*W; below: torch's reduction over channels; from it on: channel planes summed one by
     one) against upstream's formula, F.normalize(x, dim=1) * sqrt(C) * gamma, computed in float64."""
-    from vae.optimizations import norm_act
+    from vae.kernels import norm_act
 
     positions = norm_act.PLANE_SUM_MIN_POSITIONS * 2 if above else norm_act.PLANE_SUM_MIN_POSITIONS // 2
     g = torch.Generator().manual_seed(3)

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import vae.optimizations.conv as conv
-import vae.optimizations.winograd as winograd
-from vae.optimizations import Optimizations
-from vae.optimizations.winograd import filter_transform, winograd_conv3d, winograd_matrices
+import vae.kernels.conv as conv
+import vae.kernels.winograd as winograd
+from vae.kernels import Optimizations
+from vae.kernels.winograd import filter_transform, winograd_conv3d, winograd_matrices
 
 import vae
 from reference import assert_exact
@@ -155,7 +155,8 @@ def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
 
 
 def test_causal_conv_passes_the_switch(spy):
-    from vae.blocks import CausalConv3d, StreamContext
+    from vae.model.blocks import CausalConv3d
+    from vae.run.stream_context import StreamContext
 
     layer = CausalConv3d(128, 128, 3, head="replicate")
     x = torch.randn(1, 128, 3, 8, 8)

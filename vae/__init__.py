@@ -30,47 +30,73 @@ together with `vae.decode(m, z, settings, bands=vae.RowBands(group))` (torch.dis
 
 `vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
+
+The public surface is this package's names and its modules `loading`, `doctor`, `video_codecs`,
+`video_reader`, `video_writer`, `video_file` and `kernels` (the switches: `Optimizations`,
+`BackendFlags`, `KernelLog`, `backend`, `kernel_choice`, `attention`, `devices`); the node pack uses
+nothing else (tests/test_layering.py). `model`, `run` and `distributed` are the library's inside.
 """
-from .engine import decode, encode
+from .distributed.row_bands import RowBands
+from .distributed.workers import RankWorkers
+from .kernels import Optimizations
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
-from .ltx2 import LTX2Config, LTX2VAE
-from .model import VideoVAE
-from .optimizations import Optimizations
-from .planning import Plan, Settings, plan
-from .progress import Cancelled
-from .qwen21 import Qwen21Config, Qwen21VAE
-from .seedvr2 import SeedVR2Config, SeedVR2VAE
-from .strategies.row_bands import RowBands
-from .wan21 import Wan21Config, Wan21VAE
-from .wan22 import Wan22Config, Wan22VAE
+from .model.ltx2 import LTX2Config, LTX2VAE
+from .model.qwen21 import Qwen21Config, Qwen21VAE
+from .model.seedvr2 import SeedVR2Config, SeedVR2VAE
+from .model.video_vae import VideoVAE
+from .model.wan21 import Wan21Config, Wan21VAE
+from .model.wan22 import Wan22Config, Wan22VAE
+from .run.compile import MODES as COMPILE_MODES
+from .run.compile import CompileSettings, compile_blocks, dynamo_limits, run_with_fallback
+from .run.engine import decode, encode
+from .run.geometry import TILING_MODES, input_shape, is_4n1, latent_frames, pixel_frames, tiling_error
+from .run.planning import BudgetTooSmall, Plan, Settings, budget_from_free, plan, refuse_over_budget
+from .run.progress import Cancelled
+from .run.run_warnings import collected as collected_warnings
 
 __all__ = [
+    "BudgetTooSmall",
+    "COMPILE_MODES",
     "Cancelled",
     "CheckpointError",
+    "CompileSettings",
     "LTX2Config",
     "LTX2VAE",
     "Optimizations",
     "Plan",
     "Qwen21Config",
     "Qwen21VAE",
+    "RankWorkers",
     "RowBands",
     "SeedVR2Config",
     "SeedVR2VAE",
     "Settings",
+    "TILING_MODES",
     "VideoVAE",
     "Wan21Config",
     "Wan21VAE",
     "Wan22Config",
     "Wan22VAE",
+    "budget_from_free",
+    "collected_warnings",
+    "compile_blocks",
     "decode",
     "decode_to_file",
     "detect_family",
+    "dynamo_limits",
     "encode",
     "encode_from_file",
+    "input_shape",
+    "is_4n1",
+    "latent_frames",
     "load",
+    "pixel_frames",
     "plan",
     "read_checkpoint",
+    "refuse_over_budget",
+    "run_with_fallback",
     "save_checkpoint",
+    "tiling_error",
 ]
 
 

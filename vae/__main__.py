@@ -26,11 +26,12 @@ from pathlib import Path
 
 import torch
 
-from . import engine, load
-from .devices import DTYPES
-from .geometry import latent_frames
-from .planning import BudgetTooSmall, Settings
-from .run_warnings import collected
+from .run import engine
+from . import load
+from .kernels.devices import DTYPES
+from .run.geometry import latent_frames
+from .run.planning import BudgetTooSmall, Settings
+from .run.run_warnings import collected
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
 from .video_reader import RESIZE_FILTERS, VideoReader
 

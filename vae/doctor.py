@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from . import devices, memory
-from .devices import dtype_name
-from .optimizations import Optimizations, backend, conv, kernel_check, kernel_choice, layout, winograd
+from .kernels import Optimizations, backend, conv, devices, kernel_check, kernel_choice, winograd
+from .kernels.devices import dtype_name
+from .run import layout_choice, memory
 
 log = logging.getLogger("streamvae")
 
@@ -38,10 +38,12 @@ def report(device, dtypes, opts: Optimizations | None = None, *, model=None, pla
         lines.append(f"norms in {dtype_name(dtype)}: {_norms(device, dtype, opts)}")
     for dtype in dtypes:
         chosen = None
-        if model is not None:
-            chosen = layout.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
+        if plan is not None and dtype == (model.decode_dtype if plan.op == "decode" else model.encode_dtype):
+            chosen = plan.activation_layout  # the run's, as planned
+        elif model is not None:
+            chosen = layout_choice.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
         lines.append(f"activation layout in {dtype_name(dtype)}: "
-                     f"{layout.explain(opts.activation_layout, device, dtype, opts.kernel_choice, chosen)}")
+                     f"{layout_choice.explain(opts.activation_layout, device, dtype, opts.kernel_choice, chosen)}")
     lines.append(f"memory model on {device.type}: {_memory(device, model, plan)}")
     return lines
 

@@ -16,12 +16,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .ltx2 import LTX2VAE
-from .model import LayoutError, VideoVAE
-from .qwen21 import Qwen21VAE
-from .seedvr2 import SeedVR2VAE
-from .wan21 import Wan21VAE
-from .wan22 import Wan22VAE
+from .model.ltx2 import LTX2VAE
+from .model.video_vae import LayoutError, VideoVAE
+from .model.qwen21 import Qwen21VAE
+from .model.seedvr2 import SeedVR2VAE
+from .model.wan21 import Wan21VAE
+from .model.wan22 import Wan22VAE
 
 # Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
 FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, LTX2VAE]

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import engine
-from .geometry import pixel_frames
+from .run import engine
+from .run.geometry import pixel_frames
 from .video_codecs import resolve
 from .video_reader import VideoReader
 from .video_writer import VideoWriter

@@ -5,7 +5,7 @@ the `vae.` keys), and the given latents are decoded and videos encoded by core's
 float32 on the CPU, raw latents in and out (core's LATENT is normalised by the checkpoint's statistics).
 
 Core draws a conditioned decoder's noise unseeded (the latent's, and each noise-injecting block's map);
-with `noise_seed` in a job those draws return StreamVAE's seeded values instead (`vae.ltx2`: the same
+with `noise_seed` in a job those draws return StreamVAE's seeded values instead (`vae.model.ltx2`: the same
 values for the same latent frame and layer), so the whole conditioned decode is compared.
 
     python tests/comfy_support/core_ltx2.py jobs.json
@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from bench.core_vae import _import_core  # noqa: E402
-from vae.ltx2_blocks import seeded_normal  # noqa: E402
+from vae.model.ltx2_blocks import seeded_normal  # noqa: E402
 
 
 def _core_vae(checkpoint: str):

@@ -90,11 +90,11 @@ class _Loader(importlib.abc.Loader):
 
 
 class _EngineFinder(importlib.abc.MetaPathFinder):
-    """Finds the library's engine (`vae.engine`, or `<pack>.vae.engine` inside ComfyUI) as the path
+    """Finds the library's engine (`vae.run.engine`, or `<pack>.vae.run.engine` inside ComfyUI) as the path
     finder would and wraps it once it has run."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "vae.engine" and not name.endswith(".vae.engine"):
+        if name != "vae.run.engine" and not name.endswith(".vae.run.engine"):
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is not None:

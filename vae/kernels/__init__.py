@@ -1,0 +1,45 @@
+"""Kernels and switches that make the VAE blocks fast; no model structure and no run policy live here
+(a leaf: nothing here imports `vae.model` or `vae.run`).
+
+- `settings.Optimizations`: one flag per optimization, so each can be timed against the
+  straightforward path.
+- `norm_act`: fused norm + SiLU (GroupNorm per frame, RMS norm) with float32 statistics.
+- `conv`: convolution dispatch (float32 compute for half precision on CPUs without native kernels;
+  Winograd for eligible CPU convs when the caller enables it).
+- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (by
+  frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
+  within 1-4 GiB); its batched GEMMs on MKL or oneDNN (`winograd_gemm`).
+- `kernel_choice`: which exact kernel each layer shape runs, measured once per machine and kept on disk
+  (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`).
+- `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass
+  statistics); `kernel_check`: each of them compared with torch on its first use on a device in a dtype
+  (both layouts, a production-sized grid), kept in the kernel record; one that fails is replaced by
+  torch's op alone.
+- `kernel_log`: which kernel each conv and norm of one run took (`KernelLog`, for the run report).
+- `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.
+- `backend`: process-wide torch switches (cuDNN autotuning, TF32, the PyTorch 2.9 conv3d
+  workaround) applied around one encode/decode and restored afterwards.
+"""
+from .attention import sdpa
+from .backend import BackendFlags
+from .conv import conv3d, cpu_has_native
+from .kernel_log import KernelLog
+from .settings import Optimizations
+from .norm_act import (
+    group_norm_act, group_norm_apply, group_norm_moments, group_norm_stats, merge_group_moments, rms_norm_act,
+)
+
+__all__ = [
+    "BackendFlags",
+    "KernelLog",
+    "Optimizations",
+    "conv3d",
+    "cpu_has_native",
+    "group_norm_act",
+    "group_norm_apply",
+    "group_norm_moments",
+    "group_norm_stats",
+    "merge_group_moments",
+    "rms_norm_act",
+    "sdpa",
+]

@@ -1,0 +1,84 @@
+"""Switches between the optimized and the straightforward implementation of each block.
+
+Every optimization StreamVAE applies inside the network has a flag here, so the straightforward
+path (what the upstream reference code does) can be timed against it side by side and tests can
+prove both give the same numbers. An `Optimizations` value belongs to one run, not to a model: the
+caller passes it to `vae.encode`/`vae.decode` (`opts=`), and the engine hands it to every block
+through the run's `StreamContext`; nothing else decides which kernel runs.
+"""
+from dataclasses import dataclass, fields, replace
+
+from .attention import KERNELS
+from .kernel_choice import MODES
+from .layout import LAYOUTS
+
+
+@dataclass(frozen=True)
+class Optimizations:
+    # Norm + SiLU computed in one step (fp32 statistics) and written straight into the input buffer
+    # of the causal conv that consumes it, instead of norm -> new tensor -> SiLU -> new tensor -> cat.
+    fused_norm_act: bool = True
+    # Causal convs build their input as [cached frames | new frames] in one preallocated buffer
+    # (zero or replicate head, asymmetric spatial pads) instead of torch.cat + F.pad copies.
+    buffered_causal_pad: bool = True
+    # Mid-block attention through F.scaled_dot_product_attention instead of an explicit
+    # softmax(q k^T) v that materialises the (tokens x tokens) matrix.
+    sdpa_attention: bool = True
+    # Upsamplers: pixel shuffle as one view/permute copy written into the next conv's buffer, with the
+    # first-chunk frame drop done by indexing; the channel-expanding 1x1 conv runs a few frames at a
+    # time so its 4-8x wider output never exists for the whole chunk.
+    native_pixel_shuffle: bool = True
+    # Residual adds written in place into the freshly computed branch (autograd is off).
+    inplace_residual: bool = True
+    # Causal convs with a zero head (Wan) skip the kernel taps that would only multiply the zero
+    # frames on the first chunk (frame 0 reads 1 of 3 taps): 3x fewer conv MACs for a single image.
+    skip_zero_head_taps: bool = True
+    # Nearest 2x upsample + 3x3 conv (Wan) as four 2x2 "phase" convs at the low resolution, whose
+    # outputs interleave into the 2x image: 16 instead of 36 multiply-adds per input pixel and tap.
+    subpixel_upsample_conv: bool = True
+    # CPU causal convs with a 3x3 spatial kernel (stride 1, >= 96-128 channels) by Winograd F(4x4, 3x3):
+    # 2.25 instead of 9 multiply-adds per output pixel and channel pair, equal up to float32 rounding.
+    winograd_conv: bool = True
+    # On CUDA, the norm + SiLU steps as Triton kernels (triton_norm.py): statistics in one pass
+    # over the group, the scaled SiLU written in a second, into any strided output.
+    triton_norm: bool = True
+    # Exact tiling: a low-resolution conv whose whole frame is no larger than the largest tile buffer
+    # already used runs untiled (same result, no higher peak; small tiles there multiply the time,
+    # as the conv streams its weights once per tile).
+    whole_frame_small_convs: bool = True
+    # Which SDPA kernel the mid-block attention asks for (attention.KERNELS): "auto" lets PyTorch
+    # pick; a forced kernel that cannot take the model's head width is replaced (attention.choose).
+    attention: str = "auto"
+    # Cap of the Winograd filter-transform cache in bytes (winograd.filter_cache); None: an eighth of
+    # the RAM within 1-4 GiB, or STREAMVAE_WINOGRAD_CACHE_GB.
+    winograd_cache_bytes: int | None = None
+    # The PyTorch 2.9/2.10 cuDNN regression (backend.py): on an affected NVIDIA install, half-precision
+    # conv3d calls cuDNN directly instead of PyTorch's vol2col path (~3x the memory, several times
+    # slower). No effect on any other install, device or dtype.
+    conv3d_workaround: bool = True
+    # How the exact kernel of each conv (and, on GPUs, norm) is picked (kernel_choice.py): "measure" =
+    # the candidate measured fastest once per layer shape on this machine, remembered on disk;
+    # "defaults" = fixed rules (tuned on an AVX2 CPU), the same kernels on every machine.
+    kernel_choice: str = "measure"
+    # The memory layout of the activations from the first conv to the last (layout.py): "ndhwc"
+    # (channels last: cuDNN's and oneDNN's native conv layout, no conversion around each conv),
+    # "ncdhw" (channel planes, upstream's), or "auto" (run.layout_choice.choose: by device and dtype; on CUDA with
+    # measured kernels, the layout whose convs the GPU runs faster).
+    activation_layout: str = "auto"
+
+    def __post_init__(self):
+        if self.attention not in KERNELS:
+            raise ValueError(f"attention must be one of {KERNELS}, got {self.attention!r}")
+        if self.kernel_choice not in MODES:
+            raise ValueError(f"kernel_choice must be one of {MODES}, got {self.kernel_choice!r}")
+        if self.activation_layout not in LAYOUTS:
+            raise ValueError(f"activation_layout must be one of {LAYOUTS}, got {self.activation_layout!r}")
+
+    @classmethod
+    def straightforward(cls) -> "Optimizations":
+        """Every switch off and the default kernels: the reference behaviour, the baseline in benchmarks
+        and tests."""
+        return cls(kernel_choice="defaults", activation_layout="ncdhw", **{f.name: False for f in fields(cls) if isinstance(f.default, bool)})
+
+    def with_(self, **changes) -> "Optimizations":
+        return replace(self, **changes)

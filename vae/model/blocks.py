@@ -1,0 +1,405 @@
+"""Building blocks shared by the SeedVR2 and Wan families.
+
+Layout everywhere: video tensors are B,C,T,H,W. Every block takes the `StreamState` of the
+encode/decode it is part of: it carries the run's optimization switches, the causal caches that let a
+clip be processed in temporal chunks with exactly the whole-clip result, and the execution strategy
+(`model.execution.Execution`: exact tiles, row bands) its convs, norms and attention run under.
+"""
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .execution import StreamState
+from .conv_buffer import Fill, interior, padded_buffer, reflect_border
+
+from ..kernels import conv3d
+from ..kernels.layout import empty_video
+
+
+def _triple(v) -> tuple[int, int, int]:
+    return (v, v, v) if isinstance(v, int) else tuple(v)
+
+
+class Conv3d(nn.Conv3d):
+    """nn.Conv3d through the pack's conv dispatch (fast half precision where the CPU lacks it; the run's
+    PyTorch 2.9 cuDNN workaround). SeedVR2's 1x1x1 convs: no Winograd, nothing to measure."""
+
+    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        return self.conv5d(x, ctx)
+
+    def conv5d(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround,
+                      log=ctx.kernel_log)
+
+
+class CausalConv3d(Conv3d):
+    """Conv3d that is causal in time: output frame t only sees input frames <= t + `lookahead`.
+
+    The temporal padding is not a conv padding: each call convolves [head | new frames], where head
+    is what the previous chunk left unconsumed (its cache) or, on the first chunk, `head_frames`
+    frames of padding: zeros (Wan) or copies of frame 0 (SeedVR2, head="replicate"). The cache after
+    a call is exactly the input frames a whole-clip pass would still read, so any temporal chunking
+    reproduces the whole-clip result, strided convs included.
+
+    `lookahead` > 0 makes a conv centred in time (LTX-2's decoder): each output reads `lookahead` later
+    frames, the clip's start gets `kt - 1 - lookahead` copies of frame 0 and its end `lookahead`
+    copies of the last frame (on the call with `ctx.last_chunk`). Such a conv emits its outputs
+    `lookahead` frames late: a call gives the outputs its frames complete, the last call the rest, so
+    its output over a clip is the whole-clip one however the input is cut. Its start is its first
+    call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
+
+    Spatial padding (left, right, top, bottom) is `padding_mode` "zeros" or "reflect" (torch's
+    modes); symmetric zero padding is done by the conv itself, asymmetric or reflected padding inside
+    the input buffer (the downsamplers' right/bottom pad; every reflected pad), only at the frame
+    border: a tile's halo inside the frame is the frame's pixels.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None,
+                 spatial_pad=None, lookahead: int = 0, padding_mode: str = "zeros"):
+        kt, kh, kw = _triple(kernel_size)
+        pad = spatial_pad if spatial_pad is not None else (kw // 2, kw // 2, kh // 2, kh // 2)
+        if padding_mode not in ("zeros", "reflect"):
+            raise ValueError(f"padding_mode must be 'zeros' or 'reflect', got {padding_mode!r}")
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3] and padding_mode == "zeros"
+        super().__init__(in_channels, out_channels, (kt, kh, kw), _triple(stride), padding=(0, pad[2], pad[0]) if symmetric else 0)
+        if head not in ("zeros", "replicate"):
+            raise ValueError(f"head must be 'zeros' or 'replicate', got {head!r}")
+        if lookahead and (head != "replicate" or self.stride[0] != 1 or not 0 < lookahead < kt):
+            raise ValueError("a conv that looks ahead pads both ends with copies: head='replicate', temporal stride 1, "
+                             f"lookahead below the kernel's {kt} frames")
+        self.head_mode = head
+        self.lookahead = lookahead
+        self.head_frames = kt - 1 - lookahead if head_frames is None else head_frames
+        self.padding_mode = padding_mode
+        self.spatial_pad = tuple(pad)
+        self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
+        self.temporal = kt > 1 or self.stride[0] > 1
+
+    def forward(self, x: torch.Tensor, ctx: StreamState, norm: nn.Module | None = None) -> torch.Tensor:
+        """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
+        opts = ctx.opts
+        if self.waiting(ctx, x.shape[2]):
+            return self.no_output(x, x.shape)
+        if ctx.execution is not None:
+            # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
+            stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
+            fill = norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
+            return ctx.execution.conv(self, ctx, x.shape, x, fill)
+        if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):
+            x, norm = norm.act(x, ctx), None
+        if not opts.buffered_causal_pad:
+            return self._forward_concat(x, ctx)
+        if norm is None and not self.temporal and not any(self.buffer_pad):
+            return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
+        return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
+
+    # -- the causal state, one definition for the untiled path and for exact tiles ------------------
+    def waiting(self, ctx: StreamState, frames: int) -> bool:
+        """Whether a call with `frames` new frames has nothing to do: a conv that looks ahead has not
+        started (it needs its first frame to pad the clip's start with) and gets none."""
+        return bool(self.lookahead) and frames == 0 and self not in ctx.cache
+
+    def no_output(self, like: torch.Tensor, shape) -> torch.Tensor:
+        """The empty output (B,C',0,H',W') of a call on new frames of `shape` that convolves nothing."""
+        h_out = (shape[3] + sum(self.spatial_pad[2:]) - self.kernel_size[1]) // self.stride[1] + 1
+        w_out = (shape[4] + sum(self.spatial_pad[:2]) - self.kernel_size[2]) // self.stride[2] + 1
+        return empty_video(like, (shape[0], self.out_channels, 0, h_out, w_out))
+
+    def head(self, ctx: StreamState) -> tuple[torch.Tensor | None, int]:
+        """(cached frames or None, how many head frames go before this call's new frames): the
+        previous chunk's unconsumed input, or on the first chunk `head_frames` frames of padding."""
+        head = ctx.cache.get(self) if self.temporal else None
+        if head is not None:
+            return head, head.shape[2]
+        return None, self.head_count(ctx)
+
+    def head_count(self, ctx: StreamState) -> int:
+        """How many head frames go before this call's new frames, without reading the cache."""
+        if not self.temporal:
+            return 0
+        if self in ctx.cache:
+            return ctx.cache.frames(self)
+        return self.head_frames if ctx.first_chunk or self.lookahead else 0
+
+    def tail_count(self, ctx: StreamState) -> int:
+        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end.
+        `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not guard
+        on it (a middle chunk would trace a third graph)."""
+        return self.lookahead if self.lookahead and ctx.last_chunk else 0
+
+    def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
+                   rows: slice = slice(None), cols: slice = slice(None)) -> None:
+        """Fill the first `n_head` frames of `frames` (the unpadded frame region of a conv buffer, or
+        rows x cols of it for a tile), whose later frames already hold the new input."""
+        if head is not None:
+            frames[:, :, :n_head] = head[..., rows, cols]
+        elif n_head and self.head_mode == "replicate":
+            frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
+        elif n_head:
+            frames[:, :, :n_head].zero_()
+
+    def write_tail(self, frames: torch.Tensor, n_tail: int) -> None:
+        """Fill the last `n_tail` frames of `frames` (as in `write_head`, head and new frames written)
+        with copies of the frame before them, the clip's last."""
+        if n_tail:
+            last = frames.shape[2] - n_tail
+            frames[:, :, last:] = frames[:, :, last - 1:last]
+
+    def output_frames(self, n: int) -> int:
+        """Output frames of a window of `n` input frames (head included)."""
+        kt, st = self.kernel_size[0], self.stride[0]
+        return (n - kt) // st + 1 if n >= kt else 0
+
+    def kept_from(self, n: int) -> int:
+        """The first of `n` input frames that the next chunk still reads: the cache is frames [kept_from, n)."""
+        return self.output_frames(n) * self.stride[0]
+
+    def run(self, ctx: StreamState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
+        """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
+
+        The buffer holds [head | new frames | tail] plus any asymmetric or reflected spatial padding,
+        so neither the cache nor the padding is ever concatenated onto the input (one write instead of
+        write + copy).
+        """
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, shape, like, fill)
+        if self.waiting(ctx, shape[2]):
+            return self.no_output(like, shape)
+        head, n_head = self.head(ctx)
+        n_tail = self.tail_count(ctx)
+        if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
+                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
+            return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
+        buf = padded_buffer(like, shape, n_head, self.buffer_pad, fill, n_tail, self.padding_mode)
+        frames = interior(buf, self.buffer_pad)
+        self.write_head(frames, head, n_head)
+        self.write_tail(frames, n_tail)
+        if self.padding_mode == "reflect":
+            reflect_border(buf, self.buffer_pad)
+        return self._convolve(buf, ctx)
+
+    def _forward_concat(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        """Straightforward path: torch.cat of the head (and tail) + F.pad, as the upstream code does."""
+        head, n_head = self.head(ctx)
+        if head is None and n_head:
+            if self.head_mode == "replicate":
+                head = x[:, :, :1].expand(-1, -1, n_head, -1, -1)
+            else:  # shaped explicitly: x may have no frames (Wan's up3d time_conv on a 1-frame first chunk)
+                head = empty_video(x, x.shape[:2] + (n_head,) + x.shape[3:]).zero_()
+        if head is not None:
+            x = torch.cat([head, x], dim=2)
+        n_tail = self.tail_count(ctx)
+        if n_tail:
+            x = torch.cat([x, x[:, :, -1:].expand(-1, -1, n_tail, -1, -1)], dim=2)
+        if any(self.buffer_pad):
+            left, right, top, bottom = self.buffer_pad
+            x = F.pad(x, (left, right, top, bottom, 0, 0), mode="reflect" if self.padding_mode == "reflect" else "constant")
+        return self._convolve(x, ctx)
+
+    def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamState) -> torch.Tensor:
+        """`_convolve` of [n_head zero frames | buf] (temporal stride 1) without multiplying the zeros.
+
+        Output frame j < n_head reads the zeros through its first n_head - j taps, so it is computed
+        from the remaining taps over buf's first frames; the other outputs are one plain conv of buf.
+        """
+        kt, t = self.kernel_size[0], buf.shape[2]
+        n_out = n_head + t - kt + 1
+        keep = kt - 1  # what the next window still reads: the last kt - 1 frames of [zeros | buf]
+        tail = interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
+        missing = keep - tail.shape[2]
+        if missing:
+            zeros = empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_()  # B,C,missing,H,W
+            ctx.cache.put(self, torch.cat([zeros, tail], 2), owned=True)
+        else:
+            ctx.cache.put(self, tail)
+        outs = []
+        for j in range(min(n_head, n_out)):
+            taps = self.weight[:, :, n_head - j:].clone(memory_format=torch.preserve_format)  # dense, the weight's layout
+            outs.append(conv3d(buf[:, :, :kt - n_head + j], taps, self.bias, self.stride, self.padding, **ctx.conv_options))
+        if t >= kt:
+            outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
+        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+
+    def _convolve(self, buf: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        n = buf.shape[2]
+        n_out = self.output_frames(n)
+        if self.temporal:
+            # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
+            # copy, so the chunk's buffer can be freed.
+            ctx.cache.put(self, interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
+        if n_out == 0:
+            h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
+            w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
+            return empty_video(buf, (buf.shape[0], self.out_channels, 0, h_out, w_out))
+        return self.conv5d(buf, ctx)
+
+    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+        """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
+        padding = self.padding if padded else (0, 0, 0)
+        return conv3d(buf, self.weight, self.bias, self.stride, padding, **ctx.conv_options)
+
+
+def _copy_fill(x: torch.Tensor) -> Fill:
+    return lambda view, rows, cols: view.copy_(x[..., rows, cols])
+
+
+def norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamState, stats=None) -> Fill:
+    """SiLU(norm(x)) of a region, with whole-frame statistics `stats` when tiling (or banding)."""
+    return lambda view, rows, cols: norm.act(x[..., rows, cols], ctx, out=view, stats=stats)
+
+
+class FrameConv2d(nn.Conv2d):
+    """A 2-D conv applied to every frame of B,C,T,H,W input; the weight keeps its 4-D checkpoint shape.
+
+    `spatial_pad` is zero padding (left, right, top, bottom) as in `CausalConv3d`: symmetric padding
+    is done by the conv, asymmetric padding (Wan's right/bottom downsampler pad) in the input buffer.
+    The optimized path convolves the 5-D tensor with a (1, k, k) view of the weight, so frames are
+    never folded into the batch (no transpose copies); no state is carried between chunks.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size: int, stride: int = 1, *, spatial_pad=None):
+        pad = spatial_pad if spatial_pad is not None else (kernel_size // 2,) * 4
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3]
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding=(pad[2], pad[0]) if symmetric else 0)
+        self.spatial_pad = tuple(pad)
+        self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
+        self.temporal = False
+        self.lookahead = 0
+        self.padding_mode = "zeros"
+
+    # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
+    def waiting(self, ctx: StreamState, frames: int) -> bool:
+        return False
+
+    def head(self, ctx: StreamState) -> tuple[None, int]:
+        return None, 0
+
+    def head_count(self, ctx: StreamState) -> int:
+        return 0
+
+    def tail_count(self, ctx: StreamState) -> int:
+        return 0
+
+    def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
+        pass
+
+    def write_tail(self, frames, n_tail) -> None:
+        pass
+
+    def output_frames(self, n: int) -> int:
+        return n
+
+    def kept_from(self, n: int) -> int:
+        return n
+
+    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, x.shape, x, _copy_fill(x))
+        if not ctx.opts.buffered_causal_pad:
+            # Straightforward path, as upstream: frames folded into the batch, F.pad, per-frame conv.
+            b, c, t, h, w = x.shape
+            frames = x.transpose(1, 2).reshape(b * t, c, 1, h, w)
+            if any(self.buffer_pad):
+                frames = F.pad(frames, self.buffer_pad)
+            y = self._convolve(frames, ctx)
+            return y.reshape((b, t) + y.shape[1:2] + y.shape[3:]).transpose(1, 2)
+        if not any(self.buffer_pad):
+            return self._convolve(x, ctx)
+        return self.run(ctx, x.shape, x, _copy_fill(x))
+
+    def run(self, ctx: StreamState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
+        """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
+        if ctx.execution is not None:
+            return ctx.execution.conv(self, ctx, shape, like, fill)
+        return self._convolve(padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
+
+    def _convolve(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        return self.conv5d(x, ctx)
+
+    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+        """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
+        padding = (0,) + (self.padding if padded else (0, 0))
+        return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, **ctx.conv_options)
+
+    def upsampled(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
+        if ctx.execution is not None:
+            return ctx.execution.local(lambda part: self._upsampled(part, ctx), x, scale=2, halo=1)
+        return self._upsampled(x, ctx)
+
+    def _upsampled(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+        """conv(nearest 2x upsample of x) for a 3x3, stride-1, padding-1 conv: B,C,T,H,W -> B,C',T,2H,2W.
+
+        Output pixel (2i + a, 2j + b) reads upsampled rows 2i + a - 1 .. 2i + a + 1, i.e. input rows
+        i - 1, i, i (a = 0) or i, i, i + 1 (a = 1), and likewise columns: each of the four phases
+        (a, b) is a 2x2 conv of x whose taps are sums of the 3x3 taps. All four run as one conv
+        with 4C' outputs over x padded by 1 (each phase reads its own 2x2 offset); the results are
+        interleaved into the 2x output. 16 instead of 36 multiply-adds per input pixel per channel pair.
+        """
+        assert self.kernel_size == (3, 3) and self.stride == (1, 1) and self.padding == (1, 1), "3x3 same convs only"
+        b, _, t, h, w = x.shape
+        bias = None if self.bias is None else self.bias.repeat(4)
+        y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1),
+                   cudnn_workaround=ctx.opts.conv3d_workaround, log=ctx.kernel_log)
+        y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
+        out = empty_video(x, (b, self.out_channels, t, 2 * h, 2 * w))
+        phases = out.view(b, self.out_channels, t, h, 2, w, 2)
+        for a in (0, 1):
+            for c in (0, 1):
+                phases[:, :, :, :, a, :, c] = y[:, a, c, :, :, a:a + h, c:c + w]
+        return out
+
+    def _phase_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The (4C', C, 2, 2) phase kernels of `upsampled`, summed in float32, cached per weight version."""
+        w = self.weight
+        if torch.compiler.is_compiling():  # a traced block computes them in its graph (no cache state)
+            return self._phase_kernels(dtype)
+        # inference tensors (weights loaded under torch.inference_mode) carry no version counter
+        key = (w.data_ptr(), 0 if w.is_inference() else w._version, w.device, dtype)
+        cached = getattr(self, "_phase_cache", None)
+        if cached is None or cached[0] != key:
+            cached = self._phase_cache = (key, self._phase_kernels(dtype))
+        return cached[1]
+
+    def _phase_kernels(self, dtype: torch.dtype) -> torch.Tensor:
+        w = self.weight
+        rows = w.new_tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float32)  # phase, tap, 3x3 row
+        phase = torch.einsum("apk,oikl,cql->acoipq", rows, w.float(), rows).reshape(4 * self.out_channels, self.in_channels, 2, 2)
+        return phase.to(dtype).contiguous()
+
+
+def upsampling_fill(produce: Callable[[torch.Tensor, torch.Tensor], object], x: torch.Tensor, factor: int = 2) -> Fill:
+    """A `Fill` for frames at `factor` x the resolution of x, from `produce(part, view)`, which writes
+    the whole upsampled image of a region `part` of x into `view`. Regions that do not start and end
+    on the factor grid (tiles with a halo) go through a temporary one source pixel larger."""
+
+    def fill(view: torch.Tensor, rows: slice, cols: slice) -> None:
+        r0, r1 = rows.start // factor, -(-rows.stop // factor)
+        c0, c1 = cols.start // factor, -(-cols.stop // factor)
+        part = x[..., r0:r1, c0:c1]
+        if (r0 * factor, r1 * factor, c0 * factor, c1 * factor) == (rows.start, rows.stop, cols.start, cols.stop):
+            produce(part, view)
+            return
+        full = empty_video(view, view.shape[:-2] + ((r1 - r0) * factor, (c1 - c0) * factor))
+        produce(part, full)
+        dy, dx = rows.start - r0 * factor, cols.start - c0 * factor
+        view.copy_(full[..., dy:dy + view.shape[-2], dx:dx + view.shape[-1]])
+
+    return fill
+
+
+def upsample_nearest_2x(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Nearest-neighbour 2x upsample of the last two dims (..., H, W) -> (..., 2H, 2W).
+
+    One broadcast copy, written into `out` when given (e.g. a conv's input buffer, or a strided view
+    of it). For a factor of exactly 2, 'nearest' and 'nearest-exact' pick the same source pixel
+    (i // 2), so this equals upstream's F.interpolate(..., mode="nearest-exact").
+    """
+    h, w = x.shape[-2:]
+    if out is None:
+        out = empty_video(x, x.shape[:-2] + (2 * h, 2 * w))
+    out.unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(x[..., :, None, :, None])
+    return out

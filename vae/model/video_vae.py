@@ -1,0 +1,164 @@
+"""`VideoVAE`: the public model object every family implements.
+
+A family subclass says what the network is: its encoder and decoder as the stages a temporal chunk
+passes through in order (`encode_stages` / `decode_stages`; `encode_chunk` / `decode_chunk` run them
+one after another), the latent space constants, which checkpoint keys identify it. It knows nothing
+of chunks, tiles or memory: how a whole clip is run through it (padding, temporal chunks, tiles,
+caches, output buffers) is the engine's job (`engine.py`, `vae.encode(model, video)` /
+`vae.decode(model, z)`).
+
+Every stage is causal in time like the whole network: run on consecutive parts of its input frames,
+in order, with `ctx.first_chunk` True for the part that holds the stage's frame 0 of the clip and
+`ctx.last_chunk` for the part that holds its last, it gives the frames it gives on the whole input
+(its causal caches carry the rest). A stage may give them late: a decoder whose convs look ahead in
+time (LTX-2's, `blocks.CausalConv3d.lookahead`) gives each frame once the next one has come, and the
+rest with the clip's last frame. So the engine may feed the stages at full resolution one frame at a
+time (`strategies.FrameStream`).
+
+Latents are raw, i.e. unscaled; ComfyUI's LATENTs are `to_comfy_latent(z)` (for SeedVR2 `to_model_space(z)`).
+"""
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+# One stage of an encoder or decoder: frames B,C,t,H,W and the run's StreamState -> frames B,C',t',H',W'.
+Stage = Callable[[torch.Tensor, object], torch.Tensor]
+
+
+def run_stages(stages: list[Stage], x: torch.Tensor, ctx) -> torch.Tensor:
+    """x through `stages` one after another."""
+    for stage in stages:
+        x = stage(x, ctx)
+    return x
+
+
+class LayoutError(ValueError):
+    """Checkpoint tensors whose shapes fit no configuration rule of the family whose key layout they
+    have; the message names the shapes."""
+
+
+class VideoVAE(nn.Module):
+    family: str = ""
+    spatial_factor: int = 8
+    temporal_factor: int = 4
+    latent_channels: int = 16
+    in_channels: int = 3  # image channels encode takes: 3 (RGB) or 4 (RGBA)
+    out_channels: int = 3  # image channels decode gives
+    decode_upscale: int = 1  # decoded frames are this many times the encoded size (2 for 2x upscale decoders)
+
+    # --- what a family defines -------------------------------------------------------------
+    probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints
+
+    @classmethod
+    def native_state_dict(cls, state_dict: dict) -> dict | None:
+        """`state_dict` in this family's own key names, or None when it is not this family's layout."""
+        return state_dict if all(k in state_dict for k in cls.probe_keys) else None
+
+    @classmethod
+    def config_from_state_dict(cls, state_dict: dict, overrides: dict):
+        """The family config the tensor shapes describe, with `overrides` applied."""
+        raise NotImplementedError
+
+    @classmethod
+    def metadata_overrides(cls, metadata: dict) -> dict:
+        """Config overrides from the checkpoint's own metadata in upstream's format (before the
+        `streamvae_config` metadata and the caller's); none unless the family's checkpoints carry it."""
+        return {}
+
+    @classmethod
+    def refusal(cls, state_dict: dict) -> str | None:
+        """Why a checkpoint of a relative of this family that it does not run (same file, other
+        network) is refused, and where to load it instead; None when the keys are no such relative."""
+        return None
+
+    def encode_stages(self) -> list[Stage]:
+        """The encoder in order: pixels B,in_channels,t,H,W in, moments B,2*latent,t',h,w out (see the
+        module docstring)."""
+        raise NotImplementedError
+
+    def decode_stages(self) -> list[Stage]:
+        """The decoder in order: a raw latent B,C,t,h,w in, pixel frames B,out_channels,t',H*u,W*u out,
+        u = `decode_upscale`."""
+        raise NotImplementedError
+
+    def moments(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output B,2*latent,t,h,w -> (mean, logvar) of the posterior."""
+        raise NotImplementedError
+
+    def encode_chunk(self, video: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """One temporal chunk of pixels (B,in_channels,t,H,W) -> (mean, logvar) of its latent frames."""
+        return self.moments(run_stages(self.encode_stages(), video, ctx))
+
+    def decode_chunk(self, z: torch.Tensor, ctx) -> torch.Tensor:
+        """One temporal chunk of raw latents (B,C,t,h,w) -> its pixel frames (B,out_channels,t',H*u,W*u)."""
+        return run_stages(self.decode_stages(), z, ctx)
+
+    def memory_calibration(self, op: str) -> tuple[str, float]:
+        """(calibrated family, scale) for `op`: whose measured memory coefficients
+        (`memory_calibration.json`) predict this model's activations, and the factor they are
+        multiplied by (a variant of another width scales from its family's released width)."""
+        return self.family, 1.0
+
+    def looks_ahead(self, op: str) -> bool:
+        """Whether `op`'s convs look ahead in time (`CausalConv3d.lookahead`): their last frames then come
+        with the clip's last chunk, and a stage may meet its frame 0 on a later chunk than the first."""
+        from .blocks import CausalConv3d
+
+        modules = self.decode_modules() if op == "decode" else self.encode_modules()
+        return any(isinstance(m, CausalConv3d) and m.lookahead for root in modules for m in root.modules())
+
+    def attention_widths(self) -> list[int]:
+        """The channel widths of the model's mid-block attentions (one head each), ascending: what a
+        forced attention kernel must take."""
+        from .layers import FrameSelfAttention
+
+        return sorted({m.channels for m in self.modules() if isinstance(m, FrameSelfAttention)})
+
+    def encode_modules(self) -> list[nn.Module]:
+        return [self.encoder]
+
+    def decode_modules(self) -> list[nn.Module]:
+        return [self.decoder]
+
+    def to_model_space(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latent -> the latent the diffusion model sees."""
+        raise NotImplementedError
+
+    def from_model_space(self, z: torch.Tensor) -> torch.Tensor:
+        """Inverse of `to_model_space`."""
+        raise NotImplementedError
+
+    # ComfyUI's LATENT of this family (what core's VAE nodes make and take, and its .latent files hold):
+    # the raw latent (Wan: its latent format normalises inside the diffusion model), or, where this is
+    # True, `to_model_space(z)` (SeedVR2: core's VAE scales after encoding, unscales before decoding).
+    comfy_latent_in_model_space: bool = False
+
+    def to_comfy_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latent -> ComfyUI's LATENT samples for this family."""
+        return self.to_model_space(z) if self.comfy_latent_in_model_space else z
+
+    def from_comfy_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """ComfyUI's LATENT samples for this family -> raw latent."""
+        return self.from_model_space(z) if self.comfy_latent_in_model_space else z
+
+    # --- dtypes and devices --------------------------------------------------------------------
+    @property
+    def encode_dtype(self) -> torch.dtype:
+        return next(self.encode_modules()[0].parameters()).dtype
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return next(self.decode_modules()[0].parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def set_dtypes(self, encode: torch.dtype | None = None, decode: torch.dtype | None = None) -> "VideoVAE":
+        """Cast the encoder and decoder weights separately (bf16 decode is near-lossless, bf16 encode is not)."""
+        for modules, dtype in ((self.encode_modules(), encode), (self.decode_modules(), decode)):
+            if dtype is not None:
+                for module in modules:
+                    module.to(dtype)
+        return self

@@ -1,0 +1,466 @@
+"""The engine: runs a whole clip through a `VideoVAE` in temporal chunks, as a `planning.Plan` says.
+
+    z = vae.encode(model, video)                          # B,3,T,H,W in [-1, 1] -> raw posterior mean
+    y = vae.decode(model, z, vae.Settings(tile_size=256))  # raw latent -> B,3,T'',H'',W'' (not clamped)
+
+The model says what the network does to one temporal chunk (`encode_chunk`/`decode_chunk`); the
+engine does the rest, in one loop (`_stream`) whatever the strategy. The causal caches in the
+`StreamContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
+written into a preallocated output (optionally on another device) or handed to a `sink` (a video file
+writer), and encode reads its input chunk by chunk (also from a video file), so memory does not grow
+with clip length beyond the output itself.
+
+How the layers of a chunk cover the frame is the run's execution strategy (`strategies/`): whole
+frames, exact tiles, or row bands over the ranks of a process group (`bands=`, which also decides the
+part of every frame this process computes). Fast tiles are independent streams on overlapping tiles,
+blended afterwards. The plan (`planning.py`) picks chunk, tiles and cache placement from `Settings`,
+computed once, or given by the caller; out-of-memory and fp16 overflow are recovered from
+(`recovery.py`). `opts` (`kernels.Optimizations`) chooses the kernels for this run only.
+"""
+import dataclasses
+import logging
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import geometry, planning, recovery
+from ..model.blocks import CausalConv3d, FrameConv2d
+from .causal_cache import CausalCache
+from .stream_context import StreamContext
+from ..kernels.devices import is_oom, same_device
+from .input_checks import check_pixels
+from ..model.video_vae import run_stages
+from ..kernels import KernelLog, Optimizations, layout
+from .planning import Plan, Settings
+from .progress import CancelFn, ProgressFn, Steps
+from .strategies import WHOLE_FRAME, Bands, Partition
+from .strategies.exact_tiles import ExactTiles
+from .strategies.fast_tiles import decode_fast, encode_fast
+from .strategies.frame_stream import FrameStream
+
+SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
+NONFINITE_MODES = ("error", "zero")
+log = logging.getLogger("streamvae")
+
+
+def _conv_count(modules) -> int:
+    return sum(isinstance(m, (CausalConv3d, FrameConv2d)) for root in modules for m in root.modules())
+
+
+def _as_video(x: torch.Tensor, what: str) -> tuple[torch.Tensor, bool]:
+    image = x.dim() == 4
+    if image:
+        x = x.unsqueeze(2)
+    if x.dim() != 5:
+        raise ValueError(f"{what} must be 5-D B,C,T,H,W or 4-D B,C,H,W; got shape {tuple(x.shape)}")
+    return x, image
+
+
+def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opts: Optimizations,
+             bands: Bands | None) -> Plan:
+    """The plan to run: the caller's (which must be for this op and input), or one made here from the
+    caller's settings (default `Settings()`). `io_devices`: where the whole input and output live."""
+    if isinstance(how, Plan):
+        if how.op != op or tuple(how.input_shape[1:]) != tuple(shape[1:]):
+            raise ValueError(f"the plan is for {how.op} of {tuple(how.input_shape)}, not {op} of {tuple(shape)}")
+        plan = how
+    elif how is not None and not isinstance(how, Settings):
+        raise TypeError(f"{op} takes a vae.Plan or vae.Settings as its third argument, got {type(how).__name__}")
+    elif bands is not None:
+        plan = bands.plan(model, op, shape, how or Settings(), opts)
+    else:
+        io_on_device = tuple(same_device(d, model.device) for d in io_devices)
+        plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
+    if bands is None and isinstance(how, Settings):
+        planning.refuse_over_budget(plan, how)  # a budget the caller gave: refused before any work
+    if plan.fits is False and bands is not None:
+        return plan  # a band cannot be tiled yet: `Bands.plan` said so, and it runs a chunk at a time
+    if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
+        log.warning("StreamVAE %s: even %s is predicted above the free memory (%.2f GiB); trying it anyway (an "
+                    "out-of-memory error shrinks it to its floor, then stops with what it tried): to fit, free "
+                    "memory or %s fewer pixels per frame", op, plan.describe(), plan.budget_bytes / 2**30, op)
+    elif plan.cache_offload != "none":
+        log.info("StreamVAE %s: %s", op, plan.describe())
+    return plan
+
+
+def _stream_plan(model, plan: Plan, input_shape) -> Plan:
+    """The plan of one independent stream of a fast-tiled run: one tile, untiled, as the run's chunk."""
+    clip = planning.clip_of(model, plan.op, input_shape)
+    return dataclasses.replace(plan, input_shape=tuple(input_shape), clip=clip, tile_size=None, tiling="exact",
+                               grid=(1, 1, plan.grid[2]))
+
+
+def _steps(plan: Plan, progress: ProgressFn | None, cancel: CancelFn | None, partition: Partition, modules) -> Steps:
+    """Progress and cancellation of a run, cancellation agreed between the processes of a partition."""
+    return Steps(plan.grid[2], progress, lambda: partition.cancelled(bool(cancel and cancel())), _conv_count(modules))
+
+
+def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Partition, chunks_left: int) -> None:
+    """Give the stream fresh causal caches where `plan` puts them, its execution strategy (the
+    partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
+    whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
+    model's stages; recount the steps of the `chunks_left` chunks to go."""
+    ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
+    ctx.first_chunk, ctx.last_chunk = True, False
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
+    ctx.frame_stream = FrameStream(stages) if plan.streamed else None
+    frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
+    if partition.execution is not None:
+        ctx.execution = partition.execution
+    elif tile is None or (tile[0] >= frame[0] and tile[1] >= frame[1]):
+        ctx.execution = None
+    else:
+        ctx.execution = ExactTiles(frame, tile, steps, chain=plan.streamed)
+    steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
+
+
+def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
+    """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames until
+    the clip is done or step returns False; the causal caches are closed at the end. The context
+    says which chunk holds the clip's first frame and which its last (`first_chunk`, `last_chunk`).
+
+    Out of memory inside a step (where the partition allows it) goes on with a smaller plan, made by
+    `_recover`; the output written so far stays."""
+    n_lat, first = plan.clip.latent_frames, 0
+    _prepare(model, ctx, plan, steps, partition, plan.clip.chunks(plan.temporal_chunk))
+    try:
+        while first < n_lat:
+            n = min(plan.temporal_chunk, n_lat - first)
+            ctx.last_chunk = first + n == n_lat  # convs that look ahead pad the clip's end now
+            try:
+                more = step(first, n, True)
+            except (RuntimeError, MemoryError) as error:
+                if not (partition.recoverable and is_oom(error)):
+                    raise
+                reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
+            else:
+                ctx.first_chunk = False
+                first += n
+                steps.chunk_done()
+                if more is False:
+                    return
+                continue
+            plan = _recover(model, ctx, steps, plan, partition, step, first, reason)
+    finally:
+        ctx.cache.close()  # the disk file of offloaded caches goes with it
+
+
+def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step, done: int,
+             reason: str) -> Plan:
+    """The plan to go on with after running out of memory with `plan` at latent frame `done`.
+
+    A smaller plan (`recovery.smaller_plan`: caches offloaded, then smaller exact tiles, then a shorter
+    chunk, up to its floor, where it raises), with the causal caches rebuilt by running latent frames
+    [0, done) again without writing them (their output is already written and stays). No copy of the
+    caches is kept for this: it would double their memory, the largest part of a chunk's peak. Every
+    chunk after the first has the same size, so an out-of-memory error nearly always comes in the
+    second chunk, and the rebuild is the first chunk's single latent frame."""
+    while True:
+        ctx.cache.close()
+        recovery.free_cached_memory(model.device)
+        plan = recovery.smaller_plan(model, plan, reason)
+        _prepare(model, ctx, plan, steps, partition, -(-(plan.clip.latent_frames - done) // plan.temporal_chunk))
+        try:
+            with steps.muted():  # cancellable, but no progress to report
+                for first in range(0, done, plan.temporal_chunk):
+                    step(first, min(plan.temporal_chunk, done - first), False)
+                    ctx.first_chunk = False
+            return plan
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            reason = str(error) or type(error).__name__
+
+
+def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
+    """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
+    encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
+    the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
+    the frames they held back with the clip's last chunk, each layer more than the one before: that
+    chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's."""
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
+    if ctx.frame_stream is not None:
+        ctx.frame_stream.run(x, ctx, emit)
+    elif ctx.last_chunk and model.looks_ahead(plan.op):
+        FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
+    else:
+        emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
+
+
+def _with_half_fallback(model, op: str, run):
+    """run(), rerun in bf16/fp32 if fp16 compute overflowed (see recovery.fall_back_from_half)."""
+    try:
+        return run()
+    except recovery.HalfOverflow:
+        recovery.fall_back_from_half(model, op)
+        return run()
+
+
+def _overflowed(y: torch.Tensor) -> bool:
+    return y.dtype == torch.float16 and not bool(torch.isfinite(y).all())
+
+
+def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
+           return_logvar: bool = False, out_device: torch.device | str | None = None, bands: Bands | None = None,
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None, kernel_log: KernelLog | None = None):
+    """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w. NaN/Inf
+    pixels and values outside [-1, 1] (beyond rounding) are a ValueError naming the frames or the range.
+
+    `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
+    `dtype`, `device` and `index_select(2, ascending frame indices)` as a tensor has them.
+
+    Any T >= 1 is accepted: T is padded to the next 4n+1 by repeating the last frame and H, W to
+    multiples of the spatial factor by edge replication, one chunk at a time (the padded clip is never
+    materialised); `decode(model, z, num_frames=T, height=H, width=W)` undoes both.
+    How it runs is `how`: a `Plan` (from `vae.plan`), or the `Settings` the engine plans from itself
+    (default `Settings()`); every setting gives the same result. `opts` chooses the kernels (default:
+    all optimizations on). With `return_logvar` the result is (mean, logvar). `bands`
+    (`distributed.RowBands`): this process is one rank of a group that encodes the clip together, each
+    reading only its rows; rank 0 returns the result (or each rank its band: `RowBands(gather=False)`),
+    the others None. `kernel_log` (`kernels.KernelLog`) counts the kernels every conv and norm
+    ran, for a run report.
+    """
+    video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
+    b, c, t, h, w = video.shape
+    if c != model.in_channels:
+        raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
+    if t < 1 or h < 1 or w < 1:
+        raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
+    if isinstance(video, torch.Tensor):  # a frame source (a video file) gives [-1, 1] by construction
+        check_pixels(video)
+    opts = opts or Optimizations()
+    sf = model.spatial_factor
+    partition = bands.start(-(-h // sf)) if bands is not None else WHOLE_FRAME
+    out_device = video.device if out_device is None else torch.device(out_device)
+    plan = _planned(model, "encode", video.shape, how, (video.device, out_device), opts, bands)
+    if bands is not None:
+        bands.agree((b, c, t, h, w, plan.temporal_chunk, int(bands.gather)), model.device, "video shapes or settings")
+    latent_h, latent_w = plan.clip.latent_hw
+    n_moments = 2 if return_logvar else 1
+    shape = (b, model.latent_channels, plan.clip.latent_frames, partition.output_rows(latent_h, 1), latent_w)
+    out_dtype = video.dtype if video.dtype.is_floating_point else torch.float32
+    outputs = [torch.empty(shape, dtype=out_dtype, device=out_device) for _ in range(n_moments)] \
+        if partition.delivers() else []
+    grid = None
+    if plan.tile_size and plan.tiling == "fast":
+        grid = geometry.fast_grid(latent_h, latent_w, plan.tile_size, plan.tile_overlap, sf)
+    if grid is not None and not isinstance(video, torch.Tensor):  # each tile would read the whole clip
+        raise ValueError("fast tiling cannot stream from a frame source; use tiling='exact'")
+
+    def run():
+        if grid is None:
+            steps = _steps(plan, progress, cancel, partition, model.encode_modules())
+            _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log)
+            return
+        steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
+
+        def encode_tile(pixels):
+            tile_plan = _stream_plan(model, plan, pixels.shape)
+            tile_h, tile_w = tile_plan.clip.latent_hw
+            parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
+            _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
+                           WHOLE_FRAME, kernel_log)
+            return parts
+
+        encode_fast(video, outputs, grid, sf, encode_tile, steps.check)
+
+    with torch.inference_mode():
+        _with_half_fallback(model, "encode", run)
+    if not outputs:
+        return None
+    if image:
+        outputs = [o.squeeze(2) for o in outputs]
+    return tuple(outputs) if return_logvar else outputs[0]
+
+
+def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
+                   partition: Partition, kernel_log: KernelLog | None) -> None:
+    """Temporal chunks of `video` (B,3,T,H,W, or a frame source) through the encoder into the
+    preallocated `outputs` (mean, then logvar; none on a process that delivers nothing), reading
+    the rows of the partition, padded as `encode` says."""
+    t, h, w = video.shape[2:]
+    clip = plan.clip
+    rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
+    real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
+    ctx = StreamContext(opts, kernel_log=kernel_log)
+    run_layout = plan.activation_layout
+
+    def step(first, n, write):
+        start, stop = geometry.pixel_span(first, n, clip.temporal_factor)
+        # Frames past the end repeat the last real frame (T -> next 4n+1).
+        index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
+        if isinstance(video, torch.Tensor):
+            x = video[..., real[0]:real[1], :].index_select(2, index)
+        else:  # a frame source reads whole frames
+            x = video.index_select(2, index)[..., real[0]:real[1], :]
+        x = x.to(device=model.device, dtype=model.encode_dtype)
+        pad_rows, pad_cols = rows[1] - real[1], clip.width - w
+        if pad_rows or pad_cols:  # edge replication, B,3,t,rows,W -> B,3,t,rows+pad_rows,W+pad_cols
+            x = F.pad(x, (0, pad_cols, 0, pad_rows, 0, 0), mode="replicate")
+        x = layout.to_layout(x, run_layout)
+        at = [first]  # the latent frame the next moments go to
+
+        def emit(h):
+            moments = model.moments(h)
+            if _overflowed(moments[0]):
+                raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
+            if not write:
+                return
+            for i, part in enumerate(moments[:n_moments]):
+                whole = partition.collect(part, 1)
+                if whole is not None:
+                    outputs[i][:, :, at[0]:at[0] + whole.shape[2]] = whole
+            at[0] += h.shape[2]
+
+        _run_chunk(model, x, ctx, plan, emit)
+
+    _stream(model, ctx, steps, plan, partition, step)
+
+
+def _nonfinite_frames(z: torch.Tensor) -> list[int]:
+    """Latent frames with NaN/Inf, checked a frame at a time: a whole-latent mask would grow with the clip."""
+    if z.device.type == "meta":  # shape-only runs (FLOP counting) have no values to check
+        return []
+    finite = torch.stack([torch.isfinite(z[:, :, i]).all() for i in range(z.shape[2])])
+    return torch.nonzero(~finite).flatten().tolist()
+
+
+def _checked_latent(model, z: torch.Tensor, nonfinite: str) -> torch.Tensor:
+    """z (B,C,T',h,w) after the checks `decode` documents; NaN/Inf set to 0 with nonfinite="zero"."""
+    b, c, n_lat, h, w = z.shape
+    if c != model.latent_channels:
+        raise ValueError(
+            f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c} channels "
+            f"(shape {tuple(z.shape)}); was the latent made by another VAE family?")
+    if n_lat < 1 or h < 1 or w < 1:
+        raise ValueError(f"decode got an empty latent of shape {tuple(z.shape)}")
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    bad = _nonfinite_frames(z)
+    if bad and nonfinite == "error":
+        raise ValueError(f"the latent has NaN/Inf values in latent frame(s) {bad} (of {n_lat}): the sampler that made it "
+                         "diverged (often fp16 overflow; try bf16/fp32 sampling). To decode anyway with those values "
+                         "set to 0, pass nonfinite='zero' (StreamVAE Decode: nonfinite = zero).")
+    if bad:
+        message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
+    return z
+
+
+def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
+           num_frames: int | None = None, height: int | None = None, width: int | None = None,
+           nonfinite: str = "error", out: torch.Tensor | None = None, out_device: torch.device | str | None = None,
+           out_dtype: torch.dtype | None = None, sink: SinkFn | None = None, bands: Bands | None = None,
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+           kernel_log: KernelLog | None = None) -> torch.Tensor | None:
+    """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped
+    (`model.out_channels` channels, 4 for RGBA; H = h * spatial_factor * `model.decode_upscale`).
+
+    `how` and `opts` as in `encode` (tiles in output pixels). `num_frames`, `height`, `width` trim
+    the output (to undo `encode`'s padding); the decoded chunks are written straight into a
+    preallocated buffer (`out`, or a new one on `out_device`), or, with `sink`, handed over as they are
+    decoded: `sink(first, frames)` gets frames B,3,k,H,W (on the compute device, not clamped, to be
+    copied before it returns) starting at frame `first`, and decode returns None. A rerun (fp16
+    overflow) starts again at frame 0; only exact tiling streams.
+    A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
+    values are then replaced by 0 (with a warning) and the clip is decoded. `bands` as in `encode`:
+    each rank decodes its rows, rank 0 receives whole frames (or each rank its band of output rows,
+    cut at `height`), the others return None. `kernel_log` as in `encode`.
+    """
+    z, image = _as_video(z, "decode input")
+    z = _checked_latent(model, z, nonfinite)
+    b, c, n_lat, h, w = z.shape
+    opts = opts or Optimizations()
+    sf, of = model.spatial_factor, model.spatial_factor * model.decode_upscale  # of: output pixels per latent cell
+    partition = bands.start(h) if bands is not None else WHOLE_FRAME
+    where_out = out.device if out is not None else (z.device if out_device is None else out_device)
+    plan = _planned(model, "decode", z.shape, how, (z.device, where_out), opts, bands)
+    full_t, full_h, full_w = plan.clip.frames, h * of, w * of
+    t_out = full_t if num_frames is None else num_frames
+    h_out = full_h if height is None else height
+    w_out = full_w if width is None else width
+    for name, value, limit in (("num_frames", t_out, full_t), ("height", h_out, full_h), ("width", w_out, full_w)):
+        if not 1 <= value <= limit:
+            raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
+    if bands is not None:
+        bands.agree((b, c, n_lat, h, w, plan.temporal_chunk, int(bands.gather)), model.device,
+                    "latent shapes or settings")
+    shape = (b, model.out_channels, t_out, partition.output_rows(h_out, of), w_out)
+    grid = None
+    if plan.tile_size and plan.tiling == "fast":
+        grid = geometry.fast_grid(h, w, plan.tile_size, plan.tile_overlap, sf)
+    if sink is not None and (out is not None or grid is not None):  # fast: each tile spans the clip
+        raise ValueError("decode takes out or sink, not both, and streams to a sink with tiling='exact' only")
+    if out is None and sink is None and partition.delivers():
+        dtype = out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32)
+        out = torch.empty(shape, dtype=dtype, device=z.device if out_device is None else out_device)
+    elif out is not None and tuple(out.shape) != shape:
+        raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
+    deliver = sink or (lambda first, frames: _write_into(out, first, frames))
+
+    def run():
+        if grid is None:
+            steps = _steps(plan, progress, cancel, partition, model.decode_modules())
+            _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log)
+            return
+        steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
+
+        def decode_tile(zt):
+            tile_plan = _stream_plan(model, plan, zt.shape)
+            tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
+                                   device=out.device)
+            _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
+                           tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
+            return tile_out
+
+        decode_fast(model, z, out, grid, decode_tile, steps.check)
+
+    with torch.inference_mode():
+        _with_half_fallback(model, "decode", run)
+    if out is None or sink is not None:
+        return None
+    return out.squeeze(2) if image else out
+
+
+def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
+    out[:, :, first:first + frames.shape[2]] = frames
+
+
+def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition,
+                   kernel_log: KernelLog | None) -> None:
+    """Temporal chunks of `z` (B,C,T',h,w: the partition's rows of it) through the decoder, cropped to
+    `size_thw` (frames, height, width: rows of the partition's output) and handed to
+    `deliver(first, frames)` where the partition delivers."""
+    t_out, h_out, w_out = size_thw
+    rows = partition.rows(1)
+    part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
+    ctx = StreamContext(opts, kernel_log=kernel_log)
+    run_layout = plan.activation_layout
+    pos = 0
+
+    scale = model.spatial_factor * model.decode_upscale  # output rows per latent row
+
+    def emit(y, write):
+        nonlocal pos
+        if _overflowed(y):
+            raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
+        if not write:
+            return
+        k = max(0, min(y.shape[2], t_out - pos))
+        frames = partition.collect(y[:, :, :k, :, :w_out], scale)  # every rank takes part
+        if frames is not None and k:
+            deliver(pos, frames[..., :h_out, :])
+        pos += k
+
+    def step(first, n, write):
+        x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
+        x = layout.to_layout(x, run_layout)
+        _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
+        return pos < t_out
+
+    _stream(model, ctx, steps, plan, partition, step)

@@ -1,0 +1,241 @@
+"""Memory model: predict an encode/decode's peak memory on its compute device (`planning.py` uses it to
+pick settings that fit a budget).
+
+Peak = weights + the input/output buffers that live on the compute device (a decode into host
+memory counts none of its output) + what stays resident between calls (the CPU Winograd filter
+cache, from the model's conv weights and the cache cap) + activations. Activations follow a linear
+model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles are
+untiled runs of one tile), separately per device type (bench/calibrate_memory.py writes
+`memory_calibration.json` beside this file): on the CPU the peak of live tensors, on CUDA the peak
+the caching allocator reserves (cuDNN workspaces and fragmentation included). A device type without
+its own calibration (a GPU before `python -m bench.gpu_check --parts calibrate` ran on one; MPS)
+uses the CPU's coefficients times UNCALIBRATED_MARGIN:
+
+    activations = element_size * (per_pixel * chunk_pixels + per_tile_pixel * tile_pixels + fixed)
+
+with chunk_pixels the pixel-frames of one temporal chunk at video resolution (decode output /
+encode input) and tile_pixels those of one spatial tile (exact tiling). The causal caches are part
+of that; offloaded (`causal_cache.py`), they leave the compute device except the running module's
+own (its old and new frames), which `cache_profile` (elements per video pixel, all caches and the
+largest, measured by a short run) gives.
+"""
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .stream_context import StreamContext
+from .geometry import Clip, as_pair, pixel_frames
+from ..kernels import Optimizations, conv as opt_conv, winograd
+
+CALIBRATION = Path(__file__).with_name("memory_calibration.json")
+# CPU coefficients on a GPU underestimate it: on an H100 (bench/results/gpu/, 2026-11-24) measured
+# peaks were 1.1x (Wan2.1 decode) to 1.8x (Wan2.2 decode) of the CPU model's prediction.
+UNCALIBRATED_MARGIN = 2.0
+
+
+@lru_cache(maxsize=1)
+def _calibration() -> dict:
+    return json.loads(CALIBRATION.read_text()) if CALIBRATION.is_file() else {}
+
+
+def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
+    """Calibrated {per_pixel, per_tile_pixel, fixed} for a family/op/mode ("caches": the
+    `cache_profile`, elements per pixel, the same on every device) on `device_type`; where that
+    device type has no calibration, the CPU's times UNCALIBRATED_MARGIN. An entry may say where its
+    numbers come from ("source": "cpu", the CUDA streamed mode until a GPU measures it: tiled one frame
+    at a time, a GPU holds the CPU's live tensors, and the meta-device count of the GPU code path
+    agrees, bench/RESULTS.md section 10); only the numbers are returned."""
+    table = _calibration()
+    entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return {name: value for name, value in entry.items() if name != "source"}
+    entry = table.get("cpu", {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return entry if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in entry.items()}
+    raise KeyError(f"no memory calibration for {family} {op} {mode}; run python -m bench.calibrate_memory")
+
+
+def calibration_mode(tile_size, tiling: str, streamed: bool) -> str:
+    """The calibrated mode a plan's activations follow: "streamed", "untiled" (fast tiles too) or "exact"."""
+    return "streamed" if streamed else "untiled" if tile_size is None or tiling == "fast" else "exact"
+
+
+def calibration_source(family: str, op: str, mode: str, device_type: str) -> str:
+    """Where `coefficients(family, op, mode, device_type)` come from: "measured" on that device type,
+    "the CPU's" (an entry that says so), "derived" (the CPU's times UNCALIBRATED_MARGIN) or "none"."""
+    table = _calibration()
+    entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return "the CPU's" if entry.get("source") == "cpu" else "measured"
+    return "derived" if table.get("cpu", {}).get(family, {}).get(op, {}).get(mode) else "none"
+
+
+def calibration_summary(device_type: str) -> str:
+    """Per family, where the memory model's coefficients on `device_type` come from, e.g. "seedvr2
+    measured (streamed: the CPU's); qwen21 derived (the CPU's x 2.0)"."""
+    table = _calibration()
+    parts = []
+    for family in sorted(set(table.get("cpu", {})) | set(table.get(device_type, {}))):
+        sources: dict[str, list[str]] = {}
+        for source_table in (table.get("cpu", {}), table.get(device_type, {})):
+            for op, modes in source_table.get(family, {}).items():
+                for mode in modes:
+                    if mode != "caches":
+                        where = calibration_source(family, op, mode, device_type)
+                        sources.setdefault(where, [])
+                        if f"{op} {mode}" not in sources[where]:
+                            sources[where].append(f"{op} {mode}")
+        main = max(sources, key=lambda where: len(sources[where]))
+        rest = ", ".join(f"{', '.join(sorted(items))}: {where}" for where, items in sources.items() if where != main)
+        label = f"derived (the CPU's x {UNCALIBRATED_MARGIN:g})" if main == "derived" else main
+        parts.append(f"{family} {label}" + (f" ({rest})" if rest else ""))
+    return "; ".join(parts)
+
+
+def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
+                       opts: Optimizations | None = None) -> list[tuple[torch.Size, int]]:
+    """(shape, bytes) of every causal cache a steady chunk leaves at latent_hw latent cells: what
+    running two one-latent-frame chunks of zeros (frame 0 alone, then one steady latent frame) keeps."""
+    h, w = latent_hw
+    sf = model.spatial_factor
+    if op == "decode":
+        shape, dtype, run = (1, model.latent_channels, 2, h, w), model.decode_dtype, model.decode_chunk
+    else:
+        shape = (1, model.in_channels, 1 + model.temporal_factor, h * sf, w * sf)
+        dtype, run = model.encode_dtype, model.encode_chunk
+    clip = torch.zeros(shape, dtype=dtype, device=model.device)
+    ctx = StreamContext(opts or Optimizations())
+    with torch.inference_mode():
+        for chunk in (clip[:, :, :1], clip[:, :, 1:]):
+            run(chunk, ctx)
+            ctx.first_chunk = False
+    return ctx.cache.sizes()
+
+
+def cache_profile(model, op: str, cells: int = 8) -> dict:
+    """Causal-cache elements per video pixel that a steady chunk leaves: {"all": summed over the
+    modules, "largest": of one module}, from `steady_cache_sizes` at `cells` x `cells` latent cells
+    (the caches are whole frames, so they scale with the frame area)."""
+    pixels = (cells * model.spatial_factor) ** 2
+    sizes = [shape.numel() for shape, _ in steady_cache_sizes(model, op, (cells, cells))]
+    return {"all": sum(sizes) / pixels, "largest": max(sizes, default=0) / pixels}
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
+    """What stays resident between calls of `op` on `device`: the CPU Winograd filter transforms of
+    its eligible 3x3 convs that run Winograd, up to the cache's cap; nothing elsewhere. With kernels
+    measured per layer shape (`opts.kernel_choice`) a conv runs Winograd where this machine's record
+    says so for its weight (a conv none of whose shapes is on record yet is counted: measuring it
+    computes the transform, which stays if Winograd wins); with the default kernels, wherever eligible."""
+    if torch.device(device).type != "cpu" or not opts.winograd_conv:
+        return 0
+    total = 0
+    roots = model.decode_modules() if op == "decode" else model.encode_modules()
+    dtype = model.decode_dtype if op == "decode" else model.encode_dtype
+    for module in (m for root in roots for m in root.modules()):
+        weight = getattr(module, "weight", None)
+        if not (isinstance(module, torch.nn.Conv3d) and weight is not None and weight.dim() == 5
+                and opt_conv.winograd_weight_eligible(weight.shape, module.stride)):
+            continue
+        if opts.kernel_choice == "measure" and opt_conv.uses_winograd(device, dtype, weight.shape, module.stride) is False:
+            continue
+        total += winograd.transform_nbytes(weight.shape)
+    return min(total, winograd.filter_cache(opts.winograd_cache_bytes).limit_bytes)
+
+
+def _io_elements(model, clip: Clip) -> tuple[int, int]:
+    """Elements of the whole (input, output) of the op: pixels (an upscale decoder's at its output size)
+    and latent."""
+    if clip.op == "decode":
+        video = clip.batch * model.out_channels * model.decode_upscale ** 2 * clip.frames * clip.height * clip.width
+    else:
+        video = clip.batch * model.in_channels * clip.frames * clip.height * clip.width
+    h, w = clip.latent_hw
+    latent = clip.batch * model.latent_channels * clip.latent_frames * h * w
+    return (latent, video) if clip.op == "decode" else (video, latent)
+
+
+def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "exact", device=None,
+             cache_offload: str = "none", io_on_device: tuple[bool, bool] = (True, True),
+             opts: Optimizations | None = None, streamed: bool = False) -> int:
+    """Predicted peak bytes on the compute device for one encode/decode of `clip` with these settings.
+
+    `streamed`: the chunk's stages run one frame at a time (`strategies.FrameStream`); then the
+    activations follow the "streamed" coefficients, calibrated with the caches offloaded and one
+    latent frame per chunk: per_pixel per pixel of one frame (what every high-resolution layer holds
+    of one frame) and per_tile_pixel per pixel of one frame's tile (the conv buffers), whatever the
+    chunk (an untiled frame is one tile), plus the offloaded caches' bands (`cache_band_elements`);
+    the caches are added whole where they stay on the device.
+
+    Fast tiles are independent untiled runs on a tile (with its overlap), so they use the untiled
+    coefficients at tile size, plus the tile's own output buffer that is blended into the result.
+    Offloaded caches ("host", "disk") leave all but the running module's old and new frames.
+    `io_on_device`: whether the whole input and the whole output live on the compute device (a
+    node's latent and frames stay in host memory and pass through the device a chunk at a time,
+    which the activations already count). `opts`: the optimizations the run uses (default: all on).
+    """
+    opts = opts or Optimizations()
+    device = torch.device(device) if device is not None else model.device
+    op, b, n_lat, height, width = clip.op, clip.batch, clip.latent_frames, clip.height, clip.width
+    dtype = model.decode_dtype if op == "decode" else model.encode_dtype
+    elem = torch.finfo(dtype).bits // 8
+    buffers = sum(n for n, here in zip(_io_elements(model, clip), io_on_device) if here)
+    frames = model.temporal_factor * min(temporal_chunk, n_lat)  # pixel frames of a full chunk
+    tile_pixels = 0
+    if tile_size is not None:
+        th, tw = as_pair(tile_size)
+        tile_pixels = b * frames * min(th, height) * min(tw, width)
+    fast = tile_size is not None and tiling == "fast"
+    frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
+    basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
+    mode = calibration_mode(tile_size, tiling, streamed)
+    coef = {k: v * scale for k, v in coefficients(basis, op, mode, device.type).items()}
+    resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
+    cache_all, cache_largest = _cache_elements(model, op, device.type)
+    if streamed:
+        th, tw = (min(side, full) for side, full in zip(as_pair(tile_size or (height, width)), (height, width)))
+        frame_pixels = b * height * width
+        act = coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * b * th * tw
+        act += cache_all * frame_pixels if cache_offload == "none" else b * cache_band_elements(cache_largest, th, width)
+        return int(resident + elem * (act + coef.get("fixed", 0)))
+    # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
+    # are whole frames per module whatever the chunk length: they scale with the frame, the rest
+    # with the chunk's pixel frames.
+    per_chunk_pixel = max(0.0, coef["per_pixel"] - cache_all / model.temporal_factor)
+    act = per_chunk_pixel * frames * frame_pixels + cache_all * frame_pixels
+    if fast:
+        channels = model.out_channels * model.decode_upscale ** 2 if op == "decode" else 3
+        act += channels * pixel_frames(n_lat, model.temporal_factor) * frame_pixels  # the tile's own output buffer
+    else:
+        act += coef.get("per_tile_pixel", 0.0) * tile_pixels
+    if cache_offload != "none":
+        act -= (cache_all - 2 * cache_largest) * frame_pixels
+    return int(resident + elem * (act + coef.get("fixed", 0)))
+
+
+def cache_band_elements(largest: float, tile_rows: int, width: int) -> float:
+    """Elements of the offloaded caches on the device while a conv runs under exact tiles: the old
+    and the new band of rows of the largest module's cache (`largest`: its elements per video pixel),
+    as tall as a row of tiles with its halo, the frame wide (`strategies.ExactTiles`)."""
+    return 2 * largest * (tile_rows + 2) * width
+
+
+def cache_calibrated(model, op: str, device_type: str) -> bool:
+    """Whether the causal caches' size is known for this family/op (needed to plan offloading them)."""
+    return _cache_elements(model, op, device_type) != (0.0, 0.0)
+
+
+def _cache_elements(model, op: str, device_type: str) -> tuple[float, float]:
+    """Causal-cache elements per video pixel (all modules, the largest one); (0, 0) uncalibrated."""
+    basis, scale = model.memory_calibration(op)
+    try:
+        caches = coefficients(basis, op, "caches", device_type)
+    except KeyError:
+        return 0.0, 0.0
+    return caches["all"] * scale, caches["largest"] * scale

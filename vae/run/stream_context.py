@@ -1,0 +1,51 @@
+"""The state of one encode or decode that every block of the model reads (`StreamContext`, the run's
+`model.execution.StreamState`): switches, causal caches, the execution strategy, the kernel log."""
+from ..kernels import Optimizations
+from ..kernels.kernel_log import KernelLog
+from ..kernels.winograd import filter_cache
+from .causal_cache import CausalCache
+
+
+class StreamContext:
+    """State of one streamed encode or decode: the `model.execution.StreamState` every block reads.
+
+    `cache` (a `causal_cache.CausalCache`, on the compute device or offloaded) holds what each temporal
+    module must remember between chunks (for causal convs: the input frames the next chunk still
+    needs, unpadded). `first_chunk` is True while the chunk that holds frame 0 of the clip is
+    processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
+    `last_chunk` is True while the chunk that holds the clip's last frame is processed: a conv that
+    looks ahead in time (`CausalConv3d.lookahead`) then pads the clip's end and gives its last frames.
+    `execution` is None (whole frames, the blocks' own path) or the `model.execution.Execution` every
+    conv, norm and attention then runs under (`strategies.ExactTiles`, `distributed.RowBands`).
+    `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
+    `strategies.FrameStream` that runs them one frame at a time. `kernel_log`: see
+    `kernels.kernel_log`.
+    """
+
+    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
+                 kernel_log: KernelLog | None = None):
+        self.opts = opts
+        self.first_chunk = True
+        self.last_chunk = False
+        self.cache = cache if cache is not None else CausalCache()
+        self.execution = execution
+        self.frame_stream = None
+        # Where the convs and norms note which kernel ran (the caller's, for its run report; or None).
+        self.kernel_log = kernel_log
+        # How every conv of the run picks its kernel (`kernels.conv3d`'s keyword arguments): the
+        # Winograd filter-transform cache (None: Winograd off), measured or fixed choices, and the
+        # PyTorch 2.9 cuDNN workaround.
+        self.conv_options = {"winograd": filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None,
+                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround,
+                             "log": kernel_log}
+
+    @property
+    def eager_reason(self) -> str | None:
+        """Why a compiled block must run this step in Python, or None when it may be traced: execution
+        strategies loop over tiles or exchange rows with other ranks, and offloaded caches copy to
+        pinned memory or a file, none of which a traced graph may replay."""
+        if self.execution is not None:
+            return self.execution.eager_reason
+        if self.cache.offload != "none":
+            return f"steps with caches offloaded to {self.cache.offload}"
+        return None
