@@ -11,7 +11,7 @@ from tests.test_layout import ConvLayouts
 from vae import doctor
 from vae.run import memory
 from vae.__main__ import main
-from vae.kernels import conv, kernel_check, kernel_choice
+from vae.kernels import conv, conv_check, kernel_check, kernel_choice
 
 LABELS = ("StreamVAE:", "device:", "versions:", "kernel record:", "convolutions:", "norms in ", "activation layout in ",
           "memory model on ")
@@ -78,12 +78,16 @@ def test_on_a_gpu_it_names_the_gpu_the_driver_and_a_failed_kernel(monkeypatch, t
     monkeypatch.setattr(kernel_check, "runs_triton", lambda device: True)
     monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which:
                         ({("rms_norm", "ndhwc"): "RuntimeError: no kernel image"} if dtype == torch.bfloat16 else {}, set()))
+    monkeypatch.setattr(conv_check, "_check", lambda device, dtype:
+                        (None if dtype == torch.bfloat16 else "RuntimeError: CUDNN_STATUS_NOT_SUPPORTED", True))
     kernel_check.verdicts.cache_clear()
+    conv_check.verdict.cache_clear()
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lines = doctor.report("cuda:0", [torch.bfloat16, torch.float32])
     kernel_check.verdicts.cache_clear()
+    conv_check.verdict.cache_clear()
     text = "\n".join(lines)
     assert "Fake H100" in text and "GPU driver 570.124.06" in text
     assert "cuDNN through F.conv3d" in text and "regression is present: half precision cuDNN called directly" in text
@@ -91,6 +95,8 @@ def test_on_a_gpu_it_names_the_gpu_the_driver_and_a_failed_kernel(monkeypatch, t
     assert "5 of 6 passed" in norms["norms in bf16"] and "rms_norm NDHWC failed (RuntimeError: no kernel image)" in norms["norms in bf16"]
     assert "6 of 6 passed" in norms["norms in fp32"]
     assert "activation layout in bf16: NDHWC, or NCDHW for a model whose convs run faster so" in text
+    assert ("activation layout in fp32: NCDHW (NDHWC convs failed their first-use check here: RuntimeError: "
+            "CUDNN_STATUS_NOT_SUPPORTED)") in text
     assert "memory model on cuda: " in text and "measured" in text
 
 

@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
-from vae.kernels import conv, kernel_choice, layout, norm_act
+from vae.kernels import conv, conv_check, kernel_choice, layout, norm_act
 from vae.run import layout_choice
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
@@ -151,6 +151,7 @@ def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatc
     """The decision: "auto" on CUDA with measured kernels is what `measured` finds on that GPU; with
     fixed kernels, an explicit layout or on a CPU, the rule."""
     monkeypatch.setattr(layout_choice, "measured", lambda model, device, dtype: "ncdhw")
+    monkeypatch.setattr(conv_check, "failure", lambda device, dtype: None)  # an emulated GPU's NDHWC convs pass
     gpu, cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
     assert layout_choice.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
     assert layout_choice.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"

@@ -5,8 +5,7 @@ from functools import lru_cache
 
 import torch
 
-from ..kernels import kernel_choice
-from ..kernels import conv
+from ..kernels import conv, conv_check, kernel_choice
 from ..kernels.layout import FORMATS
 
 
@@ -38,6 +37,10 @@ def explain(setting: str, device, dtype: torch.dtype, kernels: str, chosen: str 
     """Which layout a run on `device` in `dtype` takes and why, for `vae doctor` and run reports:
     `choose`'s decision for the `activation_layout` `setting` and `kernel_choice` mode `kernels`
     (`chosen`: what `choose` gave a model, when one ran)."""
+    if setting == "ndhwc" or (setting == "auto" and _auto(device, dtype)[0] == "ndhwc"):
+        failed = conv_check.failure(device, dtype)
+        if failed is not None:
+            return f"NCDHW (NDHWC convs failed their first-use check here: {failed})"
     if setting != "auto":
         return f"{setting.upper()} (set by activation_layout)"
     rule, why = _auto(device, dtype)
@@ -90,7 +93,13 @@ def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtyp
     """The layout of a run of `model` (a `VideoVAE`, on `model.device`) computing in `dtype`, for the
     `activation_layout` `setting` and the `kernel_choice` mode `kernels`: `resolve`'s, except that
     "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC is unmeasured on
-    most GPUs; a GPU or a torch whose NDHWC convs are slower keeps NCDHW)."""
+    most GPUs; a GPU or a torch whose NDHWC convs are slower keeps NCDHW). NDHWC, chosen or set, is
+    taken only where its convs passed their first-use check on that device in that dtype
+    (`kernels.conv_check`); where they failed the run keeps NCDHW."""
     if setting == "auto" and kernels == "measure" and torch.device(model.device).type == "cuda":
-        return measured(model, model.device, dtype)
-    return resolve(setting, model.device, dtype)
+        chosen = measured(model, model.device, dtype)
+    else:
+        chosen = resolve(setting, model.device, dtype)
+    if chosen == "ndhwc" and conv_check.failure(model.device, dtype) is not None:
+        return "ncdhw"
+    return chosen
