@@ -19,7 +19,6 @@ computed once, or given by the caller; out-of-memory and fp16 overflow are recov
 """
 import dataclasses
 import logging
-import warnings
 from typing import Callable
 
 import torch
@@ -30,7 +29,7 @@ from ..model.blocks import CausalConv3d, FrameConv2d
 from .causal_cache import CausalCache
 from .stream_context import StreamContext
 from ..kernels.devices import is_oom, same_device
-from .input_checks import check_pixels
+from .input_checks import check_pixels, checked_latent
 from ..model.video_vae import run_stages
 from ..kernels import KernelLog, Optimizations, layout
 from .planning import Plan, Settings
@@ -41,7 +40,6 @@ from .strategies.fast_tiles import decode_fast, encode_fast
 from .strategies.frame_stream import FrameStream
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
-NONFINITE_MODES = ("error", "zero")
 log = logging.getLogger("streamvae")
 
 
@@ -84,6 +82,36 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
     elif plan.cache_offload != "none":
         log.info("StreamVAE %s: %s", op, plan.describe())
     return plan
+
+
+def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None, io_devices, opts: Optimizations,
+           bands: Bands | None) -> tuple[Plan, Partition]:
+    """The plan of an encode or decode of an input of `shape` (`_planned`) and this process's partition
+    of a frame of `latent_rows` latent rows (the whole frame, or its band: then every rank must agree
+    on the shapes and the plan)."""
+    partition = bands.start(latent_rows) if bands is not None else WHOLE_FRAME
+    plan = _planned(model, op, shape, how, io_devices, opts, bands)
+    if bands is not None:
+        bands.agree((*shape, plan.temporal_chunk, int(bands.gather)), model.device,
+                    "video shapes or settings" if op == "encode" else "latent shapes or settings")
+    return plan, partition
+
+
+def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
+         whole: Callable[[Steps], None], fast: Callable[[Steps], None]) -> None:
+    """The one driver of an encode or decode, without autograd and with the half-precision fallback:
+    `whole(steps)` streams the clip through the model (frames and rows as the plan and partition say),
+    or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent streams
+    and blends them; `steps` counts progress and checks `cancel`."""
+    def run():
+        if grid is None:
+            modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
+            whole(_steps(plan, progress, cancel, partition, modules))
+        else:
+            fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
+
+    with torch.inference_mode():
+        _with_half_fallback(model, plan.op, run)
 
 
 def _stream_plan(model, plan: Plan, input_shape) -> Plan:
@@ -233,11 +261,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         check_pixels(video)
     opts = opts or Optimizations()
     sf = model.spatial_factor
-    partition = bands.start(-(-h // sf)) if bands is not None else WHOLE_FRAME
     out_device = video.device if out_device is None else torch.device(out_device)
-    plan = _planned(model, "encode", video.shape, how, (video.device, out_device), opts, bands)
-    if bands is not None:
-        bands.agree((b, c, t, h, w, plan.temporal_chunk, int(bands.gather)), model.device, "video shapes or settings")
+    plan, partition = _begin(model, "encode", video.shape, -(-h // sf), how, (video.device, out_device), opts, bands)
     latent_h, latent_w = plan.clip.latent_hw
     n_moments = 2 if return_logvar else 1
     shape = (b, model.latent_channels, plan.clip.latent_frames, partition.output_rows(latent_h, 1), latent_w)
@@ -250,25 +275,17 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     if grid is not None and not isinstance(video, torch.Tensor):  # each tile would read the whole clip
         raise ValueError("fast tiling cannot stream from a frame source; use tiling='exact'")
 
-    def run():
-        if grid is None:
-            steps = _steps(plan, progress, cancel, partition, model.encode_modules())
-            _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log)
-            return
-        steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
+    def encode_tile(pixels, steps):
+        tile_plan = _stream_plan(model, plan, pixels.shape)
+        tile_h, tile_w = tile_plan.clip.latent_hw
+        parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
+        _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
+                       WHOLE_FRAME, kernel_log)
+        return parts
 
-        def encode_tile(pixels):
-            tile_plan = _stream_plan(model, plan, pixels.shape)
-            tile_h, tile_w = tile_plan.clip.latent_hw
-            parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
-            _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
-                           WHOLE_FRAME, kernel_log)
-            return parts
-
-        encode_fast(video, outputs, grid, sf, encode_tile, steps.check)
-
-    with torch.inference_mode():
-        _with_half_fallback(model, "encode", run)
+    _run(model, plan, partition, grid, progress, cancel,
+         whole=lambda steps: _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log),
+         fast=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
         return None
     if image:
@@ -320,38 +337,6 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     _stream(model, ctx, steps, plan, partition, step)
 
 
-def _nonfinite_frames(z: torch.Tensor) -> list[int]:
-    """Latent frames with NaN/Inf, checked a frame at a time: a whole-latent mask would grow with the clip."""
-    if z.device.type == "meta":  # shape-only runs (FLOP counting) have no values to check
-        return []
-    finite = torch.stack([torch.isfinite(z[:, :, i]).all() for i in range(z.shape[2])])
-    return torch.nonzero(~finite).flatten().tolist()
-
-
-def _checked_latent(model, z: torch.Tensor, nonfinite: str) -> torch.Tensor:
-    """z (B,C,T',h,w) after the checks `decode` documents; NaN/Inf set to 0 with nonfinite="zero"."""
-    b, c, n_lat, h, w = z.shape
-    if c != model.latent_channels:
-        raise ValueError(
-            f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c} channels "
-            f"(shape {tuple(z.shape)}); was the latent made by another VAE family?")
-    if n_lat < 1 or h < 1 or w < 1:
-        raise ValueError(f"decode got an empty latent of shape {tuple(z.shape)}")
-    if nonfinite not in NONFINITE_MODES:
-        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
-    bad = _nonfinite_frames(z)
-    if bad and nonfinite == "error":
-        raise ValueError(f"the latent has NaN/Inf values in latent frame(s) {bad} (of {n_lat}): the sampler that made it "
-                         "diverged (often fp16 overflow; try bf16/fp32 sampling). To decode anyway with those values "
-                         "set to 0, pass nonfinite='zero' (StreamVAE Decode: nonfinite = zero).")
-    if bad:
-        message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
-        log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
-    return z
-
-
 def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
            num_frames: int | None = None, height: int | None = None, width: int | None = None,
            nonfinite: str = "error", out: torch.Tensor | None = None, out_device: torch.device | str | None = None,
@@ -373,13 +358,12 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     cut at `height`), the others return None. `kernel_log` as in `encode`.
     """
     z, image = _as_video(z, "decode input")
-    z = _checked_latent(model, z, nonfinite)
+    z = checked_latent(model, z, nonfinite)
     b, c, n_lat, h, w = z.shape
     opts = opts or Optimizations()
     sf, of = model.spatial_factor, model.spatial_factor * model.decode_upscale  # of: output pixels per latent cell
-    partition = bands.start(h) if bands is not None else WHOLE_FRAME
     where_out = out.device if out is not None else (z.device if out_device is None else out_device)
-    plan = _planned(model, "decode", z.shape, how, (z.device, where_out), opts, bands)
+    plan, partition = _begin(model, "decode", z.shape, h, how, (z.device, where_out), opts, bands)
     full_t, full_h, full_w = plan.clip.frames, h * of, w * of
     t_out = full_t if num_frames is None else num_frames
     h_out = full_h if height is None else height
@@ -387,9 +371,6 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     for name, value, limit in (("num_frames", t_out, full_t), ("height", h_out, full_h), ("width", w_out, full_w)):
         if not 1 <= value <= limit:
             raise ValueError(f"{name}={value} is outside 1..{limit}, the size this latent decodes to")
-    if bands is not None:
-        bands.agree((b, c, n_lat, h, w, plan.temporal_chunk, int(bands.gather)), model.device,
-                    "latent shapes or settings")
     shape = (b, model.out_channels, t_out, partition.output_rows(h_out, of), w_out)
     grid = None
     if plan.tile_size and plan.tiling == "fast":
@@ -403,25 +384,17 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
     deliver = sink or (lambda first, frames: _write_into(out, first, frames))
 
-    def run():
-        if grid is None:
-            steps = _steps(plan, progress, cancel, partition, model.decode_modules())
-            _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log)
-            return
-        steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
+    def decode_tile(zt, steps):
+        tile_plan = _stream_plan(model, plan, zt.shape)
+        tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
+                               device=out.device)
+        _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
+                       tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
+        return tile_out
 
-        def decode_tile(zt):
-            tile_plan = _stream_plan(model, plan, zt.shape)
-            tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
-                                   device=out.device)
-            _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
-                           tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
-            return tile_out
-
-        decode_fast(model, z, out, grid, decode_tile, steps.check)
-
-    with torch.inference_mode():
-        _with_half_fallback(model, "decode", run)
+    _run(model, plan, partition, grid, progress, cancel,
+         whole=lambda steps: _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log),
+         fast=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
         return None
     return out.squeeze(2) if image else out

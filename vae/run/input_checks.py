@@ -1,6 +1,13 @@
 """What the engine refuses in its inputs before any work: pixels that would silently become a wrong
-latent. (A latent's checks, which can also repair it, are the engine's `_checked_latent`.)"""
+latent (`check_pixels`), a latent of another family or with NaN/Inf frames (`checked_latent`, which can
+also repair it)."""
+import logging
+import warnings
+
 import torch
+
+log = logging.getLogger("streamvae")
+NONFINITE_MODES = ("error", "zero")  # what `checked_latent` does with NaN/Inf: refuse, or set them to 0
 
 PIXEL_ROUNDING = 1e-3  # how far outside [-1, 1] encode's pixels may be (rounding, not another convention)
 
@@ -27,3 +34,35 @@ def check_pixels(video: torch.Tensor) -> None:
         hint = "0..255 values: x / 127.5 - 1" if high > 2 else "clamp to [-1, 1] first"
         raise ValueError(f"encode takes pixels in [-1, 1] (0..1 images as x * 2 - 1), but these range from {low:.4g} to "
                          f"{high:.4g}: {hint}")
+
+
+def _nonfinite_frames(z: torch.Tensor) -> list[int]:
+    """Latent frames with NaN/Inf, checked a frame at a time: a whole-latent mask would grow with the clip."""
+    if z.device.type == "meta":  # shape-only runs (FLOP counting) have no values to check
+        return []
+    finite = torch.stack([torch.isfinite(z[:, :, i]).all() for i in range(z.shape[2])])
+    return torch.nonzero(~finite).flatten().tolist()
+
+
+def checked_latent(model, z: torch.Tensor, nonfinite: str) -> torch.Tensor:
+    """z (B,C,T',h,w) after the checks `engine.decode` documents (channels, an empty latent, NaN/Inf frames); NaN/Inf set to 0 with nonfinite="zero"."""
+    b, c, n_lat, h, w = z.shape
+    if c != model.latent_channels:
+        raise ValueError(
+            f"this {model.family} VAE expects {model.latent_channels}-channel latents, got {c} channels "
+            f"(shape {tuple(z.shape)}); was the latent made by another VAE family?")
+    if n_lat < 1 or h < 1 or w < 1:
+        raise ValueError(f"decode got an empty latent of shape {tuple(z.shape)}")
+    if nonfinite not in NONFINITE_MODES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_MODES}, got {nonfinite!r}")
+    bad = _nonfinite_frames(z)
+    if bad and nonfinite == "error":
+        raise ValueError(f"the latent has NaN/Inf values in latent frame(s) {bad} (of {n_lat}): the sampler that made it "
+                         "diverged (often fp16 overflow; try bf16/fp32 sampling). To decode anyway with those values "
+                         "set to 0, pass nonfinite='zero' (StreamVAE Decode: nonfinite = zero).")
+    if bad:
+        message = f"StreamVAE: latent frame(s) {bad} have NaN/Inf values; decoding with them set to 0"
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        z = torch.nan_to_num(z, nan=0.0, posinf=0.0, neginf=0.0)
+    return z
