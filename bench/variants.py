@@ -24,12 +24,6 @@ SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, 
 # What each switch does, in the table's words (the full story is in vae/kernels/settings.py).
 SWITCH_NOTES = {
     "fused_norm_act": "norm + SiLU in one pass, fp32 statistics, written into the next conv's buffer",
-    "buffered_causal_pad": "causal cache + pads in one preallocated buffer (memory-efficient concat)",
-    "sdpa_attention": "mid-block attention by SDPA instead of an explicit softmax(QK^T)V",
-    "native_pixel_shuffle": "3-D pixel shuffle as one copy + chunked channel-expanding conv",
-    "inplace_residual": "residual adds in place",
-    "skip_zero_head_taps": "Wan: skip conv taps that only see the zero causal head",
-    "subpixel_upsample_conv": "Wan: nearest 2x + 3x3 conv as four 2x2 phase convs",
     "winograd_conv": "CPU: 3x3 convs by Winograd F(4x4,3x3)",
     "triton_norm": "CUDA: norm + SiLU as Triton kernels (CPU: no effect)",
     "whole_frame_small_convs": "exact tiles: low-resolution convs run on the whole frame once tiles are larger",
@@ -87,8 +81,9 @@ NOT_MEASURED = [
     ("fp16/bf16 autocast", "Not used: weights are cast per half (encode/decode dtype) with fp32 norm statistics; "
                            "bf16 rows measure it."),
     ("addcmul reparameterisation", "Not applicable: encode returns the posterior mean (no sampling step)."),
-    ("chunked upsampling (4-8x channel-expansion peak)", "Part of native_pixel_shuffle (its row): the expanding conv runs "
-                                                         "a few frames at a time."),
+    ("causal pads in one buffer, SDPA, native pixel shuffle (chunked 4-8x channel expansion), in-place residuals, "
+     "skipped zero-head taps, sub-pixel upsample convs", "The blocks' only code (no switch): their gains against "
+                                                         "upstream's implementations are in bench/RESULTS.md sections 1 and 5."),
     ("preallocated outputs, cached blend ramps, separable blending", "Engine and fast tiles (vae/run/strategies/fast_tiles.py, "
                                                                      "vae/run/engine.py); always on, not timed here."),
 ]

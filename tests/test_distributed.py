@@ -182,8 +182,8 @@ def test_bands_reject_more_ranks_than_rows():
     assert Bands.split(8, 3).edges == (0, 2, 5, 8)
 
 
-# The workers' settings: the reference kernels (unfused norms, explicit attention), not the defaults.
-WORKER_OPTS = vae.Optimizations(fused_norm_act=False, sdpa_attention=False, buffered_causal_pad=False)
+# The workers' settings: other kernels than the defaults (unfused norms, no Winograd).
+WORKER_OPTS = vae.Optimizations(fused_norm_act=False, winograd_conv=False)
 
 
 @pytest.fixture(scope="module")

@@ -206,9 +206,9 @@ def test_any_temporal_chunk_equals_whole_clip(model, clip, whole_clip, chunk):
 
 
 # Switches that cannot act on a tiny model streamed untiled on the CPU: Triton needs CUDA, whole-frame
-# small convs need exact tiles, Wan2.2's decoder has no pixel shuffle. The test checks they do not.
+# small convs need exact tiles. The test checks they do not.
 INERT_HERE = {"wan21": {"triton_norm", "whole_frame_small_convs"},
-              "wan22": {"triton_norm", "whole_frame_small_convs", "native_pixel_shuffle"}}
+              "wan22": {"triton_norm", "whole_frame_small_convs"}}
 
 
 def calls_made(fn) -> set[str]:

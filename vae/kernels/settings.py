@@ -1,8 +1,12 @@
-"""Switches between the optimized and the straightforward implementation of each block.
+"""The switches of one run: what a user or a fallback may change about how the blocks compute.
 
-Every optimization StreamVAE applies inside the network has a flag here, so the straightforward
-path (what the upstream reference code does) can be timed against it side by side and tests can
-prove both give the same numbers. An `Optimizations` value belongs to one run, not to a model: the
+Only choices with a reason to exist in the product have a flag: the fused norms the GPU Optimizations
+node exposes, Winograd and Triton (each replaced by torch's op where it cannot run), the attention
+kernel, the conv kernel choice, the activation layout, the cuDNN workaround, and the exact tiles' rule
+for small convs. The optimizations no one needs to turn off (the buffered causal pad, SDPA, the native
+pixel shuffle, in-place residuals, the skipped zero-head taps, the sub-pixel upsample conv) are the
+blocks' only code; the upstream implementations they are tested against are the references
+(diffusers', ComfyUI's and the upstream repositories' models, tests/). An `Optimizations` value belongs to one run, not to a model: the
 caller passes it to `vae.encode`/`vae.decode` (`opts=`), and the engine hands it to every block
 through the run's `StreamContext`; nothing else decides which kernel runs.
 """
@@ -18,24 +22,6 @@ class Optimizations:
     # Norm + SiLU computed in one step (fp32 statistics) and written straight into the input buffer
     # of the causal conv that consumes it, instead of norm -> new tensor -> SiLU -> new tensor -> cat.
     fused_norm_act: bool = True
-    # Causal convs build their input as [cached frames | new frames] in one preallocated buffer
-    # (zero or replicate head, asymmetric spatial pads) instead of torch.cat + F.pad copies.
-    buffered_causal_pad: bool = True
-    # Mid-block attention through F.scaled_dot_product_attention instead of an explicit
-    # softmax(q k^T) v that materialises the (tokens x tokens) matrix.
-    sdpa_attention: bool = True
-    # Upsamplers: pixel shuffle as one view/permute copy written into the next conv's buffer, with the
-    # first-chunk frame drop done by indexing; the channel-expanding 1x1 conv runs a few frames at a
-    # time so its 4-8x wider output never exists for the whole chunk.
-    native_pixel_shuffle: bool = True
-    # Residual adds written in place into the freshly computed branch (autograd is off).
-    inplace_residual: bool = True
-    # Causal convs with a zero head (Wan) skip the kernel taps that would only multiply the zero
-    # frames on the first chunk (frame 0 reads 1 of 3 taps): 3x fewer conv MACs for a single image.
-    skip_zero_head_taps: bool = True
-    # Nearest 2x upsample + 3x3 conv (Wan) as four 2x2 "phase" convs at the low resolution, whose
-    # outputs interleave into the 2x image: 16 instead of 36 multiply-adds per input pixel and tap.
-    subpixel_upsample_conv: bool = True
     # CPU causal convs with a 3x3 spatial kernel (stride 1, >= 96-128 channels) by Winograd F(4x4, 3x3):
     # 2.25 instead of 9 multiply-adds per output pixel and channel pair, equal up to float32 rounding.
     winograd_conv: bool = True

@@ -9,7 +9,6 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .execution import StreamState
 from .conv_buffer import Fill, interior, padded_buffer, reflect_border
@@ -88,10 +87,8 @@ class CausalConv3d(Conv3d):
             stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
             fill = norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
             return ctx.execution.conv(self, ctx, x.shape, x, fill)
-        if norm is not None and not (opts.fused_norm_act and opts.buffered_causal_pad):
+        if norm is not None and not opts.fused_norm_act:
             x, norm = norm.act(x, ctx), None
-        if not opts.buffered_causal_pad:
-            return self._forward_concat(x, ctx)
         if norm is None and not self.temporal and not any(self.buffer_pad):
             return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
         return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
@@ -170,7 +167,7 @@ class CausalConv3d(Conv3d):
             return self.no_output(like, shape)
         head, n_head = self.head(ctx)
         n_tail = self.tail_count(ctx)
-        if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
+        if (head is None and n_head and self.head_mode == "zeros"
                 and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
             return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
         buf = padded_buffer(like, shape, n_head, self.buffer_pad, fill, n_tail, self.padding_mode)
@@ -180,24 +177,6 @@ class CausalConv3d(Conv3d):
         if self.padding_mode == "reflect":
             reflect_border(buf, self.buffer_pad)
         return self._convolve(buf, ctx)
-
-    def _forward_concat(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        """Straightforward path: torch.cat of the head (and tail) + F.pad, as the upstream code does."""
-        head, n_head = self.head(ctx)
-        if head is None and n_head:
-            if self.head_mode == "replicate":
-                head = x[:, :, :1].expand(-1, -1, n_head, -1, -1)
-            else:  # shaped explicitly: x may have no frames (Wan's up3d time_conv on a 1-frame first chunk)
-                head = empty_video(x, x.shape[:2] + (n_head,) + x.shape[3:]).zero_()
-        if head is not None:
-            x = torch.cat([head, x], dim=2)
-        n_tail = self.tail_count(ctx)
-        if n_tail:
-            x = torch.cat([x, x[:, :, -1:].expand(-1, -1, n_tail, -1, -1)], dim=2)
-        if any(self.buffer_pad):
-            left, right, top, bottom = self.buffer_pad
-            x = F.pad(x, (left, right, top, bottom, 0, 0), mode="reflect" if self.padding_mode == "reflect" else "constant")
-        return self._convolve(x, ctx)
 
     def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamState) -> torch.Tensor:
         """`_convolve` of [n_head zero frames | buf] (temporal stride 1) without multiplying the zeros.
@@ -298,14 +277,6 @@ class FrameConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, x.shape, x, _copy_fill(x))
-        if not ctx.opts.buffered_causal_pad:
-            # Straightforward path, as upstream: frames folded into the batch, F.pad, per-frame conv.
-            b, c, t, h, w = x.shape
-            frames = x.transpose(1, 2).reshape(b * t, c, 1, h, w)
-            if any(self.buffer_pad):
-                frames = F.pad(frames, self.buffer_pad)
-            y = self._convolve(frames, ctx)
-            return y.reshape((b, t) + y.shape[1:2] + y.shape[3:]).transpose(1, 2)
         if not any(self.buffer_pad):
             return self._convolve(x, ctx)
         return self.run(ctx, x.shape, x, _copy_fill(x))
@@ -389,17 +360,3 @@ def upsampling_fill(produce: Callable[[torch.Tensor, torch.Tensor], object], x: 
         view.copy_(full[..., dy:dy + view.shape[-2], dx:dx + view.shape[-1]])
 
     return fill
-
-
-def upsample_nearest_2x(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Nearest-neighbour 2x upsample of the last two dims (..., H, W) -> (..., 2H, 2W).
-
-    One broadcast copy, written into `out` when given (e.g. a conv's input buffer, or a strided view
-    of it). For a factor of exactly 2, 'nearest' and 'nearest-exact' pick the same source pixel
-    (i // 2), so this equals upstream's F.interpolate(..., mode="nearest-exact").
-    """
-    h, w = x.shape[-2:]
-    if out is None:
-        out = empty_video(x, x.shape[:-2] + (2 * h, 2 * w))
-    out.unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(x[..., :, None, :, None])
-    return out

@@ -127,7 +127,7 @@ def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
 
 def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamState) -> torch.Tensor:
     """branch + skip; in place into the freshly computed branch when allowed."""
-    return branch.add_(skip) if ctx.opts.inplace_residual else branch + skip
+    return branch.add_(skip)
 
 
 def lagged(ctx: StreamState, key, frames: torch.Tensor, count: int) -> torch.Tensor:
@@ -189,10 +189,6 @@ class FrameSelfAttention(nn.Module):
         x = x[..., rows, :]
         if x.shape[3] != h:
             q = q.reshape(b * t, h, w, c)[:, rows].reshape(b * t, -1, c)
-        if ctx.opts.sdpa_attention:
-            o = sdpa(q, k, v, ctx.opts.attention)
-        else:
-            weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * (c ** -0.5), dim=-1)
-            o = torch.bmm(weights, v)
+        o = sdpa(q, k, v, ctx.opts.attention)
         o = self.project_out(o).reshape(b, t, x.shape[3], w, c).permute(0, 4, 1, 2, 3)
         return x + o

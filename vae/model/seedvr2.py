@@ -119,13 +119,7 @@ class SeedVR2Upsample3D(nn.Module):
         zt = self.factor_t
         drop = 1 if (self.temporal_up and ctx.first_chunk) else 0
         shape = (b, c, t * zt - drop, h * 2, w * 2)
-        if ctx.opts.native_pixel_shuffle and ctx.opts.buffered_causal_pad:
-            return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop, ctx), x))
-        y = self.upscale_conv(x, ctx).reshape(b, 2, 2, zt, c, t, h, w).permute(0, 4, 5, 3, 6, 1, 7, 2)
-        y = y.reshape(b, c, t * zt, h * 2, w * 2)
-        if drop:
-            y = torch.cat([y[:, :, :1], y[:, :, 2:]], dim=2)
-        return self.conv(y, ctx)
+        return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop, ctx), x))
 
     def _shuffle_into(self, x: torch.Tensor, body: torch.Tensor, drop: int, ctx: StreamState) -> None:
         """Wide conv + shuffle a few latent frames at a time, writing straight into `body`.

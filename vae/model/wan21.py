@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .blocks import CausalConv3d, FrameConv2d, upsample_nearest_2x, upsampling_fill
+from .blocks import CausalConv3d, FrameConv2d
 from .execution import StreamState
 from .layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
 from .video_vae import Stage, VideoVAE, run_stages
@@ -201,27 +201,18 @@ class WanResample(nn.Module):
         return torch.cat([x[:, :, :1], y], dim=2) if ctx.first_chunk else y
 
     def _up(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        opts, conv = ctx.opts, self.resample[1]
+        conv = self.resample[1]
         if self.mode == "up3d":
             n_kept = 1 if ctx.first_chunk else 0
             # On a 1-frame first chunk time_conv gets no frames: it only seeds its cache with zeros.
-            x = self._interleave(x[:, :, :n_kept], self.time_conv(x[:, :, n_kept:], ctx), opts)
-        if opts.subpixel_upsample_conv:
-            return conv.upsampled(x, ctx)
-        b, c, t, h, w = x.shape
-        if opts.native_pixel_shuffle:
-            return conv.run(ctx, (b, c, t, 2 * h, 2 * w), x, upsampling_fill(upsample_nearest_2x, x))
-        # As upstream: frames folded into the batch, float32 nearest-exact interpolate.
-        up = F.interpolate(x.transpose(1, 2).reshape(b * t, c, h, w).float(), scale_factor=2.0, mode="nearest-exact")
-        return conv(up.to(x.dtype).reshape(b, t, c, 2 * h, 2 * w).transpose(1, 2), ctx)
+            x = self._interleave(x[:, :, :n_kept], self.time_conv(x[:, :, n_kept:], ctx))
+        return conv.upsampled(x, ctx)
 
     @staticmethod
-    def _interleave(kept: torch.Tensor, doubled: torch.Tensor, opts) -> torch.Tensor:
+    def _interleave(kept: torch.Tensor, doubled: torch.Tensor) -> torch.Tensor:
         """[kept frames | frames 2i, 2i + 1 = channel halves 0, 1 of doubled's frame i]: B,C,k+2n,h,w."""
         b, c2, n, h, w = doubled.shape
         halves = doubled.reshape(b, 2, c2 // 2, n, h, w)
-        if not opts.native_pixel_shuffle:  # as upstream: stack + reshape, then cat
-            return torch.cat([kept, torch.stack((halves[:, 0], halves[:, 1]), 3).reshape(b, c2 // 2, 2 * n, h, w)], dim=2)
         k = kept.shape[2]
         out = empty_video(doubled, (b, c2 // 2, k + 2 * n, h, w))
         out[:, :, :k] = kept

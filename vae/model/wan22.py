@@ -116,11 +116,6 @@ class WanDupUp3D(nn.Module):
         dup.view(b, x.shape[1], self.repeats, t, h, w).copy_(x.unsqueeze(2).expand(-1, -1, self.repeats, -1, -1, -1))
         return dup.view(b, self.cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        b, _, t, h, w = x.shape
-        y = self._expanded(x).reshape(b, self.cout, t * self.ft, h * self.fs, w * self.fs)
-        return y[:, :, self.ft - 1:] if ctx.first_chunk else y
-
     def add_into(self, out: torch.Tensor, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         """out += forward(x), without materialising the rearranged shortcut."""
         dup = self._expanded(x)
@@ -169,9 +164,7 @@ class Wan22UpBlock(nn.Module):
         main = self.upsamples(x, ctx)
         if self.avg_shortcut is None:
             return main
-        if ctx.opts.inplace_residual:
-            return self.avg_shortcut.add_into(main, x, ctx)
-        return main + self.avg_shortcut(x, ctx)
+        return self.avg_shortcut.add_into(main, x, ctx)
 
 
 class Wan22Encoder(WanEncoderStages):
