@@ -52,6 +52,19 @@ if old_torch.active():  # before any test module imports the pack (see comfy_sup
     old_torch.hide_newer_torch()
 
 SERVER_FIXTURES = {"comfy_server", "comfy_client"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ndhwc_convs_checked():
+    """The channels-last convs' first-use check (vae/kernels/conv_check.py) decided before any test, so
+    that a test which counts the convs of its first NDHWC run does not count the check's (a few seconds
+    per process; tests of the check itself start it again)."""
+    import torch
+
+    from vae.kernels import conv_check
+
+    for dtype in (torch.float32, torch.bfloat16):
+        conv_check.failure("cpu", dtype)
 BROWSER_FIXTURES = {"comfy_browser"}
 
 
