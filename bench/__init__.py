@@ -5,7 +5,7 @@
 - `bench.bench_tiling`, `bench.bench_video_file`, `bench.bench_precision`, `bench.bench_norms`,
   `bench.bench_winograd`, `bench.bench_distributed`: one subject each
 - `bench.calibrate_memory`: fits the memory model (vae/memory_calibration.json)
-- `bench.gpu_check`, `bench.gpu_profile`, `bench/gpu_session.sh`: the GPU check, profile and short session
+- `bench.gpu_check`, `bench.gpu_profile`, `bench.gpu_session`: the GPU check, profile and the resumable session
 - `bench.soak`: many random prompts through a real ComfyUI server (not part of CI)
 
 Shared parts: `models` (the one model builder and inputs), `variants` (the one variant table: what a

@@ -6,7 +6,8 @@ memory, and its predicted peak, from the memory model's CUDA coefficients (shape
 A card's budget is its memory less what a desktop and the CUDA context keep (CARD_RESERVE); decode in
 bf16 and encode in fp32 (the GPU defaults), frames to host memory as the nodes run them. Where the
 CUDA coefficients of a mode were not measured on a GPU the model scales the CPU's (`vae.memory`),
-so a cell is a prediction until `bench/gpu_memory_session.sh` has run on a GPU.
+so a cell is a prediction until the GPU session's calibration and sweep parts (bench/gpu_session.py) have
+run on a GPU.
 """
 import torch
 

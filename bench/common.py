@@ -106,12 +106,15 @@ def rate(fn, flops: int, seconds: float, sync=lambda: None) -> float:
             return flops * n / elapsed
 
 
-def run_worker(module: str, spec: dict, timeout: float | None = None) -> dict:
-    """Run `python -m <module> <json spec>` in a fresh process; it prints one JSON line last."""
+def run_worker(module: str, spec: dict, timeout: float | None = None, show_stderr: bool = False) -> dict:
+    """Run `python -m <module> <json spec>` in a fresh process; it prints one JSON line last.
+    `show_stderr`: the worker's warnings and progress go to this process's stderr as they come (a log
+    that shows where a slow or stopped run was), instead of only into the error of a failed one."""
     cmd = [sys.executable, "-m", module, json.dumps(spec)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=None if show_stderr else subprocess.PIPE,
+                          text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"worker {spec} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"worker {spec} failed (exit {proc.returncode})" + (f":\n{proc.stderr[-3000:]}" if proc.stderr else ""))
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

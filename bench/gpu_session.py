@@ -12,8 +12,9 @@ window runs it again. The device tool brings back at most 8 files, so everything
 archive, `$OUT/gpu-results.tar.gz` (rewritten after each part, so a run stopped at its limit keeps what it
 finished), beside `$OUT/ledger.jsonl` (this run's new ledger lines, to append to the committed ledger).
 
-Each part's estimate is what it took on an H100 (bench/RESULTS.md section 0), startup included; a part
-starts only when its estimate fits the time left, and is stopped at the time left.
+Each part's estimate is what it took on an H100 (bench/RESULTS.md sections 0 and 12), process starts and
+the fp32 reference rows included; a part starts only when its estimate fits the time left, and is stopped
+after 1.5x its estimate (or at the time left), so one part that hangs leaves the others their window.
 """
 import argparse
 import hashlib
@@ -32,6 +33,7 @@ from bench.common import REPO
 LEDGER = REPO / "bench" / "results" / "gpu" / "ledger.jsonl"
 FINGERPRINTED = ("vae", "bench", "tests")  # the sources a result depends on (*.py, *.sh)
 SPEED_ROWS = ["reference", "bf16", "bf16-core_0.33.0", "bf16-ncdhw"]
+OVERRUN = 1.5  # a part is stopped after this many times its estimate
 
 
 @dataclass(frozen=True)
@@ -49,30 +51,31 @@ def _decode(name: str, workload: str, seconds: int, why: str, op: str = "decode"
 
 
 def _sweep(name: str, size: str, budgets: list[str], seconds: int, why: str, untiled: bool = True) -> Part:
+    rows = len(budgets) + untiled  # each row stopped at its share, so one slow budget leaves the others their time
     return Part(name, seconds, why, ("bench.memory_sweep", "--device", "{device}", "--dtype", "bf16", "--frames", "21",
                                      "--sizes", size, "--budgets-gib", *budgets, *(() if untiled else ("--no-untiled",)),
-                                     "--out", f"{{out}}/memory_sweep_{name}.jsonl"))
+                                     "--row-timeout", str(seconds // rows), "--out", f"{{out}}/memory_sweep_{name}.jsonl"))
 
 
 # In the order of issue 39: correctness, the 6 GiB promise, speed against core, calibration, the rest.
 PARTS = [
     Part("tests", 90, "the CUDA tests: both layouts and every Triton kernel natively",
          ("bench.gpu_check", "--parts", "tests", "--part-budget", "{budget}", "--out", "{out}")),
-    _sweep("seedvr2-1080p-6gib", "1080x1920", ["6"], 150,
+    _sweep("seedvr2-1080p-6gib", "1080x1920", ["6"], 240,
            "SeedVR2 21x1080x1920 bf16 decode within a 6 GiB card: measured against predicted, exact against untiled"),
-    _decode("decode-wan21-480p", "wan21:81x480x832", 110, "Wan2.1 decode: the default, NCDHW and core 0.33.0"),
-    _decode("decode-seedvr2-720p", "seedvr2:81x720x1248", 140, "SeedVR2 decode: the default, NCDHW and core 0.33.0"),
-    _decode("decode-wan22-704p", "wan22:81x704x1280", 110, "Wan2.2 decode: the default, NCDHW and core 0.33.0"),
+    _decode("decode-wan21-480p", "wan21:81x480x832", 100, "Wan2.1 decode: the default, NCDHW and core 0.33.0"),
+    _decode("decode-seedvr2-720p", "seedvr2:81x720x1248", 240, "SeedVR2 decode: the default, NCDHW and core 0.33.0"),
+    _decode("decode-wan22-704p", "wan22:81x704x1280", 200, "Wan2.2 decode: the default, NCDHW and core 0.33.0"),
     _decode("decode-ltx2-720p", "ltx2:121x720x1280", 150, "LTX-2 decode: the default, NCDHW and core 0.33.0 "
             "(issue 38; an estimate, never run on a GPU)"),
-    _decode("encode-wan21-480p", "wan21:81x480x832", 60, "Wan2.1 encode: NDHWC against NCDHW", op="encode",
+    _decode("encode-wan21-480p", "wan21:81x480x832", 90, "Wan2.1 encode: NDHWC against NCDHW", op="encode",
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",
          ("bench.calibrate_memory", "--device", "{device}", "--modes", "streamed", "--families", "seedvr2", "wan21",
           "--ops", "decode"), keeps=("vae/memory_calibration.json",)),
-    _sweep("seedvr2-1080p-cards", "1080x1920", ["8", "12", "16"], 150, "SeedVR2 1080p within 8, 12 and 16 GiB cards",
+    _sweep("seedvr2-1080p-cards", "1080x1920", ["8", "12", "16"], 300, "SeedVR2 1080p within 8, 12 and 16 GiB cards",
            untiled=False),
-    _sweep("seedvr2-4k-cards", "2160x3840", ["10", "16"], 120, "SeedVR2 4K within 10 and 16 GiB cards", untiled=False),
+    _sweep("seedvr2-4k-cards", "2160x3840", ["10", "16"], 240, "SeedVR2 4K within 10 and 16 GiB cards", untiled=False),
     Part("profile-wan21", 60, "where the default Wan2.1 decode's time goes",
          ("bench.gpu_check", "--parts", "profile", "--workloads", "wan21:81x480x832", "--part-budget", "{budget}",
           "--out", "{out}")),
@@ -166,13 +169,14 @@ def main() -> None:
         if part.seconds > left:
             print(f"[gpu_session] {part.name}: skipped, needs about {part.seconds} s, {left:.0f} s left", flush=True)
             continue
-        print(f"[gpu_session] {part.name} ({part.why}), up to {left:.0f} s", flush=True)
+        stop = min(left, OVERRUN * part.seconds)
+        print(f"[gpu_session] {part.name} ({part.why}), up to {stop:.0f} s", flush=True)
         with (results / f"{part.name}.log").open("w") as log:
-            status, seconds = run_part(part, left, results, args.device, log)
+            status, seconds = run_part(part, stop, results, args.device, log)
         print((results / f"{part.name}.log").read_text()[-4000:], flush=True)
         print(f"[gpu_session] {part.name}: {status} in {seconds:.0f} s", flush=True)
         entry = dict(part=part.name, gpu=gpu, code=code, commit=commit, status=status, seconds=round(seconds, 1),
-                     at=time.strftime("%Y-%m-%dT%H:%M:%S"), results=f"{results.name}.tar.gz")
+                     at=time.strftime("%Y-%m-%dT%H:%M:%S"), results=results.name)
         with new_ledger.open("a") as f:
             f.write(json.dumps(entry) + "\n")
         pack(results, args.out / "gpu-results.tar.gz")

@@ -15,6 +15,7 @@ Prints a markdown table and writes one JSON line per row to --out.
 """
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import torch
@@ -22,6 +23,17 @@ import torch
 from bench.common import git_commit, machine_summary, run_worker
 
 GIB = 2**30
+
+
+def worker(spec: dict, timeout: float | None) -> dict:
+    """One row in its own process, its progress and warnings passed through to this log; a row that
+    fails or runs out of time is {"error": ...} and the sweep goes on."""
+    try:
+        return run_worker("bench.memory_worker", spec, timeout=timeout, show_stderr=True)
+    except subprocess.TimeoutExpired:
+        return {"error": f"stopped after {timeout:.0f} s"}
+    except RuntimeError as error:
+        return {"error": str(error).splitlines()[0]}
 
 
 def main() -> None:
@@ -39,6 +51,8 @@ def main() -> None:
     parser.add_argument("--no-untiled", action="store_true",
                         help="no untiled runs (too large for the device): no reference row, no error column")
     parser.add_argument("--out", default=None, help="JSON lines file (default: bench/results/memory_sweep_<device>.json)")
+    parser.add_argument("--row-timeout", type=float, default=None,
+                        help="seconds a row may take; a row stopped is recorded with its error, the sweep goes on")
     args = parser.parse_args()
     out = Path(args.out or Path(__file__).parent / "results" / f"memory_sweep_{args.device}_{args.family}.json")
     machine = machine_summary()
@@ -55,17 +69,22 @@ def main() -> None:
         height, width = (int(v) for v in size.lower().split("x"))
         base = dict(family=args.family, op=args.op, frames=args.frames, height=height, width=width,
                     device=args.device, dtype=args.dtype, temporal_chunk=1)
-        untiled = None if args.no_untiled else run_worker("bench.memory_worker", base)
+        untiled = None if args.no_untiled else worker(base, args.row_timeout)
+        if untiled is not None and "error" in untiled:
+            untiled = None  # no reference: the budgets must be given in GiB, and no error column
         budgets = [g * GIB for g in args.budgets_gib] or [f * untiled["peak_bytes"] for f in args.fractions]
         runs = ([(None, lambda: untiled)] if untiled else []) + [
-            (int(budget), lambda budget=budget: run_worker("bench.memory_worker", dict(
-                base, memory_budget=int(budget), compare_untiled=untiled is not None)))
+            (int(budget), lambda budget=budget: worker(dict(base, memory_budget=int(budget),
+                                                           compare_untiled=untiled is not None), args.row_timeout))
             for budget in budgets]
         for budget, measure in runs:
             result = measure()
             row = dict(size=size, budget_gib=None if budget is None else round(budget / GIB, 3), **result)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            if "error" in result:
+                print(f"| {size} | {budget / GIB:.3f} | {result['error']} | | | | |", flush=True)
+                continue
             predicted = "-" if result["predicted_bytes"] is None else f"{result['predicted_bytes'] / GIB:.3f}"
             error = f"{result['max_err']:.1e}" if "max_err" in result else "(reference)" if budget is None else "-"
             print(f"| {size} | {'none' if budget is None else f'{budget / GIB:.3f}'} | {result['plan']} | {predicted} | "

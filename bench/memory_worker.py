@@ -85,6 +85,8 @@ def measure(model, spec: dict) -> dict:
             torch.cuda.set_per_process_memory_fraction(
                 min(1.0, settings["memory_budget"] / torch.cuda.get_device_properties(device).total_memory), device)
     plan = models.plan(model, spec["op"], tuple(x.shape), settings, opts)
+    phases = Phases(device)
+    phases.say(f"{spec['family']} {spec['op']} {tuple(x.shape)}: {plan.describe()}")
     io = {}
     if spec["op"] == "decode":
         of = model.spatial_factor * model.decode_upscale
@@ -99,8 +101,10 @@ def measure(model, spec: dict) -> dict:
     warm = models.make_input(model.family, dict(spec, height=cells * model.spatial_factor,
                                                 width=cells * model.spatial_factor)).to(device)
     models.run(model, spec["op"], warm.to(model.encode_dtype) if spec["op"] == "encode" else warm, dict(temporal_chunk=1), opts)
+    phases.done("warm-up")
     if opts.kernel_choice == "measure":
         models.run(model, spec["op"], x, plan, opts, **io)
+        phases.done("run that measures the kernels")
     del warm
     if cuda:
         torch.cuda.synchronize(device)
@@ -115,6 +119,7 @@ def measure(model, spec: dict) -> dict:
     if cuda:
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+    phases.done("timed run")
     peak = torch.cuda.max_memory_reserved(device) if cuda else peak_rss_bytes()
     # the prediction after the run: the kernels it measured are on record (memory.resident_cache_bytes)
     predicted = models.plan(model, spec["op"], tuple(x.shape), settings, opts).peak_bytes
@@ -129,7 +134,28 @@ def measure(model, spec: dict) -> dict:
         whole = models.run(model, spec["op"], x, dict(temporal_chunk=1), opts)
         result["max_err"] = float((got.float() - whole.float()).abs().max())
         result["max_abs"] = float(whole.float().abs().max())
+        phases.done("untiled comparison")
+    result["phase_seconds"] = phases.seconds
     return result
+
+
+class Phases:
+    """Seconds of each phase of a measurement, said on stderr as each ends: where a slow run spends its
+    time shows in the log even when the run is stopped before its result."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self.start = device, {}, time.perf_counter()
+
+    def say(self, text: str) -> None:
+        print(f"[memory_worker] {text}", file=sys.stderr, flush=True)
+
+    def done(self, name: str) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self.start, 3)
+        self.say(f"{name}: {now - self.start:.1f} s")
+        self.start = now
 
 
 if __name__ == "__main__":

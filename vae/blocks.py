@@ -15,6 +15,7 @@ from .causal_cache import CausalCache
 from .conv_buffer import Fill, interior, padded_buffer, reflect_border
 
 from .optimizations import Optimizations, conv3d
+from .optimizations.kernel_log import KernelLog
 from .optimizations.layout import empty_video
 from .optimizations.winograd import filter_cache
 
@@ -31,21 +32,26 @@ class StreamContext:
     `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
-    `strategies.FrameStream` that runs them one frame at a time.
+    `strategies.FrameStream` that runs them one frame at a time. `kernel_log`: see
+    `optimizations.kernel_log`.
     """
 
-    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None):
+    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
+                 kernel_log: KernelLog | None = None):
         self.opts = opts
         self.first_chunk = True
         self.last_chunk = False
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
+        # Where the convs and norms note which kernel ran (the caller's, for its run report; or None).
+        self.kernel_log = kernel_log
         # How every conv of the run picks its kernel (`optimizations.conv3d`'s keyword arguments): the
         # Winograd filter-transform cache (None: Winograd off), measured or fixed choices, and the
         # PyTorch 2.9 cuDNN workaround.
         self.conv_options = {"winograd": filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None,
-                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround}
+                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround,
+                             "log": kernel_log}
 
     @property
     def eager_reason(self) -> str | None:
@@ -72,7 +78,8 @@ class Conv3d(nn.Conv3d):
 
     def conv5d(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
-        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround)
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround,
+                      log=ctx.kernel_log)
 
 
 class CausalConv3d(Conv3d):
@@ -165,8 +172,10 @@ class CausalConv3d(Conv3d):
         return self.head_frames if ctx.first_chunk or self.lookahead else 0
 
     def tail_count(self, ctx: StreamContext) -> int:
-        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end."""
-        return self.lookahead if ctx.last_chunk else 0
+        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end.
+        `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not guard
+        on it (a middle chunk would trace a third graph)."""
+        return self.lookahead if self.lookahead and ctx.last_chunk else 0
 
     def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
@@ -381,7 +390,7 @@ class FrameConv2d(nn.Conv2d):
         b, _, t, h, w = x.shape
         bias = None if self.bias is None else self.bias.repeat(4)
         y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1),
-                   cudnn_workaround=ctx.opts.conv3d_workaround)
+                   cudnn_workaround=ctx.opts.conv3d_workaround, log=ctx.kernel_log)
         y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
         out = empty_video(x, (b, self.out_channels, t, 2 * h, 2 * w))
         phases = out.view(b, self.out_channels, t, h, 2, w, 2)

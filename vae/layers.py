@@ -29,11 +29,11 @@ class FrameGroupNorm(nn.GroupNorm):
 
     def stats(self, x: torch.Tensor, ctx: StreamContext):
         """Whole-frame (mean, rstd) of x, float32 B,G,T."""
-        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm)
+        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm, log=ctx.kernel_log)
 
     def part_moments(self, x: torch.Tensor, ctx: StreamContext):
         """(mean, biased var, elements per group and frame) of a part of the frames (a tile, a band)."""
-        mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm)
+        mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm, ctx.kernel_log)
         return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
 
     def stats_of_parts(self, parts: list):
@@ -44,13 +44,14 @@ class FrameGroupNorm(nn.GroupNorm):
     def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
         if stats is not None:
-            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm)
+            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm,
+                                    log=ctx.kernel_log)
         return self._normalize(x, ctx, act=True, out=out)
 
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
             return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out,
-                                  triton=ctx.opts.triton_norm, kernels=ctx.opts.kernel_choice)
+                                  triton=ctx.opts.triton_norm, kernels=ctx.opts.kernel_choice, log=ctx.kernel_log)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         y = F.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
@@ -90,7 +91,7 @@ class RMSNorm(nn.Module):
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
             return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm,
-                                kernels=ctx.opts.kernel_choice)
+                                kernels=ctx.opts.kernel_choice, log=ctx.kernel_log)
         y = F.normalize(x, dim=1) * math.sqrt(x.shape[1]) * self.gamma.view((1, -1) + (1,) * (x.dim() - 2))
         if act:
             y = F.silu(y)

@@ -6,6 +6,7 @@ model is built on the meta device from a config derived from the tensor shapes (
 the caller or from the file's `streamvae_config` metadata) and the weights are then assigned
 strictly: a missing, unexpected or mis-shaped key is an error that names it.
 """
+import dataclasses
 import json
 import os
 import pickle
@@ -207,11 +208,59 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
         "(qwen_image_2.1_vae_bf16.safetensors) or LTX-2 (the LTX-2 checkpoint itself, or its split video VAE) VAE file.")
 
 
-def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str) -> None:
+def _one_wrong_tensor(cls: type[VideoVAE], cfg, given: Mapping[str, torch.Tensor], wrong: list[str]):
+    """When several tensors mismatch the config read from the shapes, the one tensor that explains them
+    all, as (key, shape the others imply), or None. A config value is read from one tensor, so when
+    that tensor is the damaged one every tensor sized by the value mismatches instead; a config with
+    one value changed (an int field, or one entry of an int tuple, tried near its value and at the
+    sizes the mismatched tensors have) under which a single tensor mismatches names it. Meta-device
+    builds only (about 10 ms each)."""
+    if not dataclasses.is_dataclass(cfg):
+        return None
+    shapes = {k: tuple(v.shape) for k, v in given.items()}
+    sizes = {d for k in wrong for d in shapes[k]}
+
+    def variants():  # the likeliest first: int fields before tuple entries, near values before the sizes
+        fields = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+        entries = [(name, None, value) for name, value in fields if isinstance(value, int) and not isinstance(value, bool)]
+        entries += [(name, i, v) for name, value in fields if isinstance(value, tuple)
+                    for i, v in enumerate(value) if isinstance(v, int)]
+        tried = set()
+        for near in (True, False):
+            for name, i, old in entries:
+                for new in ({old // 2, old * 2, old - 2, old - 1, old + 1, old + 2} if near else sizes) - {old}:
+                    if new > 0 and (name, i, new) not in tried:
+                        tried.add((name, i, new))
+                        value = getattr(cfg, name)
+                        yield dataclasses.replace(cfg, **{name: new if i is None else value[:i] + (new,) + value[i + 1:]})
+
+    for variant in variants():
+        try:
+            with torch.device("meta"):
+                expected = {k: tuple(v.shape) for k, v in cls(variant).state_dict().items()}
+        except Exception:  # a value the family's constructor refuses: not the config of this file
+            continue
+        if expected.keys() == shapes.keys():
+            culprits = [k for k in expected if expected[k] != shapes[k]]
+            if len(culprits) == 1:
+                return culprits[0], expected[culprits[0]]
+    return None
+
+
+def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str,
+                  explain=None) -> None:
+    """CheckpointError naming the missing, unexpected and mis-shaped keys; `explain(wrong keys)` may
+    name the one tensor behind several mismatches (`_one_wrong_tensor`)."""
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
-    mismatched = [f"{k} {tuple(given[k].shape)} (expected {tuple(expected[k].shape)})"
-                  for k in sorted(set(expected) & set(given)) if tuple(expected[k].shape) != tuple(given[k].shape)]
+    wrong = [k for k in sorted(set(expected) & set(given)) if tuple(expected[k].shape) != tuple(given[k].shape)]
+    culprit = explain(wrong) if explain is not None and len(wrong) > 1 and not missing and not unexpected else None
+    if culprit is not None:
+        key, implied = culprit
+        raise CheckpointError(f"checkpoint does not match the {family} VAE layout; wrong shape: {key} "
+                              f"{tuple(given[key].shape)} (the other {len(given) - 1} tensors imply {implied}): the file "
+                              "is modified or damaged; download it again")
+    mismatched = [f"{k} {tuple(given[k].shape)} (expected {tuple(expected[k].shape)})" for k in wrong]
     problems = []
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)):
         if keys:
@@ -229,23 +278,48 @@ def load(
     encode_dtype: torch.dtype | None = None,
     decode_dtype: torch.dtype | None = None,
     config: Mapping | None = None,
+    allow_nonfinite: bool = False,
 ) -> VideoVAE:
     """Build the VAE a checkpoint (path or state dict) describes, with its weights, ready for inference.
 
     `dtype` is the compute dtype of the weights, whatever the file stores (fp32, bf16, fp16 or fp8);
     `encode_dtype` / `decode_dtype` override it for one half. `config` overrides config fields that
-    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`).
+    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`). A weight with NaN/Inf values is a
+    CheckpointError naming it (one such value blanks a colour channel or the whole latent), unless
+    `allow_nonfinite`.
     """
     if isinstance(source, Mapping):
         state_dict, metadata = dict(source), {}
     else:
         state_dict, metadata = read_checkpoint(source)
     model, state_dict = build_empty(state_dict, metadata, config)
+    if not allow_nonfinite:
+        check_finite(state_dict)
     target = _target_dtypes(model, dtype, encode_dtype, decode_dtype)
     # Each tensor goes from the file's dtype straight to its half's dtype: casting everything to
     # `dtype` first would round fp32/fp16 encoder weights through bf16 when only decode is bf16.
     model.load_state_dict({k: v.to(target(k)) for k, v in state_dict.items()}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
+
+
+def _nonfinite_count(tensor: torch.Tensor) -> int:
+    if not tensor.dtype.is_floating_point:
+        return 0
+    if tensor.dtype.itemsize == 1:  # fp8: torch has no isfinite for it; the upcast is exact
+        tensor = tensor.float()
+    return int((~torch.isfinite(tensor)).sum())
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
+    """CheckpointError naming the weights with NaN/Inf values (checked a tensor at a time)."""
+    bad = [(key, count) for key, tensor in state_dict.items() if (count := _nonfinite_count(tensor))]
+    if bad:
+        named = ", ".join(f"{key} ({count} of {state_dict[key].numel()} values)" for key, count in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise CheckpointError(
+            f"the checkpoint has NaN/Inf weights: {named}{more}. They would give wrong frames (a colour channel at 0, "
+            "an all-NaN latent): the file is damaged (an interrupted download, a broken conversion); download it "
+            "again. To load it anyway: vae.load(..., allow_nonfinite=True) (python -m vae: --allow-nonfinite)")
 
 
 def _target_dtypes(model: VideoVAE, dtype: torch.dtype, encode_dtype: torch.dtype | None,
@@ -278,7 +352,9 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     except LayoutError as err:
         raise CheckpointError(f"the checkpoint has the {cls.family} VAE's key layout, but sizes no variant StreamVAE "
                               f"knows: {err}") from None
+    except ValueError as err:  # a config value the shapes cannot tell, and the file does not say
+        raise CheckpointError(str(err)) from None
     with torch.device("meta"):
         model = cls(cfg)
-    _check_layout(model.state_dict(), native, cls.family)
+    _check_layout(model.state_dict(), native, cls.family, lambda wrong: _one_wrong_tensor(cls, cfg, native, wrong))
     return model, native
