@@ -2,6 +2,7 @@
 precision: full released configs, decode, timed in interleaved rounds in one process.
 
     python -m bench.bench_kernels --families seedvr2 wan21 wan22 --frames 5 --size 256x256 --rounds 3
+    python -m bench.bench_kernels --families ltx2 --core 0.33.0 --frames 17 --size 512x512
 
 On a shared, loaded machine, rows timed minutes apart in separate processes (bench.bench_vae) see
 different load; here every round runs each variant once, one after another, so load changes hit all
@@ -10,8 +11,9 @@ weights, same latent; names from the variant table, bench/variants.py): "straigh
 switch off, default kernels: upstream's behaviour), "kernels_defaults" (every switch on, fixed default
 kernels), "optimized" (every switch on, kernels measured on this machine: StreamVAE's default),
 "bf16-optimized" (optimized in the precision `decode_dtype: auto` gives this CPU: bf16 with AVX-512
-BF16/AMX; not run where that is fp32, as it is "optimized" then) and, for Wan, "core_0.3.75"
-(ComfyUI core's WanVAE, fp32).
+BF16/AMX; not run where that is fp32, as it is "optimized" then) and "core_<version>" where that core
+has the family's VAE (--core: 0.3.75, Wan's WanVAE; 0.33.0, also SeedVR2's and LTX-2's; fp32; one
+ComfyUI per process).
 
 Before the rounds, the tuning overhead: the first measured decode with an empty kernel cache (it
 tunes every new layer shape and computes the Winograd filter transforms) and the first one after the
@@ -38,7 +40,6 @@ from bench.variants import options, parse_row
 from vae.kernels import devices
 from vae.kernels import kernel_choice, winograd
 
-CORE = "0.3.75"  # the core whose VAE gets a row (one ComfyUI per process)
 VARIANTS = ("straightforward", "kernels_defaults", "optimized")
 
 
@@ -60,9 +61,9 @@ def bench_family(family: str, args) -> dict:
     runs = {name: decoder(fp32, name, z) for name in VARIANTS}
     if auto != torch.float32:  # else `auto` is "optimized"
         runs[f"{devices.dtype_name(auto)}-optimized"] = decoder(models.build(family, auto), "optimized", z)
-    if family in TREES[CORE].modules:
-        core = models.build(family, torch.float32, core=CORE)
-        runs[f"core_{CORE}"] = lambda: core.decode(z)
+    if family in TREES[args.core].modules:
+        core = models.build(family, torch.float32, core=args.core)
+        runs[f"core_{args.core}"] = lambda: core.decode(z)
 
     with torch.inference_mode():
         # Tuning overhead: an empty cache, then the disk cache alone (in-memory choices and transforms
@@ -90,9 +91,9 @@ def bench_family(family: str, args) -> dict:
                  psnr=psnr(outputs[name].float(), reference) if name != "straightforward" else None,
                  dtype=parse_row(name)[0])
             for name in runs]
-    if f"core_{CORE}" in medians:
+    if f"core_{args.core}" in medians:
         for row in rows:
-            row["vs_core"] = medians[f"core_{CORE}"] / row["time"]
+            row["vs_core"] = medians[f"core_{args.core}"] / row["time"]
     return dict(rows=rows, tuning=dict(first_run_s=first, cached_first_run_s=cached_first,
                                        steady_s=medians["optimized"], **tuning))
 
@@ -100,9 +101,10 @@ def bench_family(family: str, args) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=models.FAMILIES)
-    parser.add_argument("--frames", type=int, default=5, help="pixel frames (1 + 4k)")
+    parser.add_argument("--frames", type=int, default=5, help="pixel frames (1 + 4k; LTX-2: 1 + 8k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--core", default="0.3.75", choices=list(TREES), help="the ComfyUI core whose VAE gets a row")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))

@@ -44,11 +44,31 @@ CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)
                      "streamed": [(1024, 256)]}
 CUDA_DTYPES = {"decode": "bf16", "encode": "fp32"}
 FRAMES = 5
+# LTX-2's latent cells are 32 px (sizes and tiles multiples of 32, tiles of at least 64 px) and a latent
+# frame is 8 pixel frames; its decoder's convs look ahead, so most of a short clip comes out with its
+# last chunk (streamed a chunk at a time, `engine._run_chunk`): 4 latent frames make a chunk's peak.
+# oneDNN's copy of its largest conv weight (the first depth-to-space conv, 0.42 GiB in fp32) is a fixed
+# peak that hides the per-pixel terms below about 320 px, so its points are larger (a process holds
+# 8-9 GiB at 448 px: the weights, their Winograd transforms, the caches).
+FAMILY_POINTS = {"ltx2": {"untiled": [(384, None), (448, None)], "exact": [(384, 128), (448, 128), (448, 192)],
+                          "streamed": [(384, 128), (448, 128), (448, 192), (384, 192)]}}
+FAMILY_CHECK_POINTS = {"ltx2": {"untiled": [(416, None)], "exact": [(416, 160)], "fast": [(416, 160)],
+                                "streamed": [(416, 160)]}}
+FAMILY_FRAMES = {"ltx2": 25}
+
+
+def points(family: str, mode: str, check: bool, cuda: bool) -> list:
+    """The (size, tile) points a mode is fitted on (or checked at) for a family on this device type."""
+    if cuda:
+        return (CUDA_CHECK_POINTS if check else CUDA_FIT_POINTS)[mode]
+    table = (FAMILY_CHECK_POINTS if check else FAMILY_POINTS).get(family) or (CHECK_POINTS if check else FIT_POINTS)
+    return table[mode]
 
 
 def point_spec(family: str, op: str, size: int, tile, mode: str, device: str) -> dict:
-    spec = dict(family=family, op=op, frames=FRAMES, height=size, width=size, tile_size=tile,
-                tiling="fast" if mode == "fast" else "exact", temporal_chunk=1, device=device)
+    spec = dict(family=family, op=op, frames=FAMILY_FRAMES.get(family, FRAMES), height=size, width=size, tile_size=tile,
+                tiling="fast" if mode == "fast" else "exact", temporal_chunk=1, device=device,
+                drop_other_half=family in FAMILY_FRAMES)
     if mode == "streamed":
         # The default kernels: streamed frames in small tiles make many distinct conv shapes, and
         # measuring each (kernel_choice.py) would take most of the calibration.
@@ -87,13 +107,13 @@ COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixe
                 "streamed": ("per_pixel", "per_tile_pixel")}
 
 
-def features(mode: str, size: int, tile) -> list[float]:
-    """What the mode's coefficients multiply (`vae.run.memory.estimate`): pixels of a 4-frame chunk and of
-    its tile; streamed, of one frame and of its tile."""
+def features(mode: str, size: int, tile, chunk_frames: int = 4) -> list[float]:
+    """What the mode's coefficients multiply (`vae.run.memory.estimate`): pixels of a chunk (one latent
+    frame: `chunk_frames` pixel frames) and of its tile; streamed, of one frame and of its tile."""
     if mode == "streamed":
         side = min(tile or size, size)
         return [size * size, side * side]
-    return [4 * size * size, 4 * min(tile, size) ** 2 if tile else 0.0][:len(COEFFICIENTS[mode])]
+    return [chunk_frames * size * size, chunk_frames * min(tile, size) ** 2 if tile else 0.0][:len(COEFFICIENTS[mode])]
 
 
 def known_elements(family: str, op: str, mode: str, size: int, tile) -> float:
@@ -155,15 +175,11 @@ def main():
         measure = Measurer(family, args.device)
         for op in args.ops:
             for mode in (m for m in args.modes if m != "caches"):
-                if args.check:
-                    points = (CUDA_CHECK_POINTS if cuda else CHECK_POINTS)[mode]
-                else:
-                    points = (CUDA_FIT_POINTS if cuda else FIT_POINTS)[mode]
                 samples = []
-                for size, tile in points:
+                for size, tile in points(family, mode, args.check, cuda):
                     result = measure(op, size, tile, mode)
                     fitted = result["activation_bytes"] / measure.element_size(op) - known_elements(family, op, mode, size, tile)
-                    samples.append((features(mode, size, tile), fitted))
+                    samples.append((features(mode, size, tile, models.meta_model(family).temporal_factor), fitted))
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \

@@ -27,6 +27,9 @@ WORKLOADS = [
     ("Wan2.1 720p, 81 frames, decode", "wan21", "decode", 81, 720, 1280),
     ("Wan2.1 1080p, 81 frames, decode", "wan21", "decode", 81, 1080, 1920),
     ("Wan2.2-5B 720p, 121 frames, decode", "wan22", "decode", 121, 704, 1280),
+    ("LTX-2 720p, 241 frames, decode", "ltx2", "decode", 241, 720, 1280),
+    ("LTX-2 1088p, 241 frames, decode", "ltx2", "decode", 241, 1088, 1920),
+    ("LTX-2 4K, 121 frames, decode", "ltx2", "decode", 121, 2176, 3840),
 ]
 
 

@@ -37,15 +37,17 @@ from bench import models
 from bench.common import REPO, git_commit, print_table, psnr, rate
 from bench.variants import parse_row, prepared, variant
 from vae.kernels.devices import DTYPES
+from vae.run.geometry import min_tile
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
 WORKLOADS = {
     "seedvr2": [(21, 720, 1280), (21, 1080, 1920)],
     "wan21": [(81, 480, 832), (81, 720, 1280)],
     "wan22": [(81, 704, 1280)],
+    "ltx2": [(121, 720, 1280), (241, 1088, 1920)],
 }
-DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)]}
-DRY_TILE, DRY_OVERLAP = 32, 8  # the dry run's frames are smaller than a real tile
+DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)], "ltx2": [(17, 64, 96)]}
+DRY_TILE, DRY_OVERLAP = 32, 8  # the dry run's frames are smaller than a real tile (at least the family's smallest)
 
 DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels_defaults", "bf16-no-triton_norm", "bf16-tiles"]
 
@@ -91,7 +93,8 @@ def _build(spec: dict):
         x = x.to(dtype)
     settings = dict(temporal_chunk=spec.get("chunk"), **variant(name).settings)
     if settings.get("tile_size") and spec["tiny"]:
-        settings.update(tile_size=DRY_TILE, tile_overlap=min(settings.get("tile_overlap", 0), DRY_OVERLAP))
+        settings.update(tile_size=max(DRY_TILE, min_tile(model.spatial_factor)),
+                        tile_overlap=min(settings.get("tile_overlap", 0), DRY_OVERLAP))
     io = dict(out_device="cpu") if spec["op"] == "decode" else {}  # as the nodes do: frames to host memory
     return model, x, settings, lambda opts: models.run(model, spec["op"], x, settings, opts, **io)
 

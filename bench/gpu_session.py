@@ -66,6 +66,8 @@ PARTS = [
     _decode("decode-wan21-480p", "wan21:81x480x832", 100, "Wan2.1 decode: the default, NCDHW and core 0.33.0"),
     _decode("decode-seedvr2-720p", "seedvr2:81x720x1248", 240, "SeedVR2 decode: the default, NCDHW and core 0.33.0"),
     _decode("decode-wan22-704p", "wan22:81x704x1280", 200, "Wan2.2 decode: the default, NCDHW and core 0.33.0"),
+    _decode("decode-ltx2-720p", "ltx2:121x720x1280", 150, "LTX-2 decode: the default, NCDHW and core 0.33.0 "
+            "(issue 38; an estimate, never run on a GPU)"),
     _decode("encode-wan21-480p", "wan21:81x480x832", 90, "Wan2.1 encode: NDHWC against NCDHW", op="encode",
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",

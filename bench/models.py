@@ -1,7 +1,8 @@
 """The models and inputs every benchmark runs, built in one place, and the one place that runs them.
 
 A family's network is either its full released config with seeded random weights (conv and linear
-weights N(0,1)/sqrt(fan_in), norm scales 1, biases 0: activations stay O(1) through the depth; no
+weights N(0,1)/sqrt(fan_in), norm scales 1, biases 0, latent statistics the identity: activations stay
+O(1) through the depth; no
 released checkpoint is needed), or, with `tiny`, the tiny test checkpoint of the shared reference
 fixtures (what the CPU dry runs use). `weights` gives the config and the state dict; `build` loads them
 into StreamVAE's model or into ComfyUI core's own VAE of a version (bench/core_vae.py), so two rows
@@ -13,10 +14,21 @@ import dataclasses
 import torch
 
 import vae
+from vae.model.ltx2_blocks import LTXBlock
 
 CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
-           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config)}
+           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config),
+           "ltx2": (vae.LTX2VAE, vae.LTX2Config)}
 FAMILIES = tuple(CONFIGS)
+# Families without a tiny checkpoint among the reference fixtures: a small config with random weights
+# (LTX-2: core's LTX VAE holds 128-channel latent statistics, so the latent keeps its width).
+TINY_CONFIGS = {"ltx2": vae.LTX2Config(
+    encoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1) for name in (
+        "res_x", "compress_space_res", "res_x", "compress_time_res", "res_x", "compress_all_res", "res_x",
+        "compress_all_res", "res_x")),
+    decoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1, residual=name != "res_x")
+                         for name in ("res_x", "compress_all", "res_x", "compress_all", "res_x", "compress_all", "res_x")),
+    encoder_channels=8, decoder_channels=64)}
 
 
 def meta_model(family: str) -> vae.VideoVAE:
@@ -27,9 +39,12 @@ def meta_model(family: str) -> vae.VideoVAE:
 
 
 def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic weights for `model` (built on the meta device), as the module docstring says."""
+    """Deterministic weights for `model` (built on the meta device), as the module docstring says; saved
+    buffers (LTX's latent statistics) the identity: means 0, standard deviations 1."""
     g = torch.Generator().manual_seed(seed)
-    out = {}
+    saved = model.state_dict()
+    out = {name: (torch.ones if "std" in name.rsplit(".", 1)[-1] else torch.zeros)(b.shape)
+           for name, b in model.named_buffers() if name in saved}
     for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False):
             key = f"{module_name}.{name}" if module_name else name
@@ -44,7 +59,12 @@ def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.
 
 def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
     """(config, float32 state dict in StreamVAE's key names): the released config with `seed`'s random
-    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused)."""
+    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused; `TINY_CONFIGS` with
+    `seed`'s random weights where there is none)."""
+    if tiny and family in TINY_CONFIGS:
+        with torch.device("meta"):
+            small = CONFIGS[family][0](TINY_CONFIGS[family])
+        return small.config, random_state_dict(small, seed)
     if tiny:
         from tests.reference import TINY_CONFIG_OVERRIDES, tiny_checkpoint
 

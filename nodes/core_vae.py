@@ -1,7 +1,7 @@
 """StreamVAE to core VAE: a core ComfyUI `VAE` whose encode/decode run StreamVAE, so core nodes (VAE
 Decode, VAE Decode (Tiled), WanImageToVideo, ...) get the exact, memory-bounded path and see exactly
 what core's own VAE of that family would give them: the same LATENTs (`VideoVAE.to_comfy_latent`),
-frame counts (frames past the last 4n+1 are dropped on encode; decode gives every latent frame) and
+frame counts (frames past the last 4n+1, LTX 8n+1, are dropped on encode; decode gives every latent frame) and
 latent sizes (Wan: frames cropped, centred, to a multiple of the spatial factor, as core does; SeedVR2:
 core pads inside its encoder to floor(size / 8) latents, which the adapter matches in shape only, by
 cropping the top left, and says so).
@@ -72,8 +72,8 @@ class StreamVAEStage(torch.nn.Module):
         return output_buffer
 
     def encode(self, pixels, device=None, tiling: Settings | None = None):
-        """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last 4n+1
-        are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
+        """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last
+        tf*n+1 are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
         crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
         tf, f = self.handle.temporal_factor, self.handle.spatial_factor
         height, width = pixels.shape[3] // f * f, pixels.shape[4] // f * f
@@ -104,7 +104,7 @@ class StreamVAECoreVAE(comfy.sd.VAE):
 
     def __init__(self, handle, tiling: Settings):
         super().__init__(sd={"pixel_space_vae": torch.tensor(1.0)})  # weightless placeholder, replaced below
-        f = handle.spatial_factor
+        f, tf = handle.spatial_factor, handle.temporal_factor
         self.handle, self.tiling = handle, tiling
         self.first_stage_model = StreamVAEStage(handle, tiling)
         self.patcher = handle.patcher
@@ -112,9 +112,11 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.vae_dtype = torch.float32  # what core casts inputs to; StreamVAE casts per half itself
         self.output_device = core_api.intermediate_device()
         self.latent_channels, self.latent_dim, self.output_channels = handle.latent_channels, 3, 3
-        self.upscale_ratio = (lambda a: max(0, a * 4 - 3), f, f)
-        self.downscale_ratio = (lambda a: max(0, math.floor((a + 3) / 4)), f, f)
-        self.upscale_index_formula = self.downscale_index_formula = (4, f, f)
+        # core's ratios: tf*n - (tf - 1) pixel frames per n latent frames (Wan 4, LTX 8), read by core's nodes
+        # (LTXVAddGuide's frame index, VAE Decode (Tiled)'s tile sizes)
+        self.upscale_ratio = (lambda a: max(0, a * tf - (tf - 1)), f, f)
+        self.downscale_ratio = (lambda a: max(0, math.floor((a + tf - 1) / tf)), f, f)
+        self.upscale_index_formula = self.downscale_index_formula = (tf, f, f)
         self.working_dtypes = [torch.bfloat16, torch.float32]
         self.disable_offload, self.not_video = True, False
         self.crop_input = handle.family != "seedvr2"  # as core's SeedVR2 and Wan VAEs
@@ -193,9 +195,8 @@ class ToCoreVAE(io.ComfyNode):
         if error:
             raise ValueError(error)
         model = vae.model
-        if (model.in_channels, model.out_channels, model.decode_upscale, model.temporal_factor) != (3, 3, 1, 4):
+        if (model.in_channels, model.out_channels, model.decode_upscale) != (3, 3, 1):
             raise ValueError(f"the core-VAE adapter covers RGB video VAEs; this {model.family} VAE ({model.out_channels} "
-                             f"image channels, {model.decode_upscale}x decoder, temporal factor {model.temporal_factor}) "
-                             "runs with StreamVAE Encode / Decode instead")
+                             f"image channels, {model.decode_upscale}x decoder) runs with StreamVAE Encode / Decode instead")
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)
         return io.NodeOutput(StreamVAECoreVAE(vae, settings))

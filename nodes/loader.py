@@ -1,5 +1,7 @@
-"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder -> STREAMVAE, and the same model
-as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo, SeedVR2 nodes then run StreamVAE).
+"""StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder, or a full model checkpoint from
+models/checkpoints whose VAE is inside it (LTX-2's, under `vae.`; only those tensors are read) ->
+STREAMVAE, and the same model as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo,
+LTXVImgToVideo, SeedVR2 nodes then run StreamVAE).
 """
 import logging
 
@@ -18,8 +20,23 @@ except ImportError:  # outside ComfyUI
 log = logging.getLogger("streamvae")
 
 
+# The folders a VAE is listed from, in the order a name found in both is resolved.
+FOLDERS = ("vae", "checkpoints")
+
+
 def vae_files() -> list[str]:
-    return folder_paths.get_filename_list("vae") if folder_paths is not None else []
+    """The names of models/vae, then those of models/checkpoints not already listed."""
+    if folder_paths is None:
+        return []
+    names = {}
+    for folder in FOLDERS:
+        names.update((name, None) for name in folder_paths.get_filename_list(folder) if name not in names)
+    return list(names)
+
+
+def vae_path(name: str) -> str | None:
+    """The file behind a listed name: models/vae first, then models/checkpoints (None: in neither)."""
+    return next((path for folder in FOLDERS if (path := folder_paths.get_full_path(folder, name))), None)
 
 
 def core_vae(handle: StreamVAEHandle):
@@ -40,13 +57,15 @@ class LoadVAE(io.ComfyNode):
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
             category="StreamVAE",
-            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "video VAE"],
-            description="Loads a SeedVR2, Wan2.1 or Wan2.2 video VAE (the family is detected from the file). STREAMVAE "
-                        "feeds the StreamVAE nodes; VAE replaces core's Load VAE for VAE Decode, WanImageToVideo "
-                        "and SeedVR2 nodes, which then run StreamVAE.",
+            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "LTX-2", "LTXV", "video VAE"],
+            description="Loads a SeedVR2, Wan2.1, Wan2.2 or LTX-2 video VAE (the family is detected from the file), "
+                        "also the VAE inside a full LTX-2 checkpoint. STREAMVAE feeds the StreamVAE nodes; VAE replaces "
+                        "core's Load VAE for VAE Decode, WanImageToVideo, the LTXV nodes and SeedVR2 nodes, which then "
+                        "run StreamVAE.",
             inputs=[
                 io.Combo.Input("vae_name", options=vae_files(), tooltip=(
-                    "A SeedVR2, Wan2.1 or Wan2.2 VAE in models/vae; the family is detected from the file.")),
+                    "A SeedVR2, Wan2.1, Wan2.2 or LTX-2 VAE in models/vae, or a full LTX-2 checkpoint in "
+                    "models/checkpoints (only its VAE is read); the family is detected from the file.")),
                 io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", **core_api.advanced(),
                                tooltip="Encoder precision. auto = fp32 (bf16 encode hurts image-to-video); bf16 and "
                                        "fp16 halve the memory."),
@@ -73,7 +92,8 @@ class LoadVAE(io.ComfyNode):
             outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
                                                  tooltip="The loaded video VAE, for the StreamVAE nodes."),
                      io.Vae.Output(display_name="VAE", tooltip=(
-                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, SeedVR2): they then run StreamVAE, "
+                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, LTXVImgToVideo, SeedVR2): they then "
+                         "run StreamVAE, "
                          "with automatic tiles. The weights are loaded once."))],
         )
 
@@ -82,8 +102,9 @@ class LoadVAE(io.ComfyNode):
         if vae_name is None:
             return True
         if folder_paths is not None and vae_name not in vae_files():
-            return f"{vae_name!r} is not in models/vae; put the file there and press R to refresh the list."
-        path = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None else None
+            return (f"{vae_name!r} is in neither models/vae nor models/checkpoints; put the file there and press R to "
+                    "refresh the list.")
+        path = vae_path(vae_name) if folder_paths is not None else None
         if path:  # only the header (safetensors) or the structure (pickle) is read, and never any code run
             try:
                 checkpoints.inspect_checkpoint(path)
@@ -102,7 +123,10 @@ class LoadVAE(io.ComfyNode):
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
                 kernels="measure", compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
-        path = folder_paths.get_full_path_or_raise("vae", vae_name)
+        path = vae_path(vae_name)
+        if path is None:
+            raise FileNotFoundError(f"{vae_name!r} is in neither models/vae nor models/checkpoints; put the file there "
+                                    "and press R to refresh the list.")
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
                                       kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
         return io.NodeOutput(handle, core_vae(handle), ui={"streamvae_model": [handle.info()]})

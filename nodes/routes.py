@@ -1,7 +1,7 @@
 """HTTP routes for the web extension (served under / and /api by ComfyUI's PromptServer).
 
 - GET /streamvae/checkpoint?vae_name=NAME: family, latent channels and spatial factor of a checkpoint in
-  models/vae, from its safetensors header only.
+  models/vae or models/checkpoints (the one Load VAE lists), from its safetensors header only.
 - GET /streamvae/plan?vae_name=NAME&op=encode|decode&width=W&height=H&frames=T&tile_size=..&tile_overlap=..
   &temporal_chunk=..&tiling=..&memory_budget_gb=..&device=..&encode_dtype=..&decode_dtype=..: the tile grid
   (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels.
@@ -17,6 +17,7 @@ import torch
 from .. import vae
 from ..vae import TILING_MODES, input_shape
 from . import checkpoints
+from .loader import vae_path
 from .run_settings import check_tiling, settings_from_inputs
 from .execution import plan_placement
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
@@ -47,14 +48,12 @@ def _choice(query, name: str, choices, default: str) -> str:
 
 
 def _checkpoint(query) -> checkpoints.CheckpointInfo:
-    import folder_paths
-
     name = query.get("vae_name")
     if not name:
         raise BadRequest("vae_name is required")
-    path = folder_paths.get_full_path("vae", name)
+    path = vae_path(name)
     if path is None:
-        raise BadRequest(f"{name!r} is not in models/vae")
+        raise BadRequest(f"{name!r} is in neither models/vae nor models/checkpoints")
     try:
         return checkpoints.inspect_checkpoint(path)
     except (ValueError, OSError) as error:  # CheckpointError, or a file that went away meanwhile

@@ -26,9 +26,11 @@ except ImportError:
 
 # The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
 # 16 fps; Wan2.2-TI2V-5B: 24 fps). SeedVR2 restores videos of any rate: 24 unless the source is known.
+# LTX-2 makes the rate its conditioning asks for (core's LTXVConditioning frame_rate), 24 where unknown.
 DEFAULT_FPS = 24.0
-FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS}
-FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2"}
+FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS, "ltx2": DEFAULT_FPS}
+FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2", "ltx2": "LTX-2"}
+LTX_CONDITIONING = "LTXVConditioning"  # core's node that gives an LTX model its frame rate
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
 
@@ -78,13 +80,28 @@ def _metadata(prompt, extra_pnginfo, description: str) -> dict[str, str]:
     return tags
 
 
-def frame_rate(fps: float, latent: LatentClips, family: str) -> tuple[float, str]:
+def conditioned_rate(prompt) -> float | None:
+    """The frame rate the workflow's LTX conditioning gives its model: the `frame_rate` of its
+    LTXVConditioning nodes (the API prompt: {id: {"class_type", "inputs"}}) where they agree on a set
+    value; None where there is none, one is linked to another node, or they differ."""
+    rates = {node.get("inputs", {}).get("frame_rate") for node in (prompt or {}).values()
+             if isinstance(node, dict) and node.get("class_type") == LTX_CONDITIONING}
+    if len(rates) != 1:
+        return None
+    rate = rates.pop()
+    return float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 else None
+
+
+def frame_rate(fps: float, latent: LatentClips, family: str, prompt=None) -> tuple[float, str]:
     """The rate to write at and why: `fps`, or with 0 (auto) the source video's (a LATENT from Encode
-    from Video), else the rate `family`'s video model makes."""
+    from Video), else for LTX-2 the workflow's LTX conditioning's (`conditioned_rate`), else the rate
+    `family`'s video model makes."""
     if fps:
         return fps, "fps as set on the node"
     if latent.fps:
         return latent.fps, "the source video's rate (fps 0 = auto)"
+    if family == "ltx2" and (rate := conditioned_rate(prompt)):
+        return rate, f"the frame_rate of the workflow's {LTX_CONDITIONING} (fps 0 = auto)"
     return FAMILY_FPS.get(family, DEFAULT_FPS), f"{FAMILY_NAMES.get(family, family)}'s rate (fps 0 = auto)"
 
 
@@ -102,7 +119,7 @@ class DecodeToVideo(io.ComfyNode):
             node_id="StreamVAEDecodeToVideo",
             display_name="StreamVAE Decode to Video",
             category="StreamVAE",
-            search_aliases=["Save Video", "VAE Decode", "video file", "mp4", "long video", "SeedVR2", "Wan"],
+            search_aliases=["Save Video", "VAE Decode", "video file", "mp4", "long video", "SeedVR2", "Wan", "LTX-2"],
             description="LATENT -> a video file in ComfyUI's output folder, written while the chunks decode, so RAM "
                         "does not grow with the clip's length (no IMAGE is made). Every frame, in order, at the "
                         "latent's true size.",
@@ -116,8 +133,8 @@ class DecodeToVideo(io.ComfyNode):
                 io.Combo.Input("codec", options=list(CODECS), default="h264", tooltip=(
                     "h264 / h265 (.mp4, play everywhere), ffv1 (.mkv, lossless), prores (.mov, for editing).")),
                 io.Float.Input("fps", default=0.0, min=0.0, max=1000.0, step=0.001, tooltip=(
-                    "Video frames per second. 0 = auto: the source video's rate, else the model's (Wan2.1 16, "
-                    "Wan2.2-5B 24, SeedVR2 24).")),
+                    "Video frames per second. 0 = auto: the source video's rate, else LTX-2's LTXVConditioning "
+                    "frame_rate, else the model's (Wan2.1 16, Wan2.2-5B 24, SeedVR2 24, LTX-2 24).")),
                 io.Int.Input("crf", default=19, min=0, max=MAX_CRF, step=1, tooltip=(
                     "h264/h265 quality in CRF units: 0 = best, 17-23 = visually good, 51 = smallest. ffv1 and prores "
                     "ignore it.")),
@@ -127,8 +144,9 @@ class DecodeToVideo(io.ComfyNode):
                 io.Combo.Input("bit_depth", options=list(BIT_DEPTHS), default="auto", **core_api.advanced(), tooltip=(
                     "Bits per channel. auto: 8, or 10 for prores; 10 or more cut banding where the codec allows.")),
                 *streamed_tiling_inputs(io),
-                io.Audio.Input("audio", optional=True, tooltip="Optional sound, muxed into the file and cut to the "
-                                                               "video's length."),
+                io.Audio.Input("audio", optional=True, tooltip="Optional sound (core's AUDIO, e.g. LTX-2's from "
+                                                               "LTXV Audio VAE Decode), muxed into the file and cut "
+                                                               "to the video's length."),
                 latent_source_input(io),
             ],
             outputs=[
@@ -155,7 +173,7 @@ class DecodeToVideo(io.ComfyNode):
         if error:  # values that arrived through links are only known now
             raise ValueError(error)
         latent = read_latent(samples, vae.model, latent_source)
-        fps, why = frame_rate(fps, latent, vae.family)
+        fps, why = frame_rate(fps, latent, vae.family, cls.hidden.prompt)
         encoding, alpha_note = resolve(codec, pixel_format, bit_depth, crf, fps).with_alpha(vae.model.out_channels)
         height, width = output_size(vae.model, latent)
         encoding.check_size(width, height)

@@ -148,7 +148,7 @@ def test_malicious_pickle_is_refused_and_never_runs(vae_dir, comfy_client, objec
 
 def test_checkpoint_missing_from_models_vae_says_where_to_put_it(comfy_client, object_info):
     message = rejection(comfy_client, decode_prompt(object_info, "wan_2.1_vae_from_another_pc.safetensors"), "2")
-    assert "is not in models/vae; put the file there" in message, message
+    assert "is in neither models/vae nor models/checkpoints; put the file there" in message, message
 
 
 @pytest.mark.parametrize("name, family", [("zz_ok_wan21.pth", "wan21"), ("zz_ok_wan22_diffusers.safetensors", "wan22"),

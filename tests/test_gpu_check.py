@@ -38,20 +38,21 @@ def test_gpu_check_dry_run_writes_complete_rows(tmp_path):
 
 def test_core_033_rows_decode_like_the_fp32_reference(tmp_path):
     """gpu_check's row for ComfyUI 0.33.0's own VAEs (Wan through its WanVAE, SeedVR2 through its native
-    VAE, with comfy-kitchen and comfy-aimdo imported), dry-run on the CPU with the tiny weights: core's
+    VAE, LTX-2 through its LTX VideoVAE, with comfy-kitchen and comfy-aimdo imported), dry-run on the CPU
+    with the tiny weights (LTX-2's: a small config, random weights): core's
     decode of the same latent gives our fp32 reference's frames (a wrong weight, latent scale or layout
     is off by O(1)), and the row records core's package versions."""
     tree = TREES["0.33.0"]
     if not (tree.path / "comfy").is_dir() or not tree.sites():
         pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--workloads",
-           "wan21:5x32x32", "seedvr2:5x32x32", "--variants", "reference", "core_0.33.0", "--repeats", "1",
+           "wan21:5x32x32", "seedvr2:5x32x32", "ltx2:17x64x96", "--variants", "reference", "core_0.33.0", "--repeats", "1",
            "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     _, *rows = (json.loads(line) for line in next(tmp_path.glob("*-decode.jsonl")).read_text().splitlines())
     core = [row for row in rows if row["variant"] == "core_0.33.0"]
-    assert [row["family"] for row in core] == ["wan21", "seedvr2"], rows
+    assert [row["family"] for row in core] == ["wan21", "seedvr2", "ltx2"], rows
     for row in core:
         assert "error" not in row and row["finite"], row
         assert row["max_err"] < 1e-4 * max(1.0, row["max_abs"]), row  # fp32 rounding of the same network

@@ -198,7 +198,7 @@ def test_web_extension_and_templates_are_served(comfy_client):
                              frames=17, kernels="defaults").json()["plan"]
     assert fixed["kernel_choice"] == "defaults" and fixed["kernels_on_record"] is None
     bad = requests.get(comfy_client.url + "/api/streamvae/plan", params={"vae_name": "nope.safetensors"}, timeout=30)
-    assert bad.status_code == 400 and "not in models/vae" in bad.json()["error"]
+    assert bad.status_code == 400 and "in neither models/vae nor models/checkpoints" in bad.json()["error"]
 
 
 # -- encode / decode end to end -------------------------------------------------------------------------

@@ -94,23 +94,35 @@ def calibration_summary(device_type: str) -> str:
     return "; ".join(parts)
 
 
+STEADY_CHUNKS_MAX = 64  # latent frames a steady state is looked for in (LTX-2's decoder fills in about 22)
+
+
 def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
                        opts: Optimizations | None = None) -> list[tuple[torch.Size, int]]:
-    """(shape, bytes) of every causal cache a steady chunk leaves at latent_hw latent cells: what
-    running two one-latent-frame chunks of zeros (frame 0 alone, then one steady latent frame) keeps."""
+    """(shape, bytes) of every causal cache a steady chunk leaves at latent_hw latent cells: what running
+    one-latent-frame chunks of zeros keeps (frame 0 alone, then one latent frame at a time) once a
+    chunk changes nothing. Causal networks are steady after the second chunk; a decoder whose convs
+    look ahead once its last layer has had frames (every layer one frame behind the one before it)."""
     h, w = latent_hw
     sf = model.spatial_factor
     if op == "decode":
-        shape, dtype, run = (1, model.latent_channels, 2, h, w), model.decode_dtype, model.decode_chunk
+        frame, dtype, run = (1, model.latent_channels, 1, h, w), model.decode_dtype, model.decode_chunk
+        first = torch.zeros(frame, dtype=dtype, device=model.device)
     else:
-        shape = (1, model.in_channels, 1 + model.temporal_factor, h * sf, w * sf)
+        frame = (1, model.in_channels, model.temporal_factor, h * sf, w * sf)
         dtype, run = model.encode_dtype, model.encode_chunk
-    clip = torch.zeros(shape, dtype=dtype, device=model.device)
+        first = torch.zeros(frame[:2] + (1,) + frame[3:], dtype=dtype, device=model.device)
+    steady = torch.zeros(frame, dtype=dtype, device=model.device)
     ctx = StreamContext(opts or Optimizations())
+    sizes = None
     with torch.inference_mode():
-        for chunk in (clip[:, :, :1], clip[:, :, 1:]):
-            run(chunk, ctx)
-            ctx.first_chunk = False
+        run(first, ctx)
+        ctx.first_chunk = False
+        for _ in range(STEADY_CHUNKS_MAX):
+            run(steady, ctx)
+            before, sizes = sizes, sorted(ctx.cache.sizes())
+            if sizes == before:
+                break
     return ctx.cache.sizes()
 
 
