@@ -19,8 +19,8 @@ trees for a test. pytest groups the tests by tree, so one server runs at a time.
 
 The repository root is a ComfyUI pack. pytest >= 8 imports its `__init__.py` while setting up the
 root `Package` collector; that file imports nothing at module level (ComfyUI and our node layer are
-imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps true. There is no
-tests/__init__.py, so test modules are not part of the pack.
+imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps true. tests/ has no
+`__init__.py`, so test modules are not part of the pack.
 """
 
 import os
