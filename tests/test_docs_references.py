@@ -200,3 +200,14 @@ def test_a_stale_reference_is_caught():
                  "`torch.nn.Module`", "`test_docs_and_docstrings_point_at_what_exists`", "(docs/architecture.md)",
                  "`comfy_support.server.ComfyServer`", "`server.PromptServer`"):
         assert not _stale(line), line
+
+
+def test_every_committed_result_is_cited():
+    """A file in bench/results/ is the raw output of a run the record cites (by name, or by its run's name
+    for its .txt/.json/.err siblings); what nothing cites goes to bench/results/archive/<date>/ or away.
+    bench/results/gpu/ is the GPU windows' own record (ledger and session logs), kept whole."""
+    cited = "\n".join(p.read_text() for p in [REPO / "bench" / "RESULTS.md", REPO / "README.md", *REPO.glob("docs/*.md")])
+    results = REPO / "bench" / "results"
+    uncited = [str(p.relative_to(results)) for p in sorted(results.glob("*")) if p.is_file()
+               and not re.search(rf"(?<![\w-]){re.escape(p.stem)}\.[\w*]", cited)]
+    assert not uncited, f"results nothing cites (archive or delete them): {uncited}"
