@@ -51,7 +51,7 @@ os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernel
 if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)
     old_torch.hide_newer_torch()
 
-SERVER_FIXTURES = {"comfy_server", "comfy_client"}
+SERVER_FIXTURES = {"comfy_tree", "comfy_server", "comfy_client"}
 BROWSER_FIXTURES = {"comfy_browser"}
 
 
