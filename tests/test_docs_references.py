@@ -211,3 +211,11 @@ def test_every_committed_result_is_cited():
     uncited = [str(p.relative_to(results)) for p in sorted(results.glob("*")) if p.is_file()
                and not re.search(rf"(?<![\w-]){re.escape(p.stem)}\.[\w*]", cited)]
     assert not uncited, f"results nothing cites (archive or delete them): {uncited}"
+
+
+def test_product_modules_cite_the_benchmark_record_at_most_once():
+    """Numbers live in bench/RESULTS.md; a product module says what and why, and where the measurement
+    is, once (docstring prose that quotes numbers goes stale when the record moves on)."""
+    cited = {str(p.relative_to(REPO)): p.read_text().count("RESULTS.md")
+             for p in [*REPO.glob("vae/**/*.py"), *REPO.glob("nodes/**/*.py")]}
+    assert not {path: n for path, n in cited.items() if n > 1}

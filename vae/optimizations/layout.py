@@ -2,9 +2,9 @@
 
 The tensors keep their logical B,C,T,H,W shape either way; only the strides differ. cuDNN's fast
 conv3d kernels and oneDNN's native plain format are NDHWC: with NCDHW activations cuDNN converts the
-input and the output of every conv (14 % of a Wan2.1 decode on an H100, bench/gpu_profile.py), and
-channels-last weights alone made it 2.0x slower, because each activation was then converted
-(bench/RESULTS.md section 0). So a run is in one layout from the first conv to the last:
+input and the output of every conv, and channels-last weights alone are slower still, because each
+activation is then converted. So a run is in one layout from the first conv to the last (measured on
+CPUs and on an H100: bench/RESULTS.md sections 0, 11 and 12):
 
 - the engine puts the chunk's input and the conv weights into the run's layout (`for_run`), and
   the output is copied into the caller's NCDHW tensor;
@@ -29,11 +29,10 @@ WEIGHT_FORMATS = {"ncdhw": {4: torch.contiguous_format, 5: torch.contiguous_form
 def resolve(layout: str, device, dtype: torch.dtype) -> str:
     """The concrete layout ("ncdhw" or "ndhwc") of a run on `device` computing in `dtype`.
 
-    "auto": NDHWC on CUDA (cuDNN's NDHWC conv3d kernels; other projects' Wan VAEs report 1.2-1.8x,
-    unmeasured here until a GPU run) and for half precision on a CPU with native bf16/fp16 kernels
-    (whole decodes and encodes 1.6-1.9x faster than NCDHW, bench/RESULTS.md section 11); NCDHW for
-    float32 on a CPU, where the two tie (0.94-1.00x) and a CPU without native half precision, which
-    computes it in float32.
+    "auto": NDHWC on CUDA (cuDNN's conv3d kernels are NDHWC; faster and smaller than NCDHW on the one
+    GPU measured) and for half precision on a CPU with native bf16/fp16 kernels (whole decodes and
+    encodes faster than NCDHW); NCDHW for float32 on a CPU, where the two tie, and on a CPU without
+    native half precision, which computes it in float32.
     """
     return layout if layout != "auto" else _auto(device, dtype)[0]
 
@@ -46,7 +45,7 @@ def _auto(device, dtype: torch.dtype) -> tuple[str, str]:
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
         from .conv import cpu_has_native
         if cpu_has_native(dtype):
-            return "ndhwc", "this CPU has native half-precision convs, 1.6-1.9x faster channels-last"
+            return "ndhwc", "this CPU has native half-precision convs, faster channels-last"
         return "ncdhw", "this CPU has no native half-precision convs: computed in float32, where the layouts tie"
     return "ncdhw", f"float32 on {device.type}: the layouts tie"
 
@@ -146,8 +145,8 @@ def measured(model: torch.nn.Module, device, dtype: torch.dtype) -> str:
 def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtype) -> str:
     """The layout of a run of `model` (a `VideoVAE`, on `model.device`) computing in `dtype`, for the
     `activation_layout` `setting` and the `kernel_choice` mode `kernels`: `resolve`'s, except that
-    "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC is unmeasured on
-    most GPUs; a GPU or a torch whose NDHWC convs are slower keeps NCDHW)."""
+    "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC was measured on one
+    GPU type only; a GPU or a torch whose NDHWC convs are slower keeps NCDHW)."""
     if setting == "auto" and kernels == "measure" and torch.device(model.device).type == "cuda":
         return measured(model, model.device, dtype)
     return resolve(setting, model.device, dtype)
