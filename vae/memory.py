@@ -30,8 +30,8 @@ from .geometry import Clip, as_pair, pixel_frames
 from .optimizations import Optimizations, conv as opt_conv, winograd
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
-# CPU coefficients on a GPU underestimate its peaks (an H100's measured peaks were above the CPU model's,
-# by less than this margin: bench/RESULTS.md sections 0 and 10, also for the streamed mode below).
+# CPU coefficients on a GPU underestimate its peaks, by less than this margin on the one GPU measured
+# (bench/RESULTS.md sections 0 and 10; section 10 also for the streamed mode below).
 UNCALIBRATED_MARGIN = 2.0
 
 

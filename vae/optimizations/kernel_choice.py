@@ -3,8 +3,8 @@
 Which exact implementation of a layer is fastest depends on the machine, not on the one the pack was
 tuned on: on an AVX2 CPU Winograd's GEMMs (MKL) beat oneDNN's direct 3x3x3 conv; on an AVX-512 CPU
 oneDNN's direct conv runs at about twice MKL's rate, so the same Winograd mostly loses (bench/RESULTS.md
-sections 8 and 9). On GPUs the winning conv memory format and whether the Triton norm beats torch's change with
-the GPU and the torch version. So, like cuDNN's benchmark mode but over the pack's own alternatives,
+sections 8 and 9). On GPUs the winning conv memory format and whether the Triton norm beats torch's
+change with the GPU and the torch version. So, like cuDNN's benchmark mode but over the pack's own alternatives,
 each distinct layer (a `key`: geometry, dtype, device, threads) times its candidates once, picks the
 fastest and remembers the choice:
 

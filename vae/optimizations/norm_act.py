@@ -162,8 +162,8 @@ def apply_terms(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
     return centre, scale, shift
 
 
-# On the CPU, torch.var_mean is memory-bound far below the memory's rate, and half-precision input
-# needs float32 copies. The statistics, and the apply step of half-precision input, run here over blocks
+# On the CPU, torch.var_mean reads a frame's channels far slower than memory allows, and half-precision
+# input needs float32 copies. The statistics, and the apply step of half-precision input, run here over blocks
 # of whole channel planes (of one frame, or of several whole frames where frames are small), about
 # CPU_BLOCK_BYTES in float32: each block is read from memory once and stays in cache for the few ops on
 # it; much smaller blocks lose to per-op overheads. Side by side with upstream's ops: bench/bench_norms.py,
@@ -328,7 +328,7 @@ def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=Fals
     return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton, log)
 
 
-# On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W and runs at ~2 GB/s;
+# On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W, slowly;
 # adding up channel planes instead (each contiguous, into one float32 plane that stays in cache) is
 # faster from about 4096 positions per channel up, slower below (a Python step per channel).
 PLANE_SUM_MIN_POSITIONS = 4096

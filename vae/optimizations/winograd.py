@@ -66,7 +66,8 @@ _OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 # (STREAMVAE_WINOGRAD_CACHE_GB overrides it). A transform is 4x its weight in float32, so an uncapped
 # cache grows to 16x a bf16 model's 3x3 conv weights: 2.2 GiB for the SeedVR2 decoder, 1.0 GiB for
 # Wan2.1's, 7.7 GiB for Wan2.2's. What does not fit is recomputed every temporal chunk, which is why the
-# cap grows with the machine's memory (a 1 GiB cap cost SeedVR2 much of its speed: bench/RESULTS.md section 1).
+# cap grows with the machine's memory (a 1 GiB cap cost SeedVR2 much of its speed: bench/RESULTS.md
+# section 1).
 MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
 # Output pixels (H x W x output frames) of one call above which an uncached filter transform pays for
 # itself: measured on a 2-core AVX2 CPU in fp32, transform + Winograd beat oneDNN at 32x32 x 4 output
