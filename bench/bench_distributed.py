@@ -1,5 +1,6 @@
-"""Scaling model of `vae.distributed` (row bands over several GPUs): what is exchanged, measured by running
-the real decoder with the real band strategy on the meta device, and predicted times on 2/4/8 GPUs.
+"""Scaling model of row bands over several GPUs (`distributed.RowBands`, `workers`): what is exchanged,
+measured by running the real decoder with the real band strategy on the meta device, and predicted
+times on 2/4/8 GPUs.
 
 Only one GPU is ever available here, so nothing in the predicted columns is measured on several GPUs:
 - measured (exactly, no GPU needed): bytes each rank sends per conv layer and per latent chunk, and how

@@ -1,7 +1,7 @@
 """Per-frame GroupNorm (+SiLU) on the CPU: the pack's blockwise kernels against torch's, side by side.
 
-    python -m bench.bench_norms --json bench/results/norms_cpu.json
-    python -m bench.bench_norms --layout ndhwc   # the same on channels-last (NDHWC) activations
+    python -m bench.bench_norms --json norms.json   # channel planes (NCDHW)
+    python -m bench.bench_norms --layout ndhwc --rounds 3 --json bench/results/norms_cpu_ndhwc.json   # channels-last
 
 Shapes are the SeedVR2 decoder's norm inputs for 5 output frames of 256x256 (B,C,T,H,W; 32 groups).
 For each shape and dtype, interleaved rounds (every variant once per round, median of the rounds):

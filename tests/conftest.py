@@ -19,8 +19,8 @@ trees for a test. pytest groups the tests by tree, so one server runs at a time.
 
 The repository root is a ComfyUI pack. pytest >= 8 imports its `__init__.py` while setting up the
 root `Package` collector; that file imports nothing at module level (ComfyUI and our node layer are
-imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps true. There is no
-tests/__init__.py, so test modules are not part of the pack.
+imported lazily by `comfy_entrypoint()`), which `test_pack_entry_point.py` keeps true. tests/ has no
+`__init__.py`, so test modules are not part of the pack.
 """
 
 import os
@@ -51,7 +51,7 @@ os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernel
 if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)
     old_torch.hide_newer_torch()
 
-SERVER_FIXTURES = {"comfy_server", "comfy_client"}
+SERVER_FIXTURES = {"comfy_tree", "comfy_server", "comfy_client"}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,7 +3,7 @@ layer must adapt or refuse, tiling values ComfyUI does not range-check for us, a
 
 Each case either gives the correct result or raises an error that names the problem and the fix.
 Complements test_loading.py (missing/unexpected/mis-shaped keys, malicious pickle, truncation),
-test_wan.py (diffusers names, fp16/bf16/fp8 storage) and test_streaming.py (T and H/W padding); the
+test_wan.py (diffusers names, fp16/bf16/fp8 storage) and test_engine.py (T and H/W padding); the
 same cases as users meet them in ComfyUI are in test_bad_inputs_server.py.
 """
 import importlib

@@ -29,6 +29,8 @@ from test_bad_inputs import FOREIGN_SAYS, write_foreign
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models, node,  # noqa: F401
                                object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 FAULTS_ENV = "STREAMVAE_FAULTS"
 os.environ.setdefault(FAULTS_ENV, str(Path(tempfile.gettempdir()) / f"streamvae-faults-{os.getpid()}.json"))
 FAULT_FILE = Path(os.environ[FAULTS_ENV])

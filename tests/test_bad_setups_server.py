@@ -18,6 +18,8 @@ from reference import load_tiny, tensors
 from test_bad_inputs_server import decode_prompt, encode_prompt, execution_error, latent_file, random_latent, rejection
 from test_nodes_server import as_uint8, assert_images_close, node, object_info, saved_images, vae_file  # noqa: F401
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def vae_folder(comfy_server):

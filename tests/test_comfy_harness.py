@@ -8,6 +8,8 @@ from PIL import Image
 from comfy_support.client import PromptFailed, PromptRejected
 from comfy_support.environment import FIXTURE_VAES
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 RED = 0xFF0000
 
 

@@ -38,7 +38,7 @@ from reference import assert_exact
 from test_nodes_server import (FAMILIES, node, object_info, saved_images, saved_latent, upload_frames,  # noqa: F401
                                vae_file)
 
-pytestmark = pytest.mark.comfy_trees("0.33.0")
+pytestmark = [pytest.mark.comfy, pytest.mark.comfy_trees("0.33.0")]  # a real ComfyUI: CI's second lane
 SIZE = 32
 
 

@@ -42,6 +42,7 @@ def test_a_budget_below_the_floor_is_refused_with_the_floor_in_gib():
         vae.decode(model, z, vae.Settings(memory_budget=1))
 
 
+@pytest.mark.measurement  # a full-size decode in a fresh process (the slowest test): CI's second lane
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
 def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The planner, given the weights plus under a quarter of what the untiled decode's activations take

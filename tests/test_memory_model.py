@@ -13,6 +13,7 @@ from vae.run import memory
 POINTS = [(112, None, "none", "measure"), (192, 96, "none", "defaults"), (192, None, "disk", "defaults")]
 
 
+@pytest.mark.measurement  # each point a decode in a fresh process whose peak RSS is measured: CI's second lane
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
 @pytest.mark.parametrize("size,tile,offload,kernels", POINTS, ids=["untiled-112px", "exact-192px-tile96", "untiled-192px-disk-caches"])
 def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload, kernels, tmp_path,

@@ -14,6 +14,8 @@ from test_distributed import worker_processes
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, core_latent,  # noqa: F401
                                models, node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 FAMILY = "seedvr2"  # GroupNorm statistics are all-reduced between the ranks
 
 

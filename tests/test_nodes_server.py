@@ -23,6 +23,8 @@ from comfy_support.client import PromptRejected
 from comfy_support.environment import REPO
 from reference import assert_exact, load_tiny
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 FAMILIES = ("seedvr2", "wan21", "wan22")
 NODES = {
     "StreamVAELoader", "StreamVAEEncode", "StreamVAEDecode", "StreamVAETorchCompileSettings",

@@ -14,6 +14,8 @@ import torch
 from comfy_support import old_torch
 from tests.reference import REPO
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 # Server tests on ComfyUI 0.3.75 only: the release of the older-torch era (0.33.0 needs newer torch itself).
 UNDER_EMULATION = [
     "tests/test_old_torch.py::test_emulation_is_active[0.3.75]",

@@ -11,6 +11,8 @@ from reference import assert_exact
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models,  # noqa: F401
                                node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 
 def requested_loads(log: str) -> list[str]:
     """The model classes core's memory manager loaded (its "Requested to load <class>" lines)."""

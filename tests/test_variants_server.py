@@ -21,6 +21,8 @@ from bench.models import random_state_dict
 from test_nodes_server import node, object_info, saved_latent, video_of  # noqa: F401
 from test_core_interop_server import assert_frames_equal, assert_latents_equal
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 FRAMES, SIZE = 5, 32
 VARIANTS = {  # file name -> the model it holds
     "zz_variant_rgba.safetensors": (vae.Wan21VAE, vae.Wan21Config(dim=12, in_channels=4, out_channels=4)),

@@ -19,6 +19,8 @@ from vae.video_file import to_pixels
 from vae.video_reader import probe
 from vae.video_writer import VideoWriter
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 FAMILY = "wan21"
 
 

@@ -29,6 +29,8 @@ from comfy_support.environment import REPO
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
 
+pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
+
 EXAMPLES = sorted((REPO / "example_workflows").glob("*.json"))
 RELEASED_VAES = {
     "seedvr2_ema_vae_fp16.safetensors": "streamvae_tiny_seedvr2.safetensors",

@@ -12,8 +12,8 @@ report a given device (tests/test_gpu_decisions.py):
   the nodes, the command line and the benchmarks alike.
 - `auto_dtype(device, op)`: what `auto` precision means there (decode: bf16 where native, fp32
   elsewhere; encode: fp32, because bf16 encode visibly hurts image-to-video conditioning). CPUs
-  included: with AVX-512 BF16 or AMX, oneDNN's bf16 convs run at about twice the fp32 rate, and the
-  decode stays at 46-49 dB PSNR against fp32 (bench/bench_precision.py, bench/RESULTS.md section 8).
+  included: with AVX-512 BF16 or AMX, oneDNN's bf16 convs are faster than fp32 and the decode stays
+  close to fp32 (bench/bench_precision.py, bench/RESULTS.md section 8).
 - `OOM` and `is_oom(error)`: out-of-memory as every backend reports it.
 - `host_free()` / `host_available()`: RAM the OS can give, and what host buffers may take of it.
 """

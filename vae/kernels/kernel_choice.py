@@ -1,10 +1,10 @@
 """Kernels chosen by measurement on the machine that runs, remembered on disk per machine.
 
 Which exact implementation of a layer is fastest depends on the machine, not on the one the pack was
-tuned on: on an AVX2 CPU Winograd's GEMMs (MKL) beat oneDNN's direct 3x3x3 conv by 1.4-2.6x; on an
-AVX-512 Zen 5 oneDNN's direct conv runs at ~480 GFLOP/s and MKL at ~205, so the same Winograd is
-0.5-1.2x. On GPUs the winning conv memory format and whether the Triton norm beats torch's change with
-the GPU and the torch version. So, like cuDNN's benchmark mode but over the pack's own alternatives,
+tuned on: on an AVX2 CPU Winograd's GEMMs (MKL) beat oneDNN's direct 3x3x3 conv; on an AVX-512 CPU
+oneDNN's direct conv runs at about twice MKL's rate, so the same Winograd mostly loses (bench/RESULTS.md
+sections 8 and 9). On GPUs the winning conv memory format and whether the Triton norm beats torch's
+change with the GPU and the torch version. So, like cuDNN's benchmark mode but over the pack's own alternatives,
 each distinct layer (a `key`: geometry, dtype, device, threads) times its candidates once, picks the
 fastest and remembers the choice:
 
@@ -21,8 +21,7 @@ fastest and remembers the choice:
   (deterministic from machine to machine; what the tests use).
 
 Measuring costs a few of the layer's own runs (on at most two output frames of at most 128x128
-pixels, see conv.py; 0.5-3 s per shape on 2 Zen 5 cores), once per shape per machine; each new shape
-logs one line with its times.
+pixels, see conv.py), once per shape per machine; each new shape logs one line with its times.
 """
 import hashlib
 import json
@@ -50,7 +49,7 @@ TIMED_RUNS = 2
 # A candidate replaces the default only when at least this much faster: a tie within the noise keeps
 # the default, so the choice does not flip between runs on a busy machine.
 MIN_GAIN = 1.05
-# What measuring one new layer shape costs, for readouts (2 Zen 5 cores: 0.5-3 s, bench/RESULTS.md section 8).
+# What measuring one new layer shape costs, for readouts (what the per-shape log lines show).
 TUNING_COST = "about 0.5-3 s on a CPU, less on a GPU"
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.

@@ -2,9 +2,9 @@
 
 The tensors keep their logical B,C,T,H,W shape either way; only the strides differ. cuDNN's fast
 conv3d kernels and oneDNN's native plain format are NDHWC: with NCDHW activations cuDNN converts the
-input and the output of every conv (14 % of a Wan2.1 decode on an H100, bench/gpu_profile.py), and
-channels-last weights alone made it 2.0x slower, because each activation was then converted
-(bench/RESULTS.md section 0). So a run is in one layout from the first conv to the last:
+input and the output of every conv, and channels-last weights alone are slower still, because each
+activation is then converted. So a run is in one layout from the first conv to the last (measured on
+CPUs and on an H100: bench/RESULTS.md sections 0, 11 and 12):
 
 - the planner records the run's layout in its `Plan` and puts the conv weights in it
   (`run.layout_choice`, `weights_in`); the engine puts each chunk's input in it, and the output is

@@ -149,12 +149,12 @@ def group_norm_apply(
     return out
 
 
-# On the CPU, torch.var_mean runs at 1-2 GB/s (AVX2 and AVX-512 Zen 5 alike), and half-precision input
-# needs float32 copies. The statistics, and the apply step of half-precision input, run here over blocks
+# On the CPU, torch.var_mean reads a frame's channels far slower than memory allows, and half-precision
+# input needs float32 copies. The statistics, and the apply step of half-precision input, run here over blocks
 # of whole channel planes (of one frame, or of several whole frames where frames are small), about
 # CPU_BLOCK_BYTES in float32: each block is read from memory once and stays in cache for the few ops on
-# it. Statistics 3-5x var_mean in float32, 4-9x in bf16 (bench/bench_norms.py, 2 AVX2 cores); blocks of
-# 1 MiB lose 1.5x to op overheads.
+# it; much smaller blocks lose to per-op overheads. Side by side with upstream's ops: bench/bench_norms.py,
+# bench/RESULTS.md sections 9b and 11c.
 CPU_BLOCK_BYTES = 4 << 20
 
 
@@ -282,9 +282,8 @@ def _cpu_half_center_scale_act(x, centre, scale, shift, act: bool, out: torch.Te
 
 def _cpu_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor) -> torch.Tensor:
     """`_cpu_half_center_scale_act` for NDHWC x: blocks of pixel rows (rows, W, C) converted to float32,
-    which stay in cache for the few ops on them (one pass over memory, one rounding): with the blocked
-    statistics, GroupNorm + SiLU 1.3-1.5x upstream's ops in bf16 (bench/RESULTS.md section 11c). Float32
-    keeps the whole-tensor ops, as fast there."""
+    which stay in cache for the few ops on them (one pass over memory, one rounding); with the blocked
+    statistics, faster than upstream's ops in bf16. Float32 keeps the whole-tensor ops, as fast there."""
 
     def apply(i, f, work):
         work.sub_(centre[i, :, f])  # per channel, along the innermost dim
@@ -316,10 +315,9 @@ def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=Fals
     return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton, log)
 
 
-# On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W and runs at ~2 GB/s;
+# On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W, slowly;
 # adding up channel planes instead (each contiguous, into one float32 plane that stays in cache) is
-# 2.5x faster at 4096 positions per channel and 13x at 65536 (Zen 5, 2 threads), slower below
-# (a Python step per channel): Wan's decoder norms spent 10 % of a 256x256 decode in the reduction.
+# faster from about 4096 positions per channel up, slower below (a Python step per channel).
 PLANE_SUM_MIN_POSITIONS = 4096
 
 
@@ -365,9 +363,8 @@ def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act
                            out: torch.Tensor) -> torch.Tensor:
     """`rms_norm_act` of half-precision NDHWC x (B,C,T,H,W) on the CPU: blocks of pixel rows (rows*W, C)
     converted to float32, each read once and normalised along its contiguous channels in cache, rounded
-    once; the whole-tensor path takes four passes over memory (the norm, two scalings, the SiLU). bf16:
-    up to 2.1x upstream's ops at high resolution (bench/RESULTS.md section 11c); float32 keeps the
-    whole-tensor path, as fast there."""
+    once; the whole-tensor path takes four passes over memory (the norm, two scalings, the SiLU), so bf16
+    gains most at high resolution; float32 keeps the whole-tensor path, as fast there."""
     c = x.shape[1]
     gain = gamma.reshape(c).float() * math.sqrt(c)
 

@@ -65,12 +65,13 @@ _OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
 # Byte cap of the filter-transform cache: an eighth of physical memory, clamped to 1..4 GiB
 # (STREAMVAE_WINOGRAD_CACHE_GB overrides it). A transform is 4x its weight in float32, so an uncapped
 # cache grows to 16x a bf16 model's 3x3 conv weights: 2.2 GiB for the SeedVR2 decoder, 1.0 GiB for
-# Wan2.1's, 7.7 GiB for Wan2.2's. What does not fit is recomputed every temporal chunk: with a 1 GiB
-# cap the SeedVR2 fp32 decode of 5x128x128 took 1.6x as long as uncapped (bench/RESULTS.md).
+# Wan2.1's, 7.7 GiB for Wan2.2's. What does not fit is recomputed every temporal chunk, which is why the
+# cap grows with the machine's memory (a 1 GiB cap cost SeedVR2 much of its speed: bench/RESULTS.md
+# section 1).
 MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
 # Output pixels (H x W x output frames) of one call above which an uncached filter transform pays for
-# itself. Measured (one 2-core AVX2 CPU, fp32): transform + Winograd vs oneDNN at 32x32 x 4 output
-# frames (4096) 0.85x the time at 512 channels, 0.79x at 1024; at 16x16 x 2 frames 1.9x (1024 ch).
+# itself: measured on a 2-core AVX2 CPU in fp32, transform + Winograd beat oneDNN at 32x32 x 4 output
+# frames (512 and 1024 channels) and lost at 16x16 x 2 frames.
 UNCACHED_MIN_OUTPUT_PIXELS = 4096
 
 

@@ -12,11 +12,10 @@ from ..kernels.layout import FORMATS
 def resolve(layout: str, device, dtype: torch.dtype) -> str:
     """The concrete layout ("ncdhw" or "ndhwc") of a run on `device` computing in `dtype`.
 
-    "auto": NDHWC on CUDA (cuDNN's NDHWC conv3d kernels; other projects' Wan VAEs report 1.2-1.8x,
-    measured in bench/RESULTS.md section 12) and for half precision on a CPU with native bf16/fp16 kernels
-    (whole decodes and encodes 1.6-1.9x faster than NCDHW, bench/RESULTS.md section 11); NCDHW for
-    float32 on a CPU, where the two tie (0.94-1.00x) and a CPU without native half precision, which
-    computes it in float32.
+    "auto": NDHWC on CUDA (cuDNN's conv3d kernels are NDHWC; faster and smaller than NCDHW on the one
+    GPU measured) and for half precision on a CPU with native bf16/fp16 kernels (whole decodes and
+    encodes faster than NCDHW); NCDHW for float32 on a CPU, where the two tie, and on a CPU without
+    native half precision, which computes it in float32.
     """
     return layout if layout != "auto" else _auto(device, dtype)[0]
 
@@ -28,7 +27,7 @@ def _auto(device, dtype: torch.dtype) -> tuple[str, str]:
         return "ndhwc", "cuDNN's conv3d kernels are channels-last"
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
         if conv.cpu_has_native(dtype):
-            return "ndhwc", "this CPU has native half-precision convs, 1.6-1.9x faster channels-last"
+            return "ndhwc", "this CPU has native half-precision convs, faster channels-last"
         return "ncdhw", "this CPU has no native half-precision convs: computed in float32, where the layouts tie"
     return "ncdhw", f"float32 on {device.type}: the layouts tie"
 
@@ -92,8 +91,8 @@ def measured(model: torch.nn.Module, device, dtype: torch.dtype) -> str:
 def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtype) -> str:
     """The layout of a run of `model` (a `VideoVAE`, on `model.device`) computing in `dtype`, for the
     `activation_layout` `setting` and the `kernel_choice` mode `kernels`: `resolve`'s, except that
-    "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC is unmeasured on
-    most GPUs; a GPU or a torch whose NDHWC convs are slower keeps NCDHW). NDHWC, chosen or set, is
+    "auto" on CUDA with measured kernels is `measured` on the GPU that runs (NDHWC was measured on one
+    GPU type only; a GPU or a torch whose NDHWC convs are slower keeps NCDHW). NDHWC, chosen or set, is
     taken only where its convs passed their first-use check on that device in that dtype
     (`kernels.conv_check`); where they failed the run keeps NCDHW."""
     if setting == "auto" and kernels == "measure" and torch.device(model.device).type == "cuda":

@@ -30,8 +30,8 @@ from .geometry import Clip, as_pair, pixel_frames
 from ..kernels import Optimizations, conv as opt_conv, winograd
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
-# CPU coefficients on a GPU underestimate it: on an H100 (bench/results/gpu/, 2026-11-24) measured
-# peaks were 1.1x (Wan2.1 decode) to 1.8x (Wan2.2 decode) of the CPU model's prediction.
+# CPU coefficients on a GPU underestimate its peaks, by less than this margin on the one GPU measured
+# (bench/RESULTS.md sections 0 and 10; section 10 also for the streamed mode below).
 UNCALIBRATED_MARGIN = 2.0
 
 
@@ -46,7 +46,7 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     device type has no calibration, the CPU's times UNCALIBRATED_MARGIN. An entry may say where its
     numbers come from ("source": "cpu", the CUDA streamed mode until a GPU measures it: tiled one frame
     at a time, a GPU holds the CPU's live tensors, and the meta-device count of the GPU code path
-    agrees, bench/RESULTS.md section 10); only the numbers are returned."""
+    agrees); only the numbers are returned."""
     table = _calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:
