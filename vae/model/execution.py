@@ -1,5 +1,5 @@
 """What a model's blocks ask of the run that executes them, declared here so the model never imports
-the run (`vae.run`): the blocks take a `StreamState` (the run's `run.stream_context.StreamState`)
+the run (`vae.run`): the blocks take a `StreamState` (the run's `run.stream_context.StreamContext`)
 and read its switches, its causal caches (`CausalState`, the run's `run.causal_cache.CausalCache`)
 and its `Execution` strategy (`run.strategies`: exact tiles; `distributed.row_bands`: row bands).
 Tensors are B,C,T,H,W.
