@@ -57,12 +57,13 @@ def decoder(model, variant: str, z: torch.Tensor):
 def bench_family(family: str, args) -> dict:
     z = models.make_input(family, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
     auto = devices.auto_dtype("cpu", "decode")
-    fp32 = models.build(family, torch.float32)
+    fp32 = models.drop_other_half(models.build(family, torch.float32), "decode")
     runs = {name: decoder(fp32, name, z) for name in VARIANTS}
     if auto != torch.float32:  # else `auto` is "optimized"
-        runs[f"{devices.dtype_name(auto)}-optimized"] = decoder(models.build(family, auto), "optimized", z)
+        runs[f"{devices.dtype_name(auto)}-optimized"] = decoder(
+            models.drop_other_half(models.build(family, auto), "decode"), "optimized", z)
     if family in TREES[args.core].modules:
-        core = models.build(family, torch.float32, core=args.core)
+        core = models.drop_other_half(models.build(family, torch.float32, core=args.core), "decode")
         runs[f"core_{args.core}"] = lambda: core.decode(z)
 
     with torch.inference_mode():

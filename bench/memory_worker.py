@@ -38,17 +38,14 @@ def fixed_mmap_threshold(threshold: int = 1 << 16) -> None:
 
 def run(spec: dict) -> dict:
     """Build the family's full config in float32 (or spec["dtype"]) on spec["device"], then `measure`.
-    With spec["drop_other_half"] the weights of the half the op does not run are dropped first (emptied:
-    the model stays on its device): a calibration of activations needs only the half that runs (LTX-2's
-    encoder alone is 2.6 GiB)."""
+    With spec["drop_other_half"] the weights of the half the op does not run are dropped first
+    (`models.drop_other_half`): a calibration of activations needs only the half that runs."""
     device = torch.device(spec.get("device", "cpu"))
     measure_now = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else rss_bytes
     start = measure_now()
     model = models.build(spec["family"], DTYPES[spec.get("dtype", "fp32")], device)
     if spec.get("drop_other_half"):
-        for module in model.encode_modules() if spec["op"] == "decode" else model.decode_modules():
-            for p in module.parameters():
-                p.data = p.data.new_empty(0)
+        models.drop_other_half(model, spec["op"])
     result = measure(model, spec)
     result["peak_bytes"] += result.pop("base_bytes") - start
     return result

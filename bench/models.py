@@ -86,6 +86,18 @@ def build(family: str, dtype: torch.dtype, device="cpu", *, tiny: bool = False, 
     return vae.load(state, device=device, dtype=dtype, config=dataclasses.asdict(config))
 
 
+def drop_other_half(model: torch.nn.Module, op: str) -> torch.nn.Module:
+    """`model` (StreamVAE's or core's) with the weights of the half `op` does not run emptied (its
+    submodules named encoder / decoder; the model stays on its device): a decode benchmark or memory
+    measurement needs only the decoder (LTX-2's encoder alone is 2.6 GiB in fp32)."""
+    other = "encoder" if op == "decode" else "decoder"
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == other:
+            for p in module.parameters():
+                p.data = p.data.new_empty(0)
+    return model
+
+
 def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:
     """For spec["op"] "encode": pixels in [-1, 1] (B,C,T,H,W, the family's image channels) of spec's
     frames x height x width; for "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size

@@ -1,5 +1,6 @@
 """Exact at any resolution within a budget: what the planner picks at 1080p and 4K against the CUDA
-memory calibration (shapes only, no GPU), a real full-config SeedVR2 decode under a RAM budget below a
+memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin
+until a GPU measures them), real full-config SeedVR2 and LTX-2 decodes under a RAM budget below a
 quarter of the untiled activations (measured peak RSS within it, output equal to untiled), and a
 budget below the floor refused with the floor in GiB."""
 import pytest
@@ -12,11 +13,18 @@ from tests.reference import load_tiny
 from vae.run import memory
 
 GIB = 2**30
+# LTX-2's targets need frames streamed (one frame at a time instead of a latent frame's 8): they wait for
+# that mode's CPU calibration (`python -m bench.calibrate_memory --families ltx2 --ops decode --modes
+# streamed`, about an hour on 2 cores; not in the file yet).
+LTX2_STREAMED = pytest.mark.skipif(memory.calibration_source("ltx2", "decode", "streamed", "cpu") == "none",
+                                   reason="LTX-2's streamed mode is not calibrated yet (bench.calibrate_memory)")
 # (family, op, frames, height, width, budget GiB): the targets of the "fits every GPU" work, bf16 decode
 # and fp32 encode (the GPU defaults), frames to host memory as the nodes run them.
 TARGETS = [("seedvr2", "decode", 21, 1080, 1920, 6), ("seedvr2", "decode", 21, 2160, 3840, 10),
            ("seedvr2", "encode", 21, 1080, 1920, 6), ("wan21", "decode", 81, 720, 1280, 6),
-           ("wan21", "decode", 21, 1080, 1920, 8)]
+           ("wan21", "decode", 21, 1080, 1920, 8),
+           *(pytest.param("ltx2", "decode", *target, marks=LTX2_STREAMED)
+             for target in [(241, 720, 1280, 6), (241, 1088, 1920, 8), (121, 2176, 3840, 12)])]
 
 
 @pytest.mark.parametrize("family,op,frames,height,width,budget", TARGETS, ids=lambda v: str(v))
@@ -42,26 +50,55 @@ def test_a_budget_below_the_floor_is_refused_with_the_floor_in_gib():
         vae.decode(model, z, vae.Settings(memory_budget=1))
 
 
+@LTX2_STREAMED
+def test_ltx2_cuda_plans_rest_on_the_cpus_coefficients_with_the_margin():
+    """No GPU has measured LTX-2 yet: its CUDA targets above are planned with derived coefficients."""
+    for mode in ("untiled", "exact", "streamed"):
+        assert memory.calibration_source("ltx2", "decode", mode, "cuda") == "derived"
+        cpu = memory.coefficients("ltx2", "decode", mode, "cpu")
+        assert memory.coefficients("ltx2", "decode", mode, "cuda") == {
+            k: v * memory.UNCALIBRATED_MARGIN for k, v in cpu.items()}
+
+
+def run_within_a_quarter(spec: dict, untiled_chunk: int | None) -> tuple[dict, int]:
+    """`spec`'s decode (bench.memory_worker: a fresh process, full released config, fp32, default kernels)
+    planned within the weights plus under a quarter of what the untiled decode's activations take
+    (predicted, `untiled_chunk` latent frames per chunk; None: the whole clip), compared with the untiled
+    decode (one latent frame per chunk); (the worker's result, the budget)."""
+    family = spec["family"]
+    model = models.meta_model(family)
+    shape = tuple(models.make_input(family, spec).shape)
+    opts = vae.Optimizations(kernel_choice="defaults")
+    untiled = vae.plan(model, "decode", shape, vae.Settings(temporal_chunk=untiled_chunk or shape[2]), device="cpu",
+                       opts=opts)
+    resident = untiled.peak_bytes - untiled.work_bytes + memory.resident_cache_bytes(model, "decode", "cpu", opts)
+    budget = int(resident + 0.24 * (untiled.peak_bytes - resident))
+    spec = dict(spec, op="decode", kernel_choice="defaults", memory_budget=budget, compare_untiled=True)
+    result = run_worker("bench.memory_worker", spec, timeout=900)
+    # float32 rounding of a deep network, relative to its output (within 1e-5 of it, as the tiny models'
+    # fixtures are absolutely: measured 2.4e-5 at SeedVR2 outputs up to 3.2)
+    assert result["fits"] and result["max_err"] <= 1e-5 * max(1.0, result["max_abs"]), result
+    assert result["peak_bytes"] <= budget, (result, budget)
+    return result, budget
+
+
 @pytest.mark.measurement  # a full-size decode in a fresh process (the slowest test): CI's second lane
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
 def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The planner, given the weights plus under a quarter of what the untiled decode's activations take
     (predicted), picks a plan that keeps the measured peak RSS within that budget, the memory model's
-    prediction of that plan lands within 15 % of it, and the frames equal the untiled decode's (fresh
-    process, full released config, fp32, 5 frames: a size the calibration did not use)."""
+    prediction of that plan lands within 15 % of it, and the frames equal the untiled decode's (5
+    frames: a size the calibration did not use)."""
     monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
-    spec = dict(family="seedvr2", op="decode", frames=5, height=160, width=160, kernel_choice="defaults")
-    model = models.meta_model("seedvr2")
-    shape = tuple(models.make_input("seedvr2", spec).shape)
-    opts = vae.Optimizations(kernel_choice="defaults")
-    untiled = vae.plan(model, "decode", shape, vae.Settings(temporal_chunk=1), device="cpu", opts=opts)
-    resident = untiled.peak_bytes - untiled.work_bytes + memory.resident_cache_bytes(model, "decode", "cpu", opts)
-    activations = untiled.peak_bytes - resident
-    budget = int(resident + 0.24 * activations)
-    result = run_worker("bench.memory_worker", dict(spec, memory_budget=budget, compare_untiled=True), timeout=900)
-    # float32 rounding of a 40-layer network, relative to its output (within 1e-5 of it, as the tiny
-    # models' fixtures are absolutely: measured 2.4e-5 at outputs up to 3.2)
-    assert result["fits"] and result["max_err"] <= 1e-5 * max(1.0, result["max_abs"]), result
-    assert result["peak_bytes"] <= budget, (result, budget)
+    result, _ = run_within_a_quarter(dict(family="seedvr2", frames=5, height=160, width=160), untiled_chunk=1)
     error = result["predicted_bytes"] / result["peak_bytes"] - 1
     assert abs(error) <= 0.15, (result, f"{100 * error:+.1f}%")
+
+
+@pytest.mark.measurement
+@LTX2_STREAMED
+def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
+    """The same for LTX-2's released decoder (its convs look ahead) on 17 frames of 256 x 384 against
+    the whole clip untiled (about a minute)."""
+    monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
+    run_within_a_quarter(dict(family="ltx2", frames=17, height=256, width=384), untiled_chunk=None)
