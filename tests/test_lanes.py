@@ -41,7 +41,20 @@ def modules_starting_comfyui() -> dict[str, ast.Module]:
         if grown == starting:
             break
         starting = grown
-    return {name: tree for name, tree in trees.items() if _used_names(tree) & starting}
+    return {name: tree for name, tree in trees.items() if _used_names(tree) & _visible(tree, starting)}
+
+
+def _visible(tree: ast.Module, starting: set[str]) -> set[str]:
+    """Of `starting`, what a module can reach: the harness's names, its own fixtures and those it imports
+    from other test modules (a fixture named like a local variable elsewhere, "files", is not theirs)."""
+    imported = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").removeprefix("tests.").startswith(("test_", "comfy_support")) for a in node.names}
+    visible = set(STARTS_COMFYUI) | (imported & starting)
+    while True:  # the module's own fixtures over what it can reach
+        grown = visible | _fixtures_over(tree, visible)
+        if grown == visible:
+            return visible
+        visible = grown
 
 
 def _marks(tree: ast.Module) -> str:

@@ -24,7 +24,7 @@ import vae
 from test_nodes_server import (as_uint8, assert_images_close, node, object_info, saved_images, saved_latent,  # noqa: F401
                                upload_frames, video_of)
 
-pytestmark = pytest.mark.comfy_trees("0.33.0")
+pytestmark = [pytest.mark.comfy, pytest.mark.comfy_trees("0.33.0")]
 
 HEIGHT, WIDTH, GUIDE_FRAMES, LENGTH = 64, 96, 9, 25
 FULL = "streamvae_tiny_ltx2_full.safetensors"  # in models/checkpoints
