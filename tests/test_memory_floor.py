@@ -64,7 +64,7 @@ def run_within_a_quarter(spec: dict, untiled_chunk: int | None) -> tuple[dict, i
     planned within the weights plus under a quarter of what the untiled decode's activations take
     (predicted, `untiled_chunk` latent frames per chunk; None: the whole clip), compared with the untiled
     decode (one latent frame per chunk); (the worker's result, the budget)."""
-    family = spec["family"]
+    family, spec = spec["family"], dict(spec, op="decode", kernel_choice="defaults")
     model = models.meta_model(family)
     shape = tuple(models.make_input(family, spec).shape)
     opts = vae.Optimizations(kernel_choice="defaults")
@@ -72,8 +72,7 @@ def run_within_a_quarter(spec: dict, untiled_chunk: int | None) -> tuple[dict, i
                        opts=opts)
     resident = untiled.peak_bytes - untiled.work_bytes + memory.resident_cache_bytes(model, "decode", "cpu", opts)
     budget = int(resident + 0.24 * (untiled.peak_bytes - resident))
-    spec = dict(spec, op="decode", kernel_choice="defaults", memory_budget=budget, compare_untiled=True)
-    result = run_worker("bench.memory_worker", spec, timeout=900)
+    result = run_worker("bench.memory_worker", dict(spec, memory_budget=budget, compare_untiled=True), timeout=900)
     # float32 rounding of a deep network, relative to its output (within 1e-5 of it, as the tiny models'
     # fixtures are absolutely: measured 2.4e-5 at SeedVR2 outputs up to 3.2)
     assert result["fits"] and result["max_err"] <= 1e-5 * max(1.0, result["max_abs"]), result
