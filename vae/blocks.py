@@ -28,7 +28,9 @@ class StreamContext:
     `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
-    `strategies.FrameStream` that runs them one frame at a time.
+    `strategies.FrameStream` that runs them one frame at a time. `prefill` is True while the engine
+    runs a model's `prefill_stages` over the clip before the clip itself (a full attention gathers
+    every frame's keys first: `layers.FrameCausalAttention`).
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None):
@@ -37,6 +39,7 @@ class StreamContext:
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
+        self.prefill = False
         # How every conv of the run picks its kernel (`optimizations.conv3d`'s keyword arguments): the
         # Winograd filter-transform cache (None: Winograd off), measured or fixed choices, and the
         # PyTorch 2.9 cuDNN workaround.
@@ -106,6 +109,23 @@ def zero_border(buf: torch.Tensor, pad) -> None:
         buf[..., :top, :].zero_()
 
 
+def replicate_border(buf: torch.Tensor, pad) -> None:
+    """Fill the outer `pad` = (left, right, top, bottom) columns/rows of a buffer (..., H, W) with copies
+    of the nearest row or column inside them: replicate padding (HunyuanVideo 1.5's convs), written
+    after the inside (and the head frames) is; columns first, so the rows carry the corners."""
+    left, right, top, bottom = pad
+    height, width = buf.shape[-2:]
+    rows = buf[..., top:height - bottom, :]
+    if left:
+        rows[..., :left] = rows[..., left:left + 1]
+    if right:
+        rows[..., width - right:] = rows[..., width - right - 1:width - right]
+    if top:
+        buf[..., :top, :] = buf[..., top:top + 1, :]
+    if bottom:
+        buf[..., height - bottom:, :] = buf[..., height - bottom - 1:height - bottom, :]
+
+
 def _interior(buf: torch.Tensor, pad) -> torch.Tensor:
     """The unpadded frame region of a padded conv buffer (what caches store)."""
     left, right, top, bottom = pad
@@ -121,18 +141,25 @@ class CausalConv3d(Conv3d):
     a call is exactly the input frames a whole-clip pass would still read, so any temporal chunking
     reproduces the whole-clip result, strided convs included.
 
-    Spatial padding is zero padding, (left, right, top, bottom); symmetric padding is done by the
-    conv itself, asymmetric padding (the downsamplers' right/bottom pad) inside the input buffer.
+    Spatial padding is (left, right, top, bottom), zeros or, with border="replicate", copies of the
+    frame's edge (HunyuanVideo 1.5). Symmetric zero padding is done by the conv itself; asymmetric
+    padding (the downsamplers' right/bottom pad) and replicate padding inside the input buffer, the
+    latter after the frames are written (`pad_border`; exact tiles and row bands call it too, for the
+    part of their buffer outside the frame).
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None, spatial_pad=None):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None, spatial_pad=None,
+                 border="zeros"):
         kt, kh, kw = _triple(kernel_size)
         pad = spatial_pad if spatial_pad is not None else (kw // 2, kw // 2, kh // 2, kh // 2)
-        symmetric = pad[0] == pad[1] and pad[2] == pad[3]
+        if border not in ("zeros", "replicate"):
+            raise ValueError(f"border must be 'zeros' or 'replicate', got {border!r}")
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3] and border == "zeros"
         super().__init__(in_channels, out_channels, (kt, kh, kw), _triple(stride), padding=(0, pad[2], pad[0]) if symmetric else 0)
         if head not in ("zeros", "replicate"):
             raise ValueError(f"head must be 'zeros' or 'replicate', got {head!r}")
         self.head_mode = head
+        self.border = border
         self.head_frames = kt - 1 if head_frames is None else head_frames
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
@@ -203,7 +230,14 @@ class CausalConv3d(Conv3d):
             return self._convolve_after_zeros(_padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
         buf = _padded_buffer(like, shape, n_head, self.buffer_pad, fill)
         self.write_head(_interior(buf, self.buffer_pad), head, n_head)
+        self.pad_border(buf, self.buffer_pad)
         return self._convolve(buf, ctx)
+
+    def pad_border(self, buf: torch.Tensor, outside) -> None:
+        """Fill the `outside` = (left, right, top, bottom) part of a conv buffer whose inside (head frames
+        included) is written: replicated edges with border="replicate"; zeros stay as the buffer has them."""
+        if self.border == "replicate" and any(outside):
+            replicate_border(buf, outside)
 
     def _forward_concat(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """Straightforward path: torch.cat of the head + F.pad, as the upstream code does."""
@@ -216,7 +250,7 @@ class CausalConv3d(Conv3d):
         if head is not None:
             x = torch.cat([head, x], dim=2)
         if any(self.buffer_pad):
-            x = F.pad(x, self.buffer_pad)
+            x = F.pad(x, self.buffer_pad + (0, 0), mode="replicate" if self.border == "replicate" else "constant")
         return self._convolve(x, ctx)
 
     def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamContext) -> torch.Tensor:
@@ -287,6 +321,11 @@ class FrameConv2d(nn.Conv2d):
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = False
+
+    border = "zeros"  # spatial padding (`CausalConv3d`)
+
+    def pad_border(self, buf: torch.Tensor, outside) -> None:
+        pass  # zero padding: the buffer has it
 
     # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
     def head(self, ctx: StreamContext) -> tuple[None, int]:

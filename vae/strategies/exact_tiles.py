@@ -184,11 +184,13 @@ class _ConvCall:
 
     def _buffer(self, out_rows, out_cols, fill):
         """The input buffer of outputs out_rows x out_cols: filled, head frames written."""
-        buf, inner, rows_in, cols_in = self.window.buffer(self.like, self.n, *self.window.reads(out_rows, out_cols))
+        region = self.window.reads(out_rows, out_cols)
+        buf, inner, rows_in, cols_in = self.window.buffer(self.like, self.n, *region)
         self.last_buffer = buf.numel()
         fill(inner[:, :, self.n_head:], rows_in, cols_in)
         head, head_rows = self._head(rows_in)
         self.conv.write_head(inner, head, self.n_head, head_rows, cols_in)
+        self.window.pad_border(buf, *region)
         return buf, inner, rows_in, cols_in
 
     def start_row(self, out_rows) -> None:

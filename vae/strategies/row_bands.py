@@ -229,6 +229,7 @@ class RowBands:
             return empty_video(like, (b, conv.out_channels, 0, o1 - o0, wo))
         inside = [(max(a, 0), min(z, height)) for (a, z), _ in reads]
         self._exchange(inner, rows_in.start, scale, inside)
+        window.pad_border(buf, (iy0, iy1), cols)
         return conv.conv5d(buf, ctx, padded=False)
 
     def local(self, fn, x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:
