@@ -7,16 +7,16 @@
 
 Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan21`: Wan2.1 and Wan2.2
 A14B, and the VAEs of its architecture at other sizes: Qwen-Image, RGBA Qwen-Image-Layered, pruned
-widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B) and Qwen-Image 2.1 (`qwen21`, an image VAE),
-the Wan files in upstream/ComfyUI or diffusers key names, every size read from the shapes
-(`wan_layout.py`). Encode takes `m.in_channels` image channels (4: RGBA), decode gives
+widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B), Qwen-Image 2.1 (`qwen21`, an image VAE) and
+HunyuanVideo 1.5 (`hv15`), in upstream/ComfyUI or diffusers key names, every size read from the shapes
+(`wan_layout.py`, `hv15_layout.py`). Encode takes `m.in_channels` image channels (4: RGBA), decode gives
 `m.out_channels`, at `m.decode_upscale` times the encoded size.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
-diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
+diffusion model sees (SeedVR2 and HunyuanVideo 1.5 scaling; Wan per-channel (z - mean) / std).
 
 Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 only: core's SeedVR2 VAE
-returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan LATENTs
-are raw (the Wan latent format normalises inside the model). `m.to_comfy_latent(z)` /
+returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, while core's Wan and
+HunyuanVideo 1.5 LATENTs are raw (their latent formats scale inside the model). `m.to_comfy_latent(z)` /
 `m.from_comfy_latent(samples)` convert; the node pack and the CLI's latent files do so at their edges.
 
 How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is asked for as
@@ -30,6 +30,7 @@ together with `vae.decode(m, z, settings, bands=vae.RowBands(group))` (torch.dis
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 """
 from .engine import decode, encode
+from .hv15 import Hv15Config, Hv15VAE
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model import VideoVAE
 from .optimizations import Optimizations
@@ -44,6 +45,8 @@ from .wan22 import Wan22Config, Wan22VAE
 __all__ = [
     "Cancelled",
     "CheckpointError",
+    "Hv15Config",
+    "Hv15VAE",
     "Optimizations",
     "Plan",
     "Qwen21Config",

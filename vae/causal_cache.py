@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from .devices import host_available
+from .kv_cache import KeyValueCache
 from .optimizations.layout import dense_copy, empty_video, is_ndhwc
 
 CACHE_OFFLOADS = ("none", "host", "disk")
@@ -331,10 +332,16 @@ class CausalCache:
             offload = "none"
         self.offload = offload
         self.fallback = fallback if fallback != offload else None
-        if offload == "host":
-            self._store = _HostStore(host_available() if host_budget is None else host_budget)
-        else:
-            self._store = _DiskStore() if offload == "disk" else _DeviceStore()
+        self._host_budget = host_budget
+        self._store = self._offload_store() if offload != "none" else _DeviceStore()
+        # The keys and values of the frames each frame-causal attention has seen, where these caches live.
+        self.keys_values = KeyValueCache(offload, self.device, self._offload_store)
+
+    def _offload_store(self):
+        """A new store of this cache's offload ("host" or "disk")."""
+        if self.offload == "host":
+            return _HostStore(host_available() if self._host_budget is None else self._host_budget)
+        return _DiskStore()
 
     def __contains__(self, module) -> bool:
         return module in self._store.keys()
@@ -367,6 +374,8 @@ class CausalCache:
         return frames
 
     def clear(self) -> None:
+        """Drop every module's entry (the causal state of a run that starts again at frame 0); the
+        attention keys and values (`keys_values`) stay."""
         for module in list(self._store.keys()):
             self._store.discard(module)
 
@@ -391,3 +400,4 @@ class CausalCache:
     def close(self) -> None:
         """Drop everything (and the disk file, if any)."""
         self._store.close()
+        self.keys_values.close()

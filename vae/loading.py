@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from .hv15 import Hv15VAE
 from .model import LayoutError, VideoVAE
 from .qwen21 import Qwen21VAE
 from .seedvr2 import SeedVR2VAE
@@ -22,7 +23,7 @@ from .wan21 import Wan21VAE
 from .wan22 import Wan22VAE
 
 # Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE]
+FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, Hv15VAE]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -189,8 +190,8 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
     raise CheckpointError(
         f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
         "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors), Wan2.2 (wan2.2_vae.safetensors), "
-        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one) or Qwen-Image 2.1 "
-        "(qwen_image_2.1_vae_bf16.safetensors) VAE file.")
+        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one), Qwen-Image 2.1 "
+        "(qwen_image_2.1_vae_bf16.safetensors) or HunyuanVideo 1.5 (hunyuanvideo15_vae_fp16.safetensors) VAE file.")
 
 
 def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str) -> None:
