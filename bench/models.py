@@ -15,8 +15,12 @@ import torch
 import vae
 
 CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
-           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config)}
+           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config),
+           "hv15": (vae.Hv15VAE, vae.Hv15Config)}
 FAMILIES = tuple(CONFIGS)
+# The tiny models of the families without a fixture checkpoint: these configs with `seed`'s random weights
+# (the released latent channels and factors, so `make_input` holds for them too).
+TINY_RANDOM = {"hv15": vae.Hv15Config(block_out_channels=(16, 32, 32, 64, 64), layers_per_block=1)}
 
 
 def meta_model(family: str) -> vae.VideoVAE:
@@ -44,7 +48,12 @@ def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.
 
 def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
     """(config, float32 state dict in StreamVAE's key names): the released config with `seed`'s random
-    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused)."""
+    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused; `TINY_RANDOM`'s
+    config with `seed`'s weights where there is none)."""
+    if tiny and family in TINY_RANDOM:
+        with torch.device("meta"):
+            meta = CONFIGS[family][0](TINY_RANDOM[family])
+        return meta.config, random_state_dict(meta, seed)
     if tiny:
         from tests.reference import TINY_CONFIG_OVERRIDES, tiny_checkpoint
 
@@ -55,15 +64,16 @@ def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dic
 
 
 def build(family: str, dtype: torch.dtype, device="cpu", *, tiny: bool = False, seed: int = 0,
-          core: str | None = None) -> torch.nn.Module:
+          core: str | None = None, config: dict | None = None) -> torch.nn.Module:
     """`family`'s network (see `weights`) in `dtype` on `device`, eval mode: StreamVAE's model, or with
-    `core` ComfyUI core's own VAE of that version (a key of `core_vae.TREES`) loaded with the same weights."""
-    config, state = weights(family, tiny, seed)
+    `core` ComfyUI core's own VAE of that version (a key of `core_vae.TREES`) loaded with the same weights.
+    `config`: StreamVAE config fields that are a choice rather than a size (HunyuanVideo 1.5's attention)."""
+    sizes, state = weights(family, tiny, seed)
     if core is not None:
         from bench.core_vae import core_model
 
-        return core_model(core, family, config, state, dtype, device)
-    return vae.load(state, device=device, dtype=dtype, config=dataclasses.asdict(config))
+        return core_model(core, family, sizes, state, dtype, device)
+    return vae.load(state, device=device, dtype=dtype, config={**dataclasses.asdict(sizes), **(config or {})})
 
 
 def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:

@@ -5,10 +5,17 @@ through real safetensors files in both key layouts (diffusers', and the released
 Encode and decode match diffusers within 1e-4 x max(1, |ref|) at reduced and at the released widths;
 chunks of one and two latent frames, frames streamed and exact tiles equal the whole clip within 1e-5 x
 max(1, |ref|); the chunked frame-causal attention equals the dense masked attention within 1e-6 on a
-long clip; `attention="full"` reproduces core's encode and decode, which differ visibly from the masked
-model's; sizes that fit no rule are refused by name."""
+long clip; two processes with row bands give the one-process result; `attention="full"` reproduces
+core's encode and decode, which differ visibly from the masked model's; sizes that fit no rule are
+refused by name."""
+import io
+import queue
+import time
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 import vae
 from vae.blocks import StreamContext
@@ -140,6 +147,46 @@ def test_chunked_attention_equals_the_dense_masked_attention_on_a_long_clip():
             got = torch.cat([ours(x[:, :, i:i + chunk], ctx) for i in range(0, frames, chunk)], dim=2)
         ctx.cache.close()
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=f"chunks of {chunk}, keys on {offload}")
+
+
+def _bands_main(rank: int, store: str, path: str, results) -> None:
+    """Decode and encode on this rank of a 2-process gloo world, uneven bands; rank 0 queues the result."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    model = vae.load(path)
+    decoded = vae.decode(model, _latent(frames=3), vae.Settings(temporal_chunk=2), bands=vae.RowBands(rows=[2, 1]))
+    encoded = vae.encode(model, _video(frames=9), vae.Settings(temporal_chunk=1), bands=vae.RowBands(rows=[1, 2]))
+    if rank == 0:  # as bytes: a queued tensor would travel as a file descriptor this process must outlive
+        payload = io.BytesIO()
+        torch.save((decoded, encoded), payload)
+        results.put(payload.getvalue())
+    dist.destroy_process_group()
+
+
+def test_row_bands_equal_one_process(models, tmp_path):
+    """Two processes, each a band of rows of every layer (halo rows exchanged, the replicate padding at the
+    frame's edge, the attention's keys of the whole frame on each rank): the one-process result."""
+    path = tmp_path / "hv15.safetensors"
+    save_checkpoint(models["released"].state_dict(), path)
+    results = mp.get_context("spawn").Queue()
+    ranks = mp.start_processes(_bands_main, args=(str(tmp_path / "store"), str(path), results), nprocs=2, join=False,
+                               start_method="spawn")
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # a rank that failed ends the wait at once (join raises with its traceback)
+            try:
+                decoded, encoded = torch.load(io.BytesIO(results.get(timeout=1)), weights_only=True)
+                break
+            except queue.Empty:
+                ranks.join(0)
+                assert time.monotonic() < deadline, "the ranks gave no result in 300 s"
+        ranks.join(60)
+    finally:
+        for process in ranks.processes:
+            process.kill()
+    want_z, want_x = vae.decode(models["released"], _latent(frames=3)), vae.encode(models["released"], _video(frames=9))
+    torch.testing.assert_close(decoded, want_z, rtol=0, atol=bound(want_z, 1e-5))
+    torch.testing.assert_close(encoded, want_x, rtol=0, atol=bound(want_x, 1e-5))
 
 
 @pytest.fixture(scope="module")
