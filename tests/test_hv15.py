@@ -18,6 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vae
+from bench.models import meta_model
+from vae import memory, planning
 from vae.blocks import StreamContext
 from vae.causal_cache import CausalCache
 from vae.hv15 import HV15_SCALING_FACTOR, Hv15Attention
@@ -237,3 +239,23 @@ def test_shapes_that_fit_no_rule_are_refused(models):
         vae.load(state)
     with pytest.raises(ValueError, match="attention must be one of"):
         vae.load(models["released"].state_dict(), config={"attention": "sliding"})
+
+
+@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+def test_the_memory_model_counts_the_attention_keys_of_the_clip():
+    """On the device the keys and values of every latent frame add to the predicted peak (2 x 45 x 80
+    positions x 1024 channels x 2 bytes a latent frame at 720p, bf16); offloaded they count at the
+    attention step only, where a long clip's outweigh the chunk's other tensors."""
+    model = meta_model("hv15")
+    model.set_dtypes(decode=torch.bfloat16)
+
+    def peak(frames: int, offload: str, latent_hw=(45, 80)) -> int:
+        clip = planning.clip_of(model, "decode", (1, 32, frames) + latent_hw)
+        return memory.estimate(model, clip, 1, None, device="cuda", cache_offload=offload, io_on_device=(False, False),
+                               opts=Optimizations(kernel_choice="defaults"))
+
+    per_frame = 2 * 45 * 80 * 1024 * 2
+    assert abs(peak(31, "none") - peak(11, "none") - 20 * per_frame) <= 1
+    assert peak(31, "host") == peak(11, "host")  # 457 MB of keys, read back at the attention step only
+    small = (2, 2)  # a tiny frame: there the keys of a very long clip are the largest thing the run holds
+    assert peak(2001, "host", small) - peak(1001, "host", small) == pytest.approx(1000 * per_frame * 4 / (45 * 80), abs=2)

@@ -16,7 +16,8 @@ GIB = 2**30
 # and fp32 encode (the GPU defaults), frames to host memory as the nodes run them.
 TARGETS = [("seedvr2", "decode", 21, 1080, 1920, 6), ("seedvr2", "decode", 21, 2160, 3840, 10),
            ("seedvr2", "encode", 21, 1080, 1920, 6), ("wan21", "decode", 81, 720, 1280, 6),
-           ("wan21", "decode", 21, 1080, 1920, 8)]
+           ("wan21", "decode", 21, 1080, 1920, 8),
+           ("hv15", "decode", 121, 720, 1280, 6), ("hv15", "decode", 121, 1080, 1920, 8)]  # issue 41
 
 
 @pytest.mark.parametrize("family,op,frames,height,width,budget", TARGETS, ids=lambda v: str(v))
