@@ -56,9 +56,11 @@ def decode_runs(model, z, folder: Path) -> dict:
     return {
         "decode, frames dropped": lambda: models.run(model, "decode", z, dict(temporal_chunk=1),
                                                      sink=lambda first, frames: None),
-        "file, h264 (.mp4)": lambda: vae.decode_to_file(model, z, folder / "bench.mp4", vae.Settings(temporal_chunk=1)),
+        "file, h264 (.mp4)": lambda: vae.decode_to_file(model, z, folder / "bench.mp4", vae.Settings(temporal_chunk=1),
+                                                        overwrite=True),
         "file, ffv1 (.mkv, lossless)": lambda: vae.decode_to_file(model, z, folder / "bench.mkv",
-                                                                  vae.Settings(temporal_chunk=1), codec="ffv1"),
+                                                                  vae.Settings(temporal_chunk=1), codec="ffv1",
+                                                                  overwrite=True),
         "IMAGE fp32": to_image(torch.float32),
         "IMAGE fp16": to_image(torch.float16),
     }

@@ -4,7 +4,9 @@ Two cores (`TREES`), each a ComfyUI source tree found as below:
 - "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan (comfy/ldm/wan/vae.py,
   vae2_2.py) and HunyuanVideo 1.5 (comfy/ldm/hunyuan_video/vae_refiner.py).
 - "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
-  through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder. This core imports comfy-kitchen and comfy-aimdo; they
+  through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2
+  through its `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config
+  of StreamVAE's. This core imports comfy-kitchen and comfy-aimdo; they
   come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
   bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
   0.6.0, what core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
@@ -12,7 +14,8 @@ Two cores (`TREES`), each a ComfyUI source tree found as below:
 Core's VAEs use the checkpoint's key names, which are StreamVAE's native ones. Core's Wan `decode`
 takes the raw latent and returns unclamped pixels in [-1, 1], as StreamVAE's does; `encode` returns
 the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling factor), so it
-is wrapped to take the raw latent (`RawLatentDecode`). A process holds one ComfyUI: its tree and
+is wrapped to take the raw latent (`RawLatentDecode`), and core's LTX VAE to take and give raw latents
+(`NormalizedLatentVAE`; its LATENT is normalised by the checkpoint's statistics). A process holds one ComfyUI: its tree and
 packages go at the end of the import path (after the benchmark's own modules are imported, since a
 tree's `tests`, `utils` and `app` packages would shadow others), and ComfyUI reads its command line on
 import: --cpu unless the model is to run on CUDA.
@@ -54,7 +57,9 @@ HV15 = {"hv15": "comfy.ldm.hunyuan_video.vae_refiner"}
 TREES = {
     "0.3.75": CoreTree("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI", {**WAN, **HV15}),
     "0.33.0": CoreTree("STREAMVAE_COMFYUI_033", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI",
-                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae", **HV15}, REPO / ".cache" / "venv-comfy-0.33.0"),
+                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae", **HV15,
+                        "ltx2": "comfy.ldm.lightricks.vae.causal_video_autoencoder"},
+                       REPO / ".cache" / "venv-comfy-0.33.0"),
 }
 # The core packages whose versions a row records.
 CORE_PACKAGES = ("comfy_kitchen", "comfy_aimdo")
@@ -112,6 +117,21 @@ class RawLatentDecode(torch.nn.Module):
         return self.core.encode(x)
 
 
+class NormalizedLatentVAE(torch.nn.Module):
+    """Core's LTX VAE with StreamVAE's latent convention: its `decode` takes, and `encode` gives, the
+    latent normalised by the checkpoint's per-channel statistics; here both are raw."""
+
+    def __init__(self, core: torch.nn.Module):
+        super().__init__()
+        self.core = core
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.core.decode(self.core.per_channel_statistics.normalize(z))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.core.per_channel_statistics.un_normalize(self.core.encode(x))
+
+
 def _seedvr2(core, cfg) -> torch.nn.Module:
     """Core's SeedVR2 wrapper; for a config other than the released one (the tiny test checkpoint's
     channel widths and groups, which core fixes as constants) its own classes with those values."""
@@ -167,6 +187,10 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
             model = _seedvr2(core, cfg)
         elif family == "hv15":
             model = CoreHv15(core, cfg)
+        elif family == "ltx2":
+            from vae.ltx2_layout import upstream_config
+
+            model = core.VideoVAE(config=upstream_config(cfg))
         else:
             kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
                           attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
@@ -175,4 +199,6 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
             model = core.WanVAE(**kwargs)
     model.load_state_dict(state_dict, strict=True, assign=True)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if family == "ltx2":
+        return NormalizedLatentVAE(model)
     return RawLatentDecode(model, cfg.scaling_factor) if family == "seedvr2" else model

@@ -18,4 +18,6 @@ export STREAMVAE_CORE_SITE=/tmp/streamvae-core-site PYTHONUNBUFFERED=1
 if compgen -G "$carry/wheels/*.whl" > /dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_CORE_SITE" "$carry"/wheels/*.whl
 fi
+# What this GPU is and which kernels, layout and memory calibration StreamVAE takes there (seconds).
+$py -m vae doctor
 exec $py -m bench.gpu_session --seconds "${1:-540}"

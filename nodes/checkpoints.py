@@ -21,12 +21,24 @@ class CheckpointInfo:
     model: torch.nn.Module  # on the meta device: shapes and config only
 
 
+def file_identity(path: str) -> tuple[str, int, int] | None:
+    """(absolute path, size, modification time in ns): what tells a file replaced under the same name
+    from the one seen before (Load VAE's fingerprint, the look-up cache); None for a missing file."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns
+
+
 def inspect_checkpoint(path: str) -> CheckpointInfo:
     """Family and a meta-device model of a checkpoint without reading its weights: the safetensors
-    header, or a pickle's structure (cached by path, size and modification time). Raises
-    `vae.CheckpointError` with what to do for a file StreamVAE cannot use."""
-    stat = os.stat(path)
-    return _inspect(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    header, or a pickle's structure (cached by `file_identity`). Raises `vae.CheckpointError` with what
+    to do for a file StreamVAE cannot use."""
+    identity = file_identity(path)
+    if identity is None:
+        raise loading.CheckpointError(f"checkpoint not found: {path}")
+    return _inspect(*identity)
 
 
 @lru_cache(maxsize=16)

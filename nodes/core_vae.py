@@ -32,7 +32,7 @@ from ..vae.geometry import latent_frames, pixel_frames
 from ..vae.planning import Settings
 from .images import check_image
 from .latents import latent_layout, read_latent
-from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
+from .run_settings import check_tile_size, check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 log = logging.getLogger("streamvae")
@@ -86,7 +86,8 @@ class StreamVAEStage(torch.nn.Module):
         video = pixels[:, :, :pixel_frames((pixels.shape[2] - 1) // tf + 1, tf), :height, :width]
         for clip in video:  # bad frames get Encode's message (as an IMAGE: N,H,W,3 in 0..1), not a wrong latent
             check_image(clip.permute(1, 2, 3, 0).add(1).mul(0.5))
-        samples, _ = execution.encode_clips(self.handle, video.shape[0], lambda i: video[i:i + 1],
+        # a filter's overshoot, which check_image lets through, clamped as StreamVAE Encode clamps it
+        samples, _ = execution.encode_clips(self.handle, video.shape[0], lambda i: video[i:i + 1].clamp(-1, 1),
                                             (1,) + tuple(video.shape[1:]), tiling or self.tiling)
         return samples
 
@@ -183,12 +184,15 @@ class ToCoreVAE(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
-        return check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+    def validate_inputs(cls, tile_size=None):  # ComfyUI checks the other inputs itself, each on its own widget
+        return check_tile_size(tile_size) or True
 
     @classmethod
     def execute(cls, vae, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
                 tiling="exact") -> io.NodeOutput:
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb, tiling)
+        if error:
+            raise ValueError(error)
         model = vae.model
         if (model.in_channels, model.out_channels, model.decode_upscale, model.temporal_factor) != (3, 3, 1, 4):
             raise ValueError(f"the core-VAE adapter covers RGB video VAEs; this {model.family} VAE ({model.out_channels} "

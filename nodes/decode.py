@@ -4,7 +4,7 @@ from comfy_api.latest import io
 from . import core_api, execution
 from .alpha import decoded_mask
 from .latents import latent_source_input, read_latent
-from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
+from .run_settings import check_tile_size, check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -42,14 +42,14 @@ class Decode(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
-        return check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+    def validate_inputs(cls, tile_size=None):  # ComfyUI checks the other inputs itself, each on its own widget
+        return check_tile_size(tile_size) or True
 
     @classmethod
     def execute(cls, vae, samples, tile_size=0, tile_overlap=64, temporal_chunk=0, memory_budget_gb=0.0,
                 tiling="exact", nonfinite="error", output_dtype="auto", latent_source="auto") -> io.NodeOutput:
-        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
-        if error:
+        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb, tiling)
+        if error:  # values that arrived through links, and the rules across inputs, are only known now
             raise ValueError(error)
         latent = read_latent(samples, vae.model, latent_source)
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, memory_budget_gb)

@@ -5,7 +5,7 @@ from . import core_api, execution
 from .alpha import encode_input
 from .images import MAX_FRAMES, check_batch_size, clip_batch, split_clips
 from .latents import make_latent
-from .run_settings import check_tiling, settings_from_inputs, tiling_inputs
+from .run_settings import check_tile_size, check_tiling, settings_from_inputs, tiling_inputs
 from .types import STREAMVAE
 
 
@@ -37,15 +37,15 @@ class Encode(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, batch_size=None, tile_size=None, tile_overlap=None, temporal_chunk=None,
-                        memory_budget_gb=None):
-        return check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+    def validate_inputs(cls, tile_size=None):  # one input: its error shows on its widget alone (see check_tile_size)
+        return check_tile_size(tile_size) or True
 
     @classmethod
     def execute(cls, vae, image, batch_size=0, tile_size=0, tile_overlap=64, temporal_chunk=0,
                 memory_budget_gb=0.0, tiling="exact", mask=None) -> io.NodeOutput:
-        error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
-        if error:  # values that arrived through links are only known now
+        error = check_batch_size(batch_size) or check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb,
+                                                             tiling)
+        if error:  # values that arrived through links, the 4n+1 rule and the rules across inputs
             raise ValueError(error)
         image, batch_size, batch_notes = clip_batch(image, batch_size)
         image, notes = encode_input(image, mask, vae.model.in_channels)

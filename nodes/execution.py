@@ -12,10 +12,12 @@ from typing import Callable
 import torch
 
 from .. import vae
+from ..vae import doctor
 from ..vae.devices import same_device
-from ..vae.optimizations import backend, kernel_choice, layout, run_with_fallback
+from ..vae.optimizations import KernelLog, backend, kernel_choice, layout, run_with_fallback
 from ..vae.optimizations.compile import dynamo_limits
 from ..vae.planning import budget_from_free
+from ..vae.run_warnings import collected
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
 from ..vae.planning import Settings
@@ -43,12 +45,16 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     latent_layout: str | None = None  # decode: how the LATENT was read (latents.latent_layout)
     output: str = ""  # what was made, e.g. "IMAGE float16 on cpu"
-    kernels: str = ""  # how the kernels were chosen (kernel_choice.describe) and the activation layout
+    kernels: str = ""  # how the kernels were chosen, what ran (KernelLog.describe) and the activation layout
+    # What this run's convs and norms ran (None: they ran in the device workers' processes, not counted).
+    kernel_log: KernelLog | None = field(default=None, repr=False)
+    doctor: list[str] = field(default_factory=list)  # vae.doctor's lines for this run (what a bug report needs)
 
     def as_dict(self) -> dict:
         return {"op": self.op, "plan": self.plan.as_dict(), "summary": self.plan.summary(), "clips": self.clips,
                 "steps": self.steps, "measured_peak_bytes": self.measured_peak_bytes, "notes": self.notes,
-                "latent_layout": self.latent_layout, "output": self.output, "kernels": self.kernels}
+                "latent_layout": self.latent_layout, "output": self.output, "kernels": self.kernels,
+                "doctor": self.doctor}
 
 
 class Progress:
@@ -73,15 +79,17 @@ def _cancel() -> bool:
 
 
 @contextlib.contextmanager
-def _engine_scope(handle):
-    """Backend flags, dynamo limits, and Cancelled -> ComfyUI's execution_interrupted."""
+def _engine_scope(handle, report: RunReport):
+    """Backend flags, dynamo limits, the run's warnings into the report's notes (once; the log has them
+    once too), and Cancelled -> ComfyUI's execution_interrupted."""
     try:
-        with backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
+        with collected() as said, backend.applied(handle.backend_flags), dynamo_limits(handle.compile_settings):
             yield
     except vae.Cancelled:
         if mm is not None:
             mm.throw_exception_if_processing_interrupted()
         raise
+    report.notes += [note for note in said if note not in report.notes]
 
 
 def plan_placement(device) -> dict:
@@ -120,8 +128,9 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
     plan = vae.plan(handle.model, op, shape, dataclasses.replace(settings, memory_budget=_budget(handle, settings)),
                     opts=handle.opts, **placement)
     if plan.fits is False and isinstance(settings.memory_budget, int):  # the node's own budget: refused
-        raise ValueError(f"StreamVAE {op}: {plan.below_floor('memory_budget_gb')}")
-    report = RunReport(op, plan, clips)
+        floor = plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
+        raise ValueError(f"StreamVAE {op}: {floor}")
+    report = RunReport(op, plan, clips, kernel_log=KernelLog(kernel_choice.choices_for(handle.load_device)))
     if plan.fits is False:
         report.notes.append(f"predicted peak {plan.peak_bytes / 2**30:.2f} GiB exceeds the free memory")
     if handle.load_device.type == "cuda":
@@ -132,8 +141,10 @@ def _start(handle, op: str, shape, settings: Settings, clips: int) -> RunReport:
 def _finish(handle, report: RunReport) -> RunReport:
     dtype = handle.model.decode_dtype if report.op == "decode" else handle.model.encode_dtype
     run_layout = layout.choose(handle.model, handle.opts.activation_layout, handle.opts.kernel_choice, dtype)
-    report.kernels = (f"{kernel_choice.describe(handle.opts.kernel_choice, handle.load_device)}; "
-                      f"activations {run_layout.upper()}")
+    ran = (report.kernel_log.describe(handle.opts.kernel_choice) if report.kernel_log is not None
+           else f"kernels: {handle.opts.kernel_choice} (run by the device workers' processes, not counted here)")
+    report.kernels = f"{ran}; activations {run_layout.upper()}"
+    report.doctor = doctor.for_run(handle.load_device, dtype, handle.opts, handle.model, report.plan)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")
     if handle.load_device.type == "cuda":
@@ -157,7 +168,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
         log.warning("StreamVAE encode: %s", note)
     progress = Progress(n, report)
     samples = None
-    with _engine_scope(handle):
+    with _engine_scope(handle, report):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(n):
             progress.index = i
@@ -165,9 +176,11 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
             if workers is not None and isinstance(video, torch.Tensor):  # frame sources stay on one device
                 z = workers.encode(video, temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                    cancel=_cancel).to(out_device)
+                report.kernel_log = None
             else:
                 z = run_with_fallback(vae.encode, handle.model, video, report.plan, opts=handle.opts,
-                                      out_device=out_device, progress=progress, cancel=_cancel)
+                                      out_device=out_device, progress=progress, cancel=_cancel,
+                                      kernel_log=report.kernel_log)
             z = handle.model.to_comfy_latent(z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
@@ -205,16 +218,18 @@ def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callab
         report.notes.append(note)
         log.info("StreamVAE decode: %s", note)
     progress = Progress(b, report)
-    with _engine_scope(handle):
+    with _engine_scope(handle, report):
         workers = multi_device.workers(handle)  # None: one device
         for i in range(b):
             progress.index = i
             if workers is not None:
                 workers.decode(z[i:i + 1], temporal_chunk=report.plan.temporal_chunk, progress=progress,
                                cancel=_cancel, **target(i))
+                report.kernel_log = None
                 continue
             run_with_fallback(vae.decode, handle.model, z[i:i + 1], report.plan, opts=handle.opts,
-                              progress=progress, cancel=_cancel, nonfinite=nonfinite, **target(i))
+                              progress=progress, cancel=_cancel, nonfinite=nonfinite, kernel_log=report.kernel_log,
+                              **target(i))
     return _finish(handle, report)
 
 

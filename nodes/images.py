@@ -60,6 +60,8 @@ def check_image(image) -> tuple[torch.Tensor, list[str]]:
     if low < -0.5 or high > 1.5:
         hint = "divide by 255" if high > 2 else "map -1..1 to 0..1 with (x + 1) / 2" if low < -0.5 else "clamp it to 0..1"
         raise ValueError(f"IMAGE values range from {low:.3g} to {high:.3g}, but an IMAGE holds 0..1: {hint} first")
+    if low < 0 or high > 1:  # a resize filter's overshoot: the library takes [-1, 1] only, so `clip_video` clamps
+        notes.append(f"IMAGE values range from {low:.3g} to {high:.3g} (a filter's overshoot): clamped to 0..1")
     if image.shape[-1] == 1:
         notes.append("grayscale IMAGE: copied to R, G and B")
         image = image.expand(n, h, w, 3)
@@ -102,13 +104,13 @@ def split_clips(num_frames: int, batch_size: int) -> Clips:
 
 
 def clip_video(image: torch.Tensor, span: tuple[int, int], length: int) -> torch.Tensor:
-    """Frames `span` of IMAGE (N,H,W,3, 0..1, see `check_image`) as a video 1,3,length,H,W in [-1, 1]
-    (a new tensor), padded to `length` frames by repeating the last frame."""
+    """Frames `span` of IMAGE (N,H,W,3, 0..1 give or take an overshoot `check_image` noted) as a video
+    1,3,length,H,W in [-1, 1] (a new tensor, clamped), padded to `length` frames by repeating the last frame."""
     start, stop = span
     index = torch.arange(start, start + length).clamp_(max=stop - 1)
     frames = image.index_select(0, index.to(image.device))
     # Contiguous B,C,T,H,W; the engine puts each chunk into the run's activation layout (NCDHW or NDHWC).
-    return frames.permute(3, 0, 1, 2).unsqueeze(0).float().contiguous().mul_(2).sub_(1)
+    return frames.permute(3, 0, 1, 2).unsqueeze(0).float().contiguous().mul_(2).sub_(1).clamp_(-1, 1)
 
 
 def image_view(image: torch.Tensor, start: int, stop: int) -> torch.Tensor:

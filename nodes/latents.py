@@ -30,6 +30,9 @@ FOLDED_LAYOUT = "B,C*T,H,W (frames folded into channels)"
 CHANNELS_LAST_LAYOUT = "B,T,H,W,C (channels last)"
 IMAGE_LAYOUT = "B,C,H,W (one frame)"
 
+# Channel counts of image models' latents that reach video nodes by mistake, and whose they are.
+IMAGE_MODEL_LATENTS = {4: "SD 1.x / SD 2.x / SDXL"}
+
 # Where a Wan LATENT comes from (Decode's `latent_source` input): "auto" reads the keys and statistics.
 LATENT_SOURCES = ("auto", "core", "WanVideoWrapper")
 # Keys WanVideoWrapper's samplers put into their LATENTs (its WanVideoSampler's return value); core's
@@ -100,6 +103,12 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
         raise ValueError(f"a video LATENT must be 5-D (B,C,T,H,W) or 4-D (B,C,H,W); got shape {tuple(z.shape)}")
     z, layout = latent_layout(z, family, channels)
     if z.shape[1] != channels:
+        image_model = IMAGE_MODEL_LATENTS.get(z.shape[1])
+        if image_model and z.shape[2] == 1:
+            raise ValueError(
+                f"this LATENT has {z.shape[1]} channels and one frame: an image model's latent ({image_model}), not a "
+                f"video VAE's. Decode it with core's VAE Decode and that model's VAE; the loaded {family} VAE decodes "
+                f"{channels}-channel video latents.")
         raise ValueError(
             f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel latents. "
             f"Load the VAE that made it: 16 channels = Wan2.1 / Wan2.2-A14B / SeedVR2, 48 channels = Wan2.2-TI2V-5B.")

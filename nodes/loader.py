@@ -92,6 +92,14 @@ class LoadVAE(io.ComfyNode):
         return True
 
     @classmethod
+    def fingerprint_inputs(cls, vae_name=None, **others):
+        """The file's size and modification time: a checkpoint replaced under the same name is loaded again
+        (ComfyUI reuses this node's output while the fingerprint stays the same), as the web extension's
+        look-ups of it are (`checkpoints.inspect_checkpoint`)."""
+        path = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None and vae_name else None
+        return checkpoints.file_identity(path) if path else None
+
+    @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
                 kernels="measure", compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
         path = folder_paths.get_full_path_or_raise("vae", vae_name)

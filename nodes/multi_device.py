@@ -26,6 +26,14 @@ class DeviceSet:
     timeout_s: int = 120
 
 
+def cuda_devices(count: int) -> str:
+    """What CUDA devices this machine has, in words."""
+    if count == 0:
+        return "this machine has no CUDA device (a CPU-only torch, or no NVIDIA driver)"
+    names = ", ".join(f"cuda:{i}" for i in range(count))
+    return f"this machine has {count} CUDA device{'s' if count > 1 else ''} ({names})"
+
+
 def parse_devices(text: str) -> tuple[str, ...]:
     """"cuda:0, cuda:1" / "0,1" (CUDA indices) / "cpu,cpu" -> device names; ValueError says what is wrong."""
     names = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
@@ -38,7 +46,7 @@ def parse_devices(text: str) -> tuple[str, ...]:
         if device.type == "cuda":
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if device.index is None or device.index >= count:
-                raise ValueError(f"{name!r}: this machine has {count} CUDA device(s) (cuda:0 .. cuda:{count - 1})")
+                raise ValueError(f"{name!r}: {cuda_devices(count)}")
         elif device.type != "cpu":
             raise ValueError(f"{name!r}: only CUDA GPUs (NCCL) and CPUs (gloo, for testing) can be combined")
         devices.append(str(device))

@@ -6,7 +6,9 @@
   &temporal_chunk=..&tiling=..&memory_budget_gb=..&device=..&encode_dtype=..&decode_dtype=..: the tile grid
   (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels.
 
-Errors answer HTTP 400 with {"error": message}.
+Errors answer HTTP 4xx with {"error": message}, never 500: 400 for a request or a checkpoint StreamVAE
+cannot use (the same message the nodes give), 422 for a failure it did not foresee (its traceback goes
+to the server log).
 """
 import logging
 
@@ -55,7 +57,7 @@ def _checkpoint(query) -> checkpoints.CheckpointInfo:
         raise BadRequest(f"{name!r} is not in models/vae")
     try:
         return checkpoints.inspect_checkpoint(path)
-    except vae.CheckpointError as error:
+    except (ValueError, OSError) as error:  # CheckpointError, or a file that went away meanwhile
         raise BadRequest(str(error)) from None
 
 
@@ -76,10 +78,10 @@ def plan_info(query) -> dict:
         budget = float(query.get("memory_budget_gb", 0))
     except ValueError:
         raise BadRequest("memory_budget_gb must be a number") from None
-    error = check_tiling(tile_size, tile_overlap, temporal_chunk, budget)
+    tiling = _choice(query, "tiling", TILING_MODES, "exact")
+    error = check_tiling(tile_size, tile_overlap, temporal_chunk, budget, tiling)
     if error:
         raise BadRequest(error)
-    tiling = _choice(query, "tiling", TILING_MODES, "exact")
     settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, tiling, budget)
     device = resolve_device(_choice(query, "device", DEVICE_CHOICES, "auto"))
     model = info.model  # meta device: only shapes, dtypes and config matter to the plan
@@ -109,11 +111,11 @@ def register() -> None:
             try:
                 with torch.inference_mode():
                     return web.json_response(compute(request.rel_url.query))
-            except BadRequest as error:
+            except ValueError as error:  # BadRequest, or the library refusing this request (a plan it cannot make)
                 return web.json_response({"error": str(error)}, status=400)
-            except Exception as error:  # a route must answer; log it and report it to the page
+            except Exception as error:  # a route must answer, with the message; the traceback goes to the log
                 log.exception("StreamVAE route %s failed", request.path)
-                return web.json_response({"error": f"{type(error).__name__}: {error}"}, status=500)
+                return web.json_response({"error": f"{type(error).__name__}: {error}"}, status=422)
         return handle
 
     routes = PromptServer.instance.routes

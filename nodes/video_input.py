@@ -7,7 +7,7 @@ from . import core_api, execution
 from .encode import image_vae_layout
 from .images import MAX_FRAMES
 from .latents import make_latent
-from .run_settings import check_tiling, settings_from_inputs, streamed_tiling_inputs
+from .run_settings import check_tile_size, check_tiling, settings_from_inputs, streamed_tiling_inputs
 from .types import STREAMVAE
 
 MAX_SIZE = 16384  # pixels
@@ -58,8 +58,8 @@ class EncodeFromVideo(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, tile_size=None, tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
-        return check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb) or True
+    def validate_inputs(cls, tile_size=None):  # ComfyUI checks the other inputs itself, each on its own widget
+        return check_tile_size(tile_size) or True
 
     @classmethod
     def execute(cls, vae, video, start_frame=0, frame_count=0, every_nth=1, width=0, height=0,
@@ -72,7 +72,8 @@ class EncodeFromVideo(io.ComfyNode):
         with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
                          resize_filter, vae.model.in_channels) as reader:  # RGBA VAEs: the file's alpha, else opaque
             samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
-        report.notes.append(f"read {reader.frames} frames {reader.width}x{reader.height} at {float(reader.fps):g} fps")
+        frames = f"{reader.frames} frame{'s' if reader.frames != 1 else ''}"
+        report.notes.append(f"read {frames} of {reader.width}x{reader.height} at {float(reader.fps):g} fps")
         latent = make_latent(*image_vae_layout(vae.model, samples, [reader.frames]), (reader.height, reader.width),
                              float(reader.fps))
         return io.NodeOutput(latent, float(reader.fps), ui={"streamvae_run": [report.as_dict()]})

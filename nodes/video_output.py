@@ -14,7 +14,7 @@ from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
 from . import core_api, execution
 from .latents import LatentClips, latent_source_input, read_latent
-from .run_settings import check_tiling, settings_from_inputs, streamed_tiling_inputs
+from .run_settings import check_tile_size, check_tiling, settings_from_inputs, streamed_tiling_inputs
 from .types import STREAMVAE
 
 try:
@@ -141,17 +141,11 @@ class DecodeToVideo(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, codec=None, pixel_format=None, bit_depth=None, crf=None, fps=None, tile_size=None,
-                        tile_overlap=None, temporal_chunk=None, memory_budget_gb=None):
-        error = check_tiling(tile_size, tile_overlap, temporal_chunk, memory_budget_gb)
-        if error:
-            return error
-        if None not in (codec, pixel_format, bit_depth, crf, fps):
-            try:
-                resolve(codec, pixel_format, bit_depth, crf, fps or DEFAULT_FPS)  # 0: auto, known when it runs
-            except ValueError as problem:
-                return str(problem)
-        return True
+    def validate_inputs(cls, tile_size=None):
+        """One input, so that its error shows on its widget alone; ComfyUI checks the others' types,
+        ranges and options on their own widgets, and the combination of codec, pixel format and bit
+        depth is checked first thing when the node runs, before anything is decoded."""
+        return check_tile_size(tile_size) or True
 
     @classmethod
     def execute(cls, vae, samples, filename_prefix="StreamVAE/video", codec="h264", fps=0.0, crf=19,

@@ -9,9 +9,22 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def magnitude(reference: torch.Tensor) -> float:
+    """max(1, max |reference|): what every exactness bound of the suite is multiplied by, so that a bound
+    is the same relative error at any output magnitude (a fixed one is crossed by one machine's rounding
+    of a large output: AVX-512 against AVX2)."""
+    return max(1.0, float(reference.detach().abs().max()))
+
+
+def assert_exact(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 0, **kwargs) -> None:
+    """`torch.testing.assert_close` with `atol` x `magnitude(expected)` (and `rtol`, 0 unless given)."""
+    torch.testing.assert_close(actual, expected, atol=atol * magnitude(expected), rtol=rtol, **kwargs)
 
 
 def shared_dir() -> Path:

@@ -8,6 +8,7 @@ same cases as users meet them in ComfyUI are in test_bad_inputs_server.py.
 """
 import importlib
 import json
+import re
 import sys
 import types
 
@@ -16,7 +17,9 @@ import torch
 
 import vae
 from tests.comfy_support import faults
-from tests.reference import REPO, load_tiny, tensors, tiny_checkpoint
+from bench import models
+from vae.run_warnings import collected
+from tests.reference import REPO, assert_exact, load_tiny, tensors, tiny_checkpoint
 
 
 def node_module(name: str):
@@ -272,11 +275,11 @@ def test_wanvideowrapper_latents_read_as_the_raw_latent_they_came_from(family):
     rescaled = latents.read_latent({"samples": raw.clone(), **keys}, model)  # after wrapper_to_comfy
     core = latents.read_latent({"samples": raw.clone()}, model)
     for clips in (normalized, rescaled, core):
-        torch.testing.assert_close(clips.samples, raw, rtol=1e-5, atol=1e-5)
+        assert_exact(clips.samples, raw, rtol=1e-5, atol=1e-5)
     assert "WanVideoWrapper" in normalized.notes[0] and rescaled.notes == core.notes == []
     # Save Latent / Load Latent drops the keys: latent_source says where it came from
     keyless = latents.read_latent({"samples": model.to_model_space(raw)}, model, "WanVideoWrapper")
-    torch.testing.assert_close(keyless.samples, raw, rtol=1e-5, atol=1e-5)
+    assert_exact(keyless.samples, raw, rtol=1e-5, atol=1e-5)
     assert latents.read_latent({"samples": raw.clone(), **keys}, model, "core").notes == []
     # values that fit neither space clearly (an empty latent with the keys) are refused with the fix
     with pytest.raises(ValueError, match="latent_source to WanVideoWrapper"):
@@ -290,18 +293,133 @@ def test_wanvideowrapper_latents_read_as_the_raw_latent_they_came_from(family):
     ({"tile_size": -8}, "between 0 (automatic) and 8192"),
     ({"tile_size": 100_000}, "between 0 (automatic) and 8192"),
     ({"tile_size": 8}, "is below 16 px"),
-    ({"tile_size": 256, "tile_overlap": 300}, "must be smaller than tile_size"),
+    ({"tile_size": 256, "tile_overlap": 300, "tiling": "fast"}, "must be smaller than tile_size"),
     ({"tile_overlap": 100_000}, "between 0 and 4096"),
     ({"temporal_chunk": -1}, "0 (automatic) or 1 to 4096"),
     ({"temporal_chunk": 10**9}, "0 (automatic) or 1 to 4096"),
     ({"memory_budget_gb": float("nan")}, "memory_budget_gb must be 0"),
     ({"memory_budget_gb": float("inf")}, "memory_budget_gb must be 0"),
     ({"memory_budget_gb": 5000.0}, "up to 1024"),
+    ({"memory_budget_gb": "abc"}, "memory_budget_gb must be a number; got 'abc' (str)"),  # API JSON, a link
+    ({"tile_size": 64.5}, "tile_size must be a whole number; got 64.5 (float)"),
+    ({"temporal_chunk": True}, "temporal_chunk must be a whole number; got True (bool)"),
 ])
 def test_absurd_tiling_values_are_refused(values, message):
     error = run_settings.check_tiling(**values)
     assert error is not None and message in error, error
     assert run_settings.check_tiling(tile_size=256, tile_overlap=64, temporal_chunk=4, memory_budget_gb=8.0) is None
+
+
+@pytest.mark.parametrize("tile", [16, 24, 32, 64])
+def test_small_exact_tiles_take_the_default_overlap_they_do_not_use(tile, wan21):
+    """tile_size 16-64 with the nodes' default overlap of 64: refused before, though exact tiles do not
+    use the overlap; now they run, and equal the untiled decode. Fast tiles blend over it: refused."""
+    assert run_settings.check_tiling(tile_size=tile, tile_overlap=64, tiling="exact") is None
+    assert "must be smaller than tile_size" in run_settings.check_tiling(tile_size=tile, tile_overlap=64, tiling="fast")
+    assert run_settings.check_tile_size(tile) is None  # the queue-time check
+    z = torch.randn(1, 16, 2, 8, 8, generator=torch.Generator().manual_seed(tile))
+    tiled = vae.decode(wan21, z, run_settings.settings_from_inputs(tile_size=tile, tile_overlap=64))
+    assert_exact(tiled, vae.decode(wan21, z))
+
+
+def test_the_queue_time_check_takes_one_input_and_any_type():
+    """ComfyUI shows a validate_inputs error on every input the function takes: the nodes' take tile_size
+    alone (ComfyUI range-checks the others on their own widgets), and a value of another type gets the
+    node's message, not Python's."""
+    assert run_settings.check_tile_size("abc") == "tile_size must be a whole number; got 'abc' (str)."
+    assert "is below 16 px" in run_settings.check_tile_size(8) and run_settings.check_tile_size(0) is None
+    for node in ("decode", "encode", "video_output", "video_input", "core_vae"):
+        source = (REPO / "nodes" / f"{node}.py").read_text()
+        assert "def validate_inputs(cls, tile_size=None)" in source, node
+
+
+def test_a_tiny_budget_is_refused_with_its_floor_in_the_surfaces_words(wan21):
+    """1e-12 GiB is not 0 (automatic) on a node; it is a budget of one byte, refused with the GiB it needs
+    and what 0 means there. The library says it in bytes and None."""
+    settings = run_settings.settings_from_inputs(memory_budget_gb=1e-12)
+    assert settings.memory_budget == 1
+    z = torch.zeros(1, 16, 2, 4, 4)
+    with pytest.raises(vae.planning.BudgetTooSmall) as refused:
+        vae.decode(wan21, z, settings)
+    library = str(refused.value)
+    assert "memory budget of 9.31e-10 GiB" in library and "or None for no limit" in library, library
+    assert re.search(r"set memory_budget to at least [\d.]+ GiB \(\d+ bytes\)", library), library
+    node = refused.value.plan.below_floor("memory_budget_gb", "0 for automatic (what is free)", in_bytes=False)
+    assert re.search(r"set memory_budget_gb to at least [\d.]+ GiB, or 0 for automatic", node) and "bytes" not in node
+
+
+# -- pixels the library encodes -------------------------------------------------------------------------------
+
+
+def test_encode_refuses_nonfinite_pixels_naming_the_frames(wan21):
+    video = torch.rand(1, 3, 9, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    video[0, 1, 2, 3, 4] = float("nan")
+    video[0, 0, 7, 0, 0] = float("-inf")
+    with pytest.raises(ValueError, match=r"NaN/Inf pixels in frame\(s\) 2, 7 \(0-based\)"):
+        vae.encode(wan21, video)
+
+
+@pytest.mark.parametrize("scale, message", [(255, r"range from 0 to 255: 0..255 values: x / 127.5 - 1"),
+                                            (1.01, r"range from -1.01 to 1.01: clamp to \[-1, 1\] first")])
+def test_encode_refuses_pixels_outside_minus_one_to_one(scale, message, wan21):
+    """0..255 frames, or frames past [-1, 1] by more than rounding, would encode to a wrong latent
+    without a word; the message says the range encode expects. Rounding past it is accepted."""
+    unit = torch.linspace(-1, 1, 9 * 16 * 16 * 3).reshape(1, 3, 9, 16, 16)
+    pixels = (unit + 1) * 127.5 if scale == 255 else unit * scale
+    with pytest.raises(ValueError, match=r"encode takes pixels in \[-1, 1\].*" + message):
+        vae.encode(wan21, pixels)
+    assert_exact(vae.encode(wan21, unit * (1 + 5e-4)), vae.encode(wan21, (unit * (1 + 5e-4)).clamp(-1, 1)), 1e-3)
+
+
+def test_a_filters_overshoot_is_clamped_and_said_not_refused():
+    """Resize filters overshoot 0..1 a little; core's VAE Encode takes that as it is, the library refuses
+    it, so the nodes clamp it to 0..1 and say so."""
+    image = frames()
+    image[0, 0, 0, 0], image[1, 0, 0, 1] = 1.03, -0.02
+    checked, notes = images.check_image(image)
+    assert notes == ["IMAGE values range from -0.02 to 1.03 (a filter's overshoot): clamped to 0..1"]
+    video = images.clip_video(checked, (0, 3), 3)
+    assert float(video.max()) == 1 and float(video.min()) == -1
+    assert torch.equal(video, images.clip_video(image.clamp(0, 1), (0, 3), 3))
+
+
+def test_run_warnings_reach_the_report_once(wan21, recwarn):
+    """nonfinite="zero" logs a warning and raises it as a Python warning; a front end collecting the run's
+    warnings gets it once, as text, and the Python warning is not printed a second time."""
+    z = torch.randn(1, 16, 3, 2, 2, generator=torch.Generator().manual_seed(1))
+    z[0, 0, 1] = float("nan")
+    with collected() as notes:
+        vae.decode(wan21, z, nonfinite="zero")
+    assert notes == ["latent frame(s) [1] have NaN/Inf values; decoding with them set to 0"]
+    assert not [w for w in recwarn if "NaN/Inf" in str(w.message)], "said again as a Python warning"
+
+
+# -- plans: the caller's tiles are a limit, not a reason to leave memory ------------------------------------
+
+
+@pytest.mark.parametrize("tile, overlap", [(17, 3), (16, 15), (24, 0)])
+def test_small_user_tiles_run_in_memory_when_it_is_ample(tile, overlap):
+    """The issue's case: Wan2.1 at 128x128, 9 frames, an odd small tile and memory_budget auto with GiB
+    free. The plan was one frame at a time with the caches on disk (113-263 s against 9.7 s untiled);
+    with the untiled plan fitting, the tiles run whole chunks with the caches in memory (bench_user_tiles:
+    within 3x the untiled time)."""
+    model = models.meta_model("wan21")
+    shape = (1, 16, 3, 16, 16)
+    budget = 8 * 2**30
+    untiled = vae.plan(model, "decode", shape, vae.Settings(memory_budget=budget), device="cpu")
+    assert untiled.fits and untiled.tile_size is None
+    plan = vae.plan(model, "decode", shape, vae.Settings(tile_size=tile, tile_overlap=overlap, memory_budget=budget),
+                    device="cpu")
+    assert plan.fits and not plan.streamed and plan.cache_offload == "none", plan.describe()
+    assert plan.tile_size == (tile, tile) and plan.temporal_chunk == 3, plan.describe()
+
+
+# -- node messages --------------------------------------------------------------------------------------------
+
+
+def test_an_image_models_latent_is_named_as_one(wan21):
+    with pytest.raises(ValueError, match=r"4 channels and one frame: an image model's latent \(SD 1.x / SD 2.x / SDXL\)"):
+        latents.read_latent({"samples": torch.zeros(1, 4, 8, 8)}, wan21)
 
 
 # -- the fault hook the server tests and bench/soak.py inject with (tests/comfy_support/faults.py) -------------------------------------------

@@ -34,6 +34,7 @@ import vae
 
 from comfy_support.environment import STUBS
 from comfy_support.server import build_base_directory, unlink_working_tree
+from reference import assert_exact
 from test_nodes_server import (FAMILIES, node, object_info, saved_images, saved_latent, upload_frames,  # noqa: F401
                                vae_file)
 
@@ -162,5 +163,5 @@ def test_dynamic_vram_leaves_streamvae_a_plain_patcher_with_core_results(comfy_t
     out = {key: torch.tensor(value) for key, value in result["tensors"].items()}
     assert_latents_equal(out["ours_enc"], out["core_enc"])
     assert_latents_equal(out["adapter_enc"], out["core_enc"])
-    torch.testing.assert_close(out["ours_dec"], out["core_dec"].reshape(out["ours_dec"].shape), rtol=0, atol=1e-4)
-    torch.testing.assert_close(out["adapter_dec"], out["core_dec"], rtol=0, atol=1e-4)
+    assert_exact(out["ours_dec"], out["core_dec"].reshape(out["ours_dec"].shape), rtol=0, atol=1e-4)
+    assert_exact(out["adapter_dec"], out["core_dec"], rtol=0, atol=1e-4)

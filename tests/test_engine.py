@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vae
-from tests.reference import REPO, TINY_FAMILIES, load_tiny
+from tests.reference import REPO, TINY_FAMILIES, assert_exact, load_tiny
 
 FAMILIES = list(TINY_FAMILIES)
 
@@ -36,7 +36,7 @@ def test_every_encode_chunk_equals_whole_clip(model):
     whole = vae.encode(model, video, vae.Settings(temporal_chunk=6))
     assert whole.shape[2] == 6
     for chunk in range(1, 6):
-        torch.testing.assert_close(vae.encode(model, video, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5,
+        assert_exact(vae.encode(model, video, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5,
                                    rtol=0)
 
 
@@ -45,7 +45,7 @@ def test_every_decode_chunk_equals_whole_clip(model):
     whole = vae.decode(model, z, vae.Settings(temporal_chunk=6))
     assert whole.shape[2] == 21
     for chunk in range(1, 6):
-        torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5, rtol=0)
+        assert_exact(vae.decode(model, z, vae.Settings(temporal_chunk=chunk)), whole, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("frames", [1, 2, 5, 6, 8])
@@ -56,7 +56,7 @@ def test_frame_count_padding_loses_nothing(model, frames):
     padded = (frames - 1 + 3) // 4 * 4 + 1
     assert z.shape[2] == (padded - 1) // 4 + 1
     repeated = torch.cat([video, video[:, :, -1:].expand(-1, -1, padded - frames, -1, -1)], dim=2)
-    torch.testing.assert_close(z, vae.encode(model, repeated), atol=1e-6, rtol=0)
+    assert_exact(z, vae.encode(model, repeated), atol=1e-6, rtol=0)
     out = vae.decode(model, z, num_frames=frames)
     assert out.shape == video.shape
     torch.testing.assert_close(out, vae.decode(model, z)[:, :, :frames], atol=0, rtol=0)
@@ -68,7 +68,7 @@ def test_spatial_padding_and_crop(model):
     z = vae.encode(model, video)
     assert z.shape[-2:] == (3, 2)
     padded = torch.nn.functional.pad(video, (0, sf - 5, 0, sf - 3, 0, 0), mode="replicate")
-    torch.testing.assert_close(z, vae.encode(model, padded), atol=1e-6, rtol=0)
+    assert_exact(z, vae.encode(model, padded), atol=1e-6, rtol=0)
     out = vae.decode(model, z, num_frames=5, height=2 * sf + 3, width=sf + 5)
     assert out.shape == video.shape
 
@@ -76,8 +76,8 @@ def test_spatial_padding_and_crop(model):
 def test_batch_items_are_independent(model):
     video = random_video(model, 5, batch=2)
     z = vae.encode(model, video)
-    torch.testing.assert_close(z[1:], vae.encode(model, video[1:]), atol=1e-5, rtol=0)
-    torch.testing.assert_close(vae.decode(model, z)[1:], vae.decode(model, z[1:]), atol=1e-5, rtol=0)
+    assert_exact(z[1:], vae.encode(model, video[1:]), atol=1e-5, rtol=0)
+    assert_exact(vae.decode(model, z)[1:], vae.decode(model, z[1:]), atol=1e-5, rtol=0)
 
 
 def test_decode_into_a_preallocated_output(model):
@@ -86,7 +86,7 @@ def test_decode_into_a_preallocated_output(model):
     out = torch.full(expected.shape, float("nan"))
     result = vae.decode(model, z, vae.Settings(temporal_chunk=1), out=out)
     assert result.data_ptr() == out.data_ptr()
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    assert_exact(out, expected, atol=1e-5, rtol=0)
 
 
 def test_latent_channel_mismatch_is_explained(model):

@@ -54,7 +54,7 @@ def test_core_033_rows_decode_like_the_fp32_reference(tmp_path):
     assert [row["family"] for row in core] == ["wan21", "seedvr2"], rows
     for row in core:
         assert "error" not in row and row["finite"], row
-        assert row["max_err"] < 1e-4, row  # fp32 rounding of the same network
+        assert row["max_err"] < 1e-4 * max(1.0, row["max_abs"]), row  # fp32 rounding of the same network
         assert set(row["core_packages"]) == {"comfy_kitchen", "comfy_aimdo"}, row
 
 

@@ -10,9 +10,9 @@ import torch
 import vae
 import torch.nn.functional as F
 
-from vae.optimizations import Optimizations, attention, backend, conv, norm_act, triton_norm
+from vae.optimizations import Optimizations, attention, backend, conv, kernel_check, kernel_choice, norm_act
 from vae.optimizations.compile import CompileSettings, _guarded, uses_cuda_graphs
-from tests.reference import load_tiny, tiny_checkpoint
+from tests.reference import assert_exact, load_tiny, tiny_checkpoint
 from vae import devices, recovery
 
 
@@ -117,32 +117,34 @@ def test_an_mps_out_of_memory_mid_decode_is_retried_smaller(monkeypatch):
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(target, "forward", flaky)
-    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1)), expected, rtol=1e-5, atol=1e-5)
+    assert_exact(vae.decode(model, z, vae.Settings(temporal_chunk=1)), expected, rtol=1e-5, atol=1e-5)
     assert failed
 
 
-# -- the Triton probe ------------------------------------------------------------------------------------
+# -- the Triton kernels' first-use check (tests/test_kernel_check.py tests the check itself) ------------
 
 
-def test_a_failing_triton_probe_falls_back_with_one_warning(monkeypatch, caplog):
-    """Triton imports but cannot build or run here (old GPU, no C compiler, broken driver): the torch
-    kernels run, one warning names the cause, and the result is the torch path's."""
+def test_a_kernel_failing_its_check_falls_back_with_one_warning(monkeypatch, caplog, tmp_path):
+    """Triton imports but cannot build or run here (old GPU, no C compiler, broken driver): each kernel's
+    check fails, one warning names them, the device and the cause, and it is decided once per device."""
     pretend_gpu(monkeypatch, major=7)
-    triton_norm._failure_on.cache_clear()
-    monkeypatch.setattr(triton_norm, "triton", object())  # "installed"
-    monkeypatch.setattr(triton_norm, "_probe", lambda device: "RuntimeError: Triton requires CUDA 11.4+ / sm_75 or newer")
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    kernel_check.verdicts.cache_clear()
+    failure = "RuntimeError: Triton requires CUDA 11.4+ / sm_75 or newer"
+    monkeypatch.setattr(kernel_check, "_check", lambda device, dtype, which: ({k: failure for k in which}, set()))
     with caplog.at_level(logging.WARNING, logger="streamvae"), pytest.warns(RuntimeWarning, match="sm_75"):
-        assert not triton_norm.usable(torch.device("cuda"))
-        assert not triton_norm.usable(torch.device("cuda:0"))  # decided once per device
-    assert sum("Triton norm kernels do not work on cuda:0" in r.message for r in caplog.records) == 1
-    triton_norm._failure_on.cache_clear()
+        first = kernel_check.verdicts(kernel_check.device_name("cuda"), torch.float32)
+        assert kernel_check.verdicts(kernel_check.device_name("cuda:0"), torch.float32) is first  # once per device
+    assert not any(v.passed for v in first.values())
+    assert sum("failed the first-use check on cuda:0" in r.message for r in caplog.records) == 1
+    kernel_check.verdicts.cache_clear()
 
 
 def test_no_triton_means_the_torch_kernels():
     x = torch.randn(1, 8, 2, 4, 4)
-    assert not triton_norm.usable(torch.device("cpu"))
-    torch.testing.assert_close(norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=True),
-                               norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=False))
+    assert not kernel_check.usable(x, "group_norm_stats")
+    assert_exact(norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=True),
+                 norm_act.group_norm_act(x, 4, torch.ones(8), torch.zeros(8), 1e-6, triton=False), rtol=1.3e-6)
 
 
 # -- attention kernel ------------------------------------------------------------------------------------
@@ -174,7 +176,7 @@ def test_attention_requests_off_the_gpu_run_pytorchs_choice_and_compute_attentio
         kernel, note = attention.choose(requested, 24, q.dtype, "cpu")
         assert kernel == ("math" if requested == "math" else "auto")
         assert (note is None) == (requested in ("auto", "math"))
-        torch.testing.assert_close(attention.sdpa(q, k, v, requested), expected, rtol=1e-5, atol=1e-5)
+        assert_exact(attention.sdpa(q, k, v, requested), expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="attention must be one of"):
         Optimizations().with_(attention="fastest")
 
@@ -200,9 +202,9 @@ def test_affected_installs_route_half_precision_convs_through_cudnn(monkeypatch)
     x, w, b = torch.randn(1, 4, 3, 6, 6), torch.randn(8, 4, 3, 3, 3), torch.randn(8)
     calls = emulate_conv3d_regression(monkeypatch)
     expected = F.conv3d(x, w, b, 1, (0, 1, 1))
-    torch.testing.assert_close(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=True), expected)
+    assert_exact(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=True), expected, rtol=1.3e-6)
     assert calls == [(0, 1, 1)]
-    torch.testing.assert_close(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=False), expected)
+    assert_exact(conv.conv3d(x, w, b, (1, 1, 1), (0, 1, 1), cudnn_workaround=False), expected, rtol=1.3e-6)
     assert calls == [(0, 1, 1)]  # the run's Optimizations turned it off: PyTorch's own path
 
 
@@ -233,7 +235,7 @@ def test_unconnected_gpu_optimizations_node_applies_the_conv3d_workaround(monkey
     assert [r.message for r in caplog.records if "conv3d" in r.message] == [
         f"StreamVAE tiny: PyTorch 2.9 cuDNN conv3d regression detected ({backend.describe()}): workaround on, "
         "half-precision conv3d calls cuDNN directly"]
-    torch.testing.assert_close(vae.decode(model, z, opts=handle.opts), expected, rtol=1e-5, atol=1e-5)
+    assert_exact(vae.decode(model, z, opts=handle.opts), expected, rtol=1e-5, atol=1e-5)
     assert len(calls) > 10
     calls.clear()
     off = model_nodes.StreamVAEHandle(model, "tiny", torch.device("cuda"), torch.device("cpu"), kernels="defaults",
@@ -315,7 +317,7 @@ def test_graph_replaying_blocks_keep_their_causal_caches(monkeypatch):
     size, one = dict(num_frames=9, height=32, width=48), vae.Settings(temporal_chunk=1)
     expected = vae.decode(model, z, one, **size)
     report = compile_module.compile_blocks(model, CompileSettings(backend=replaying_backend))
-    torch.testing.assert_close(vae.decode(model, z, one, **size), expected, rtol=1e-5, atol=1e-5)
+    assert_exact(vae.decode(model, z, one, **size), expected, rtol=1e-5, atol=1e-5)
     assert report.status == f"compiled {len(report.compiled)} blocks"
 
 
@@ -337,7 +339,7 @@ def test_the_attention_rule_matches_what_the_gpu_runs(head):
         usable = attention.unsupported(kernel, head, torch.bfloat16, torch.device("cuda")) is None
         with sdpa_kernel([backend_kernel]):
             if usable:
-                torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v).float(), expected, atol=2e-2,
+                assert_exact(F.scaled_dot_product_attention(q, k, v).float(), expected, atol=2e-2,
                                            rtol=2e-2)
             elif kernel != "cudnn":  # cuDNN's own limit moves with its version: only the rule's side is checked
                 with pytest.raises(RuntimeError):

@@ -8,12 +8,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
-from tests.reference import TINY_FAMILIES, load_tiny
+from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
 from vae.optimizations import conv, kernel_choice, layout, norm_act
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
 FIXED = vae.Optimizations(kernel_choice="defaults")
-CONVS = ("aten::convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution")
+# Every name a conv reaches a dispatch mode by. The engine runs under torch.inference_mode(), where the
+# autograd keys are skipped, so F.conv3d (the CUDA path) reaches the mode as the composite aten::conv3d,
+# before it decomposes (with autograd on: aten::convolution); the CPU float32 path calls oneDNN directly.
+CONVS = ("aten::conv3d", "aten::conv2d", "aten::convolution", "aten::_convolution", "aten::mkldnn_convolution",
+         "aten::cudnn_convolution")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -42,22 +46,44 @@ def test_ndhwc_equals_ncdhw_with_chunks_tiles_and_frame_streaming(model, op):
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
                      vae.Settings(temporal_chunk=1, stream_frames=True),
                      vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="disk")):  # caches by bands
-        torch.testing.assert_close(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
+        assert_exact(run(model, op, x, settings, "ndhwc"), whole, atol=1e-5, rtol=0,
                                    msg=lambda m, s=settings: f"{s}: {m}")
 
 
 class ConvLayouts(TorchDispatchMode):
-    """Records, for every conv the run calls, whether its input and its output are NDHWC."""
+    """Records, for every conv the run calls, whether its input and its output are NDHWC, and the name
+    of every op it saw (`ops`), so a run where no conv is recognised says what it dispatched instead."""
 
     def __init__(self):
         super().__init__()
         self.seen = []
+        self.ops = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.ops.add(func._schema.name)
         if func._schema.name in CONVS and args[0].shape[1] > 1:
             self.seen.append((layout.is_ndhwc(args[0]), layout.is_ndhwc(out) or out.shape[1] == 1))
         return out
+
+    def no_conv_message(self) -> str:
+        return f"no conv recognised (CONVS = {CONVS}); the ops this run dispatched: {sorted(self.ops)}"
+
+
+@pytest.mark.parametrize("route", ["inference", "autograd", "onednn"])
+def test_the_conv_probe_sees_a_conv_whichever_way_torch_dispatches_it(route):
+    """F.conv3d under inference mode (the engine's, and the CUDA path's call) reaches the probe as
+    aten::conv3d, with autograd on as aten::convolution; the CPU float32 path calls oneDNN directly.
+    (Only the input's layout is asserted: torch's own CPU conv3d may return few channels NCDHW, which
+    is why the CPU path calls oneDNN.)"""
+    x = torch.randn(1, 4, 3, 5, 5).contiguous(memory_format=torch.channels_last_3d)
+    weight = torch.randn(6, 4, 3, 3, 3).contiguous(memory_format=torch.channels_last_3d)
+    with torch.inference_mode(route != "autograd"), ConvLayouts() as probe:
+        if route == "onednn":
+            torch.ops.aten.mkldnn_convolution(x, weight, None, [0, 1, 1], [1, 1, 1], [1, 1, 1], 1)
+        else:
+            torch.nn.functional.conv3d(x, weight, None, 1, (0, 1, 1))
+    assert len(probe.seen) == 1 and probe.seen[0][0], probe.no_conv_message()
 
 
 @pytest.mark.parametrize("op", ["decode", "encode"])
@@ -66,7 +92,7 @@ def test_every_conv_reads_and_writes_the_run_layout(model, op, layout_name):
     z, video = clip_of(model)
     with ConvLayouts() as probe:
         run(model, op, z if op == "decode" else video, vae.Settings(temporal_chunk=2), layout_name)
-    assert len(probe.seen) > 5
+    assert len(probe.seen) > 5, probe.no_conv_message()
     wanted = layout_name == "ndhwc"
     fell = [i for i, (inp, out) in enumerate(probe.seen) if inp != wanted or out != wanted]
     assert not fell, f"{len(fell)} of {len(probe.seen)} convs not in {layout_name}, first at conv {fell[0]}"
@@ -100,24 +126,24 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
     x, planes = channels_last_view((2, 16, 3, 11, 6), mean, dtype)
     exact_mean, exact_var = norm_act.torch_group_moments(planes.double(), 4)
     got_mean, got_var = norm_act.group_norm_moments(x, 4)
-    torch.testing.assert_close(got_mean.double(), exact_mean, atol=1e-5 * (1 + mean), rtol=1e-6)
-    torch.testing.assert_close(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(got_mean.double(), exact_mean, atol=1e-5 * (1 + mean), rtol=1e-6)  # scaled already
+    assert_exact(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
     weight, bias = torch.randn(16), torch.randn(16)
     rstd = torch.rsqrt(exact_var.float() + 1e-6)
     out = layout.empty_video(x, x.shape)
     norm_act.group_norm_apply(x, exact_mean.float(), rstd, weight, bias, True, out)
     expected = norm_act.group_norm_apply(planes, exact_mean.float(), rstd, weight, bias, True)
     assert layout.is_ndhwc(out)
-    torch.testing.assert_close(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
+    assert_exact(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
     gamma = torch.randn(16, 1, 1, 1)
     exact = torch.nn.functional.silu(torch.nn.functional.normalize(planes.double(), dim=1) * 4 * gamma.double())
     got, planes_got = norm_act.rms_norm_act(x, gamma), norm_act.rms_norm_act(planes, gamma)
     assert layout.is_ndhwc(got)
     if dtype == torch.float32:
-        torch.testing.assert_close(got, planes_got, atol=1e-5, rtol=0)
+        assert_exact(got, planes_got, atol=1e-5, rtol=0)
     else:  # half precision: the channels-last blocks round once, the channel-plane path twice
         assert (got.double() - exact).abs().max() <= (planes_got.double() - exact).abs().max()
-        torch.testing.assert_close(got.double(), exact, atol=1e-2, rtol=2**-8)
+        assert_exact(got.double(), exact, atol=1e-2, rtol=2**-8)
 
 
 def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatch):
@@ -173,5 +199,7 @@ def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
         want = run(model, op, x, vae.Settings(temporal_chunk=2), "ncdhw")
         with ConvLayouts() as probe:
             got = run(model, op, x, vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor), "ndhwc")
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    assert probe.seen and all(inp and out for inp, out in probe.seen), probe.seen
+    assert_exact(got, want, atol=1e-4, rtol=0)
+    assert probe.seen, probe.no_conv_message()
+    fell = [i for i, (inp, out) in enumerate(probe.seen) if not (inp and out)]
+    assert not fell, f"{len(fell)} of {len(probe.seen)} convs not NDHWC, first at conv {fell[0]}: {probe.seen}"

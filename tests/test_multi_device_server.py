@@ -9,6 +9,7 @@ import torch
 import vae
 
 from comfy_support.client import PromptRejected
+from reference import assert_exact
 from test_distributed import worker_processes
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, core_latent,  # noqa: F401
                                models, node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
@@ -40,7 +41,7 @@ def test_two_worker_processes_round_trip_like_one_process(comfy_server, comfy_cl
     entry = comfy_client.run(prompt, timeout=240)
     model = models(FAMILY)
     z = vae.encode(model, video_of(clip))
-    torch.testing.assert_close(saved_latent(comfy_server, entry, "4"), core_latent(FAMILY, z), rtol=1e-4, atol=1e-4)
+    assert_exact(saved_latent(comfy_server, entry, "4"), core_latent(FAMILY, z), rtol=1e-4, atol=1e-4)
     expected = as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH))
     assert_images_close(saved_images(comfy_client, entry, "6"), expected)
     assert entry["outputs"]["2"]["streamvae_model"][0]["devices"] == ["cpu", "cpu"]
@@ -78,3 +79,7 @@ def test_devices_are_checked_when_queued(comfy_client, object_info):
                    "4": node(object_info, "PreviewImage", images=["3", 0])})
     with pytest.raises(PromptRejected, match="at least two devices"):
         comfy_client.queue(prompt)
+    if not torch.cuda.is_available():  # CUDA devices counted in words: not "0 CUDA device(s) (cuda:0 .. cuda:-1)"
+        prompt["m"]["inputs"]["devices"] = "cuda:0, cuda:1"
+        with pytest.raises(PromptRejected, match=r"'cuda:0': this machine has no CUDA device \(a CPU-only torch"):
+            comfy_client.queue(prompt)

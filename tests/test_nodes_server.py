@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from comfy_support.client import PromptRejected
 from comfy_support.environment import REPO
-from reference import load_tiny
+from reference import assert_exact, load_tiny
 
 FAMILIES = ("seedvr2", "wan21", "wan22")
 NODES = {
@@ -221,7 +221,7 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     latent = saved_latent(comfy_server, entry, "4")
     assert latent.shape == z.shape == (1, model.latent_channels, 3, math.ceil(HEIGHT / model.spatial_factor),
                                       math.ceil(WIDTH / model.spatial_factor))
-    torch.testing.assert_close(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
+    assert_exact(latent, core_latent(family, z), rtol=1e-4, atol=1e-4)
     images = saved_images(comfy_client, entry, "6")
     assert images.shape == (FRAMES, HEIGHT, WIDTH, 3)  # every frame back, padding trimmed
     assert_images_close(images, as_uint8(vae.decode(model, z, num_frames=FRAMES, height=HEIGHT, width=WIDTH)))
@@ -229,6 +229,10 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
     assert run["plan"]["kernel_choice"] == "measure" and run["kernels"].startswith("kernels: measured")
     assert run["kernels"].endswith("activations NCDHW")  # float32 on a CPU: the automatic layout
+    assert "conv3d onednn" in run["kernels"]  # what this run ran, not what the process had measured
+    doctor = {line.split(":", 1)[0]: line for line in run["doctor"]}  # vae doctor's lines for this run
+    assert doctor["activation layout in fp32"].startswith("activation layout in fp32: NCDHW")
+    assert doctor["memory model on cpu"].endswith(f"{family} decode untiled: measured")
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
 
 
@@ -253,7 +257,7 @@ def test_batch_size_splits_clips(batch_size, clips, comfy_server, comfy_client, 
         # Each clip alone (no bleeding through the causal cache); a short last clip repeats its last frame.
         index = np.minimum(np.arange(start, start + batch_size), start + frames - 1)
         z = vae.encode(model, video_of(clip[index]))
-        torch.testing.assert_close(latent[i:i + 1], z, rtol=1e-4, atol=1e-4)
+        assert_exact(latent[i:i + 1], z, rtol=1e-4, atol=1e-4)
         expected_frames.append(as_uint8(vae.decode(model, z, num_frames=frames, height=HEIGHT, width=WIDTH)))
         start += frames
     assert_images_close(saved_images(comfy_client, entry, "6"), np.concatenate(expected_frames))
@@ -353,20 +357,26 @@ def test_core_vae_adapter_gives_core_latent_sizes(comfy_server, comfy_client, ob
     colour = torch.tensor([0x33, 0x66, 0xCC]) / 255.0 * 2 - 1
     video = colour.view(1, 3, 1, 1, 1).expand(1, 3, 5, 24, 40)
     expected = core_latent("seedvr2", vae.encode(models("seedvr2"), video.contiguous()))
-    torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), expected, rtol=1e-4, atol=1e-4)
+    assert_exact(saved_latent(comfy_server, entry, "5"), expected, rtol=1e-4, atol=1e-4)
     assert "44x28 frames cropped to 40x24 (top left)" in comfy_server.log[log_before:]
 
 
 # -- validation and interrupts ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("class_type, values, message", [
-    ("StreamVAEEncode", {"batch_size": 8}, "use 5 or 9"),
-    ("StreamVAEDecode", {"tile_size": 256, "tile_overlap": 256}, "must be smaller than tile_size"),
-    ("StreamVAEDecode", {"tile_size": 8, "tile_overlap": 0}, "is below 16 px"),
-    ("StreamVAEDecode", {"memory_budget_gb": -1.0}, "memory_budget_gb must be 0"),
+@pytest.mark.parametrize("class_type, values, widget, message", [
+    ("StreamVAEDecode", {"tile_size": 8, "tile_overlap": 0}, "tile_size", "is below 16 px"),
+    ("StreamVAEEncode", {"tile_size": 100_000}, "tile_size", "between 0 (automatic) and 8192"),
+    ("StreamVAEDecode", {"tile_size": "abc"}, "tile_size", "tile_size must be a whole number; got 'abc'"),
+    ("StreamVAEDecode", {"memory_budget_gb": -1.0}, "memory_budget_gb", "smaller than min of 0.0"),
+    ("StreamVAEDecode", {"memory_budget_gb": "abc"}, "memory_budget_gb", "could not convert string to float: 'abc'"),
+    ("StreamVAEEncode", {"temporal_chunk": 10**9}, "temporal_chunk", "bigger than max of 4096"),
 ])
-def test_bad_values_get_a_validation_error(class_type, values, message, comfy_client, object_info):
+def test_bad_values_get_a_validation_error_on_their_widget_only(class_type, values, widget, message, comfy_client,
+                                                                object_info):
+    """Queued values are checked per widget, and each error is shown on the widget at fault alone (a
+    validate_inputs error is shown on every input the function takes, so the nodes' take tile_size only);
+    a value of the wrong type gets a message, never a Python error from comparing it."""
     source = ("EmptyImage", "image") if class_type == "StreamVAEEncode" else ("EmptyHunyuanLatentVideo", "samples")
     prompt = {
         "1": node(object_info, source[0], width=32, height=32),
@@ -379,8 +389,9 @@ def test_bad_values_get_a_validation_error(class_type, values, message, comfy_cl
         comfy_client.queue(prompt)
     assert rejected.value.error["type"] == "prompt_outputs_failed_validation"
     errors = rejected.value.node_errors["3"]["errors"]
-    assert all(e["type"] == "custom_validation_failed" for e in errors)
-    assert any(message in e["details"] for e in errors), errors
+    assert {e["extra_info"]["input_name"] for e in errors} == {widget}, errors
+    assert any(message in e["message"] + e["details"] for e in errors), errors
+    assert "not supported between" not in str(errors)
 
 
 def test_interrupt_stops_a_tiled_decode_within_one_tile(comfy_client, object_info):

@@ -5,9 +5,9 @@ StreamVAE Encode/Decode and the library give, with the weights loaded once.
 import re
 
 import pytest
-import torch
 import vae
 
+from reference import assert_exact
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models,  # noqa: F401
                                node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 
@@ -48,8 +48,8 @@ def test_load_vae_output_runs_core_nodes(comfy_server, comfy_client, object_info
     # last 4n+1) and 24 x 40 is cropped, centred, to 24 x 40 (both multiples of 8 already); decode
     # gives every latent frame. WanImageToVideo encodes its 5-frame start (the clip's first 5 frames).
     z = vae.encode(model, video_of(clip[:5]))
-    torch.testing.assert_close(saved_latent(comfy_server, entry, "5"), z, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(saved_latent(comfy_server, entry, "13"), z, rtol=1e-4, atol=1e-4)
+    assert_exact(saved_latent(comfy_server, entry, "5"), z, rtol=1e-4, atol=1e-4)
+    assert_exact(saved_latent(comfy_server, entry, "13"), z, rtol=1e-4, atol=1e-4)
     expected = as_uint8(vae.decode(model, z))
     assert expected.shape[0] == 5
     for preview in ("7", "9", "15"):  # core VAE Decode, exact tiles (= untiled), StreamVAE Decode
@@ -80,7 +80,7 @@ def test_load_vae_output_runs_core_seedvr2_nodes(comfy_server, comfy_client, obj
     entry = comfy_client.run(prompt, timeout=180)
     core, ours = (saved_latent(comfy_server, entry, f"save_{key}") for key in ("core", "ours"))
     assert core.shape == (1, 16, 3, 4, 6)  # 9 frames of 32 x 48
-    torch.testing.assert_close(core, ours, rtol=1e-4, atol=1e-4)
+    assert_exact(core, ours, rtol=1e-4, atol=1e-4)
     frames = saved_images(comfy_client, entry, "show_core")
     assert frames.shape == (FRAMES, HEIGHT, WIDTH, 3)  # cut back to the clip's frames and size
     assert_images_close(frames, saved_images(comfy_client, entry, "show_ours"))

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.reference import REPO
+from tests.reference import REPO, assert_exact
 
 triton = pytest.importorskip("triton", reason="Triton is not installed (requirements-dev.txt installs it)")
 
@@ -32,6 +32,9 @@ PARITY = """
     import torch
     from vae.optimizations import norm_act, triton_norm
 
+    def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
+        return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
+
     torch.manual_seed(0)
     worst = 0.0
     for shape, groups in [((1, 8, 3, 5, 7), 4), ((2, 6, 2, 9, 4), 3)]:
@@ -39,7 +42,7 @@ PARITY = """
         weight, bias = torch.randn(shape[1]), torch.randn(shape[1])
         mean, var = triton_norm.group_norm_moments(x, groups)
         ref_mean, ref_var = norm_act.group_norm_moments(x, groups)
-        worst = max(worst, (mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item())
+        worst = max(worst, err(mean, ref_mean), err(var, ref_var))
         # write into a strided view, as the causal convs' input buffers are
         buf = torch.zeros(shape[0], shape[1], shape[2] + 2, shape[3] + 1, shape[4] + 1)
         view = buf[:, :, 2:, :shape[3], :shape[4]]
@@ -49,12 +52,12 @@ PARITY = """
         scale = rstd.repeat_interleave(c // groups, dim=1) * weight.view(1, c, 1)
         triton_norm.center_scale_act(x, centre, scale, bias.view(1, c, 1).expand(b, c, t), True, view)
         expected = norm_act.group_norm_act(x, groups, weight, bias, 1e-6)
-        worst = max(worst, (view - expected).abs().max().item())
+        worst = max(worst, err(view, expected))
         assert buf[:, :, :2].abs().max() == 0 and buf[..., -1].abs().max() == 0, "wrote outside the view"
         gamma = torch.randn(shape[1], 1, 1, 1)
         out = torch.empty_like(x)
         triton_norm.rms_norm_act(x[:, :, :, 1:, :], gamma, 1e-12, True, out[:, :, :, 1:, :])
-        worst = max(worst, (out[:, :, :, 1:] - norm_act.rms_norm_act(x[:, :, :, 1:], gamma)).abs().max().item())
+        worst = max(worst, err(out[:, :, :, 1:], norm_act.rms_norm_act(x[:, :, :, 1:], gamma)))
     print(worst)
 """
 
@@ -69,6 +72,9 @@ CHANNELS_LAST_PARITY = """
     import torch
     from vae.optimizations import norm_act, triton_norm
 
+    def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
+        return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
+
     torch.manual_seed(0)
     worst = 0.0
     for (b, c, t, h, w), groups, dtype in [((1, 8, 3, 5, 7), 4, torch.float32), ((2, 12, 2, 9, 4), 3, torch.float32),
@@ -80,7 +86,7 @@ CHANNELS_LAST_PARITY = """
         tol = 1.0 if dtype == torch.float32 else 1e-3  # bf16 output: its rounding, relative to 1e-4
         mean, var = triton_norm.group_norm_moments(x, groups)
         ref_mean, ref_var = norm_act.torch_group_moments(planes.double(), groups)
-        worst = max(worst, (mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item())
+        worst = max(worst, err(mean, ref_mean), err(var, ref_var))
         weight, bias = torch.randn(c), torch.randn(c)
         rstd = torch.rsqrt(ref_var.float() + 1e-6)
         centre = ref_mean.float().repeat_interleave(c // groups, dim=1)
@@ -89,13 +95,13 @@ CHANNELS_LAST_PARITY = """
         view = buf[:, :, 2:, :h, :w]
         triton_norm.center_scale_act(x, centre, scale, bias.view(1, c, 1).expand(b, c, t), True, view)
         expected = norm_act.group_norm_act(planes, groups, weight, bias, 1e-6)
-        worst = max(worst, (view.float() - expected.float()).abs().max().item() * tol)
+        worst = max(worst, err(view.float(), expected.float()) * tol)
         assert buf[:, :, :2].abs().max() == 0 and buf[..., -1].abs().max() == 0, "wrote outside the view"
         gamma = torch.randn(c, 1, 1, 1)
         out = torch.zeros_like(frame)
         triton_norm.rms_norm_act(x, gamma, 1e-12, True, out[..., 1:1 + h, 2:2 + w])
         got = out[..., 1:1 + h, 2:2 + w].float()
-        worst = max(worst, (got - norm_act.rms_norm_act(planes, gamma).float()).abs().max().item() * tol)
+        worst = max(worst, err(got, norm_act.rms_norm_act(planes, gamma).float()) * tol)
         assert out[..., :1, :].abs().max() == 0, "wrote outside the view"
     print(worst)
 """
@@ -170,6 +176,9 @@ HUGE_STRIDES = """
     import torch
     from vae.optimizations import norm_act, triton_norm
 
+    def err(got, want):  # the difference relative to max(1, max |want|), as every exactness bound
+        return ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
+
     stride = 2 ** 30
     storage = torch.empty(3 * stride + 16, dtype=torch.bfloat16)
     x = storage.as_strided((1, 4, 1, 4, 4), (4 * stride, stride, 16, 4, 1))
@@ -178,14 +187,14 @@ HUGE_STRIDES = """
     small = x.contiguous()
     mean, var = triton_norm.group_norm_moments(x, 2)
     ref_mean, ref_var = norm_act.group_norm_moments(small, 2)
-    worst = max((mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item())
+    worst = max(err(mean, ref_mean), err(var, ref_var))
     ones = torch.ones(1, 4, 1)
     y = triton_norm.center_scale_act(x, ref_mean.repeat_interleave(2, 1), torch.rsqrt(ref_var + 1e-6).repeat_interleave(2, 1),
                                      0 * ones, True, torch.empty_like(small))
-    worst = max(worst, (y.float() - norm_act.group_norm_act(small, 2, ones.flatten(), 0 * ones.flatten(), 1e-6).float()).abs().max().item())
+    worst = max(worst, err(y.float(), norm_act.group_norm_act(small, 2, ones.flatten(), 0 * ones.flatten(), 1e-6).float()))
     gamma = torch.rand(4, 1, 1, 1, generator=g)
     r = triton_norm.rms_norm_act(x, gamma, 1e-12, True, torch.empty_like(small))
-    worst = max(worst, (r.float() - norm_act.rms_norm_act(small, gamma).float()).abs().max().item())
+    worst = max(worst, err(r.float(), norm_act.rms_norm_act(small, gamma).float()))
     print(worst)
 """
 
@@ -209,11 +218,11 @@ def test_kernels_address_past_2_31_elements_on_cuda():
     y = norm_act.group_norm_act(x, 16, weight, bias, 1e-6, triton=True)
     for i in range(x.shape[2]):  # the torch path one frame at a time as the reference
         ref = norm_act.group_norm_act(x[:, :, i:i + 1], 16, weight, bias, 1e-6, triton=False)
-        torch.testing.assert_close(y[:, :, i:i + 1].float(), ref.float(), atol=2e-2, rtol=2e-2)
+        assert_exact(y[:, :, i:i + 1].float(), ref.float(), atol=2e-2, rtol=2e-2)
     del y
     gamma = torch.rand(64, 1, 1, 1, device="cuda")
     r = norm_act.rms_norm_act(x, gamma, triton=True)
-    torch.testing.assert_close(r[:, :, -1:].float(), norm_act.rms_norm_act(x[:, :, -1:], gamma).float(), atol=2e-2, rtol=2e-2)
+    assert_exact(r[:, :, -1:].float(), norm_act.rms_norm_act(x[:, :, -1:], gamma).float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu
@@ -224,10 +233,12 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
     fp32 decode, and the Triton path may not be further from it than the torch path (bf16 rounding of
     two different kernels differs element by element, so they are not compared with each other)."""
     import vae
-    from vae.optimizations import BackendFlags, Optimizations, backend, triton_norm
+    from vae.optimizations import BackendFlags, Optimizations, backend, kernel_check
     from tests.reference import load_tiny
 
-    assert triton_norm.usable(torch.device("cuda")), "the Triton probe failed on this GPU (see the warning)"
+    for dtype in (torch.float32, torch.bfloat16):
+        failed = [v for v in kernel_check.verdicts(kernel_check.device_name("cuda"), dtype).values() if not v.passed]
+        assert not failed, f"Triton kernels failed their first-use check on this GPU: {failed}"
     z = torch.randn(1, 16, 3, 8, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     decoded = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -236,7 +247,7 @@ def test_triton_path_matches_torch_in_the_model_on_cuda(family):
             opts = Optimizations().with_(triton_norm=triton_on)
             with backend.applied(BackendFlags(tf32=False)):  # TF32 would round the fp32 comparison to 1e-3
                 decoded[dtype, triton_on] = vae.decode(model, z.to(dtype), opts=opts).float()
-    torch.testing.assert_close(decoded[torch.float32, True], decoded[torch.float32, False], atol=1e-4, rtol=1e-4)
+    assert_exact(decoded[torch.float32, True], decoded[torch.float32, False], atol=1e-4, rtol=1e-4)
     reference = decoded[torch.float32, False]
     error = {t: (decoded[torch.bfloat16, t] - reference).norm() / reference.norm() for t in (False, True)}
     assert error[True] <= 1.25 * error[False] + 1e-4, error

@@ -10,6 +10,7 @@ import torch
 import vae
 
 from comfy_support.client import PromptRejected
+from reference import assert_exact
 from test_nodes_server import (FRAMES, HEIGHT, WIDTH, as_uint8, assert_images_close, clip, models,  # noqa: F401
                                node, object_info, saved_images, saved_latent, uploaded_clip, vae_file, video_of)
 from vae import geometry
@@ -102,7 +103,8 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
     (0.3.75 only: 0.33.0's Get Video Components converts through FFmpeg's float RGB path, which moves
     8-bit RGB values by up to 1.1 levels, so its frames are not the file's.)"""
     name = "streamvae_clip.mkv"
-    with VideoWriter(comfy_server.base / "input" / name, resolve("ffv1", fps=15), WIDTH, HEIGHT, FRAMES) as writer:
+    with VideoWriter(comfy_server.base / "input" / name, resolve("ffv1", fps=15), WIDTH, HEIGHT, FRAMES,
+                     overwrite=True) as writer:
         writer.write(clip)
         writer.finish()
     prompt = {
@@ -119,8 +121,8 @@ def test_encode_from_video_equals_encode_of_the_same_frames(comfy_server, comfy_
     entry = comfy_client.run(prompt, timeout=180)
     from_file, from_image = saved_latent(comfy_server, entry, "4"), saved_latent(comfy_server, entry, "7")
     assert from_file.shape == (1, 16, geometry.latent_frames(FRAMES), math.ceil(HEIGHT / 8), math.ceil(WIDTH / 8))
-    torch.testing.assert_close(from_file, from_image, rtol=1e-5, atol=1e-5)
-    assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames {WIDTH}x{HEIGHT}")
+    assert_exact(from_file, from_image, rtol=1e-5, atol=1e-5)
+    assert entry["outputs"]["3"]["streamvae_run"][0]["notes"][-1].startswith(f"read {FRAMES} frames of {WIDTH}x{HEIGHT}")
     assert probe(written_file(comfy_server, entry, "8")[0]).fps == 15
 
 
@@ -162,14 +164,27 @@ def test_unwritable_output_folder_is_a_clear_error(comfy_server, comfy_client, o
     assert "Choose another filename_prefix" in error["exception_message"]
 
 
-def test_unsupported_format_is_rejected_when_queued(comfy_client, object_info):
-    prompt = {
-        "1": node(object_info, "EmptyHunyuanLatentVideo", width=32, height=32, length=5, batch_size=1),
-        "2": node(object_info, "StreamVAELoader", vae_name=vae_file(FAMILY)),
-        "3": node(object_info, "StreamVAEDecodeToVideo", vae=["2", 0], samples=["1", 0], codec="prores",
-                  bit_depth="8"),
-    }
+def test_bad_video_settings_fail_before_anything_is_decoded(comfy_server, comfy_client, object_info):
+    """A format the codec cannot store (a rule across three widgets: checked when the node starts, so that
+    queue-time errors stay on the widget at fault), and a file name too long for the file system: refused
+    before the first progress step, naming no file. tile_size is the one widget checked when queued: one
+    error, not one per input."""
+    name_too_long = "streamvae_test/" + "v" * 300
+    for inputs, says in (({"codec": "prores", "bit_depth": "8"}, "ProRes cannot store yuv422 at 8 bit"),
+                         ({"filename_prefix": name_too_long}, "is too long for this file system")):
+        prompt = {
+            "1": node(object_info, "EmptyHunyuanLatentVideo", width=32, height=32, length=5, batch_size=1),
+            "2": node(object_info, "StreamVAELoader", vae_name=vae_file(FAMILY)),
+            "3": node(object_info, "StreamVAEDecodeToVideo", vae=["2", 0], samples=["1", 0], **inputs),
+        }
+        prompt_id = comfy_client.queue(prompt)
+        events = comfy_client.wait(prompt_id, timeout=60)
+        error = execution_error(comfy_client.history(prompt_id))
+        assert says in error["exception_message"] and "stay readable" not in error["exception_message"], error
+        assert not [p for p in events.progress if p["node"] == "3"], "it decoded before finding out"
+    assert not list((comfy_server.base / "output" / "streamvae_test").glob("v*"))
+    prompt["3"]["inputs"].update(filename_prefix="streamvae_test/ok", tile_size=8)
     with pytest.raises(PromptRejected) as rejected:
         comfy_client.queue(prompt)
     errors = rejected.value.node_errors["3"]["errors"]
-    assert any("ProRes cannot store yuv422 at 8 bit" in e["details"] for e in errors), errors
+    assert len(errors) == 1 and errors[0]["extra_info"]["input_name"] == "tile_size", errors

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import vae
 from vae.loading import CheckpointError, save_checkpoint
-from reference import random_weights
+from reference import assert_exact, random_weights
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -78,7 +78,7 @@ def test_encode_matches_diffusers(variant):
     video = _video(model, _frames(model))
     with torch.no_grad():
         expected = reference.encode(video).latent_dist.mode()
-    torch.testing.assert_close(vae.encode(model, video), expected, rtol=0, atol=1e-4)
+    assert_exact(vae.encode(model, video), expected, rtol=0, atol=1e-4)
 
 
 def test_decode_matches_diffusers(variant):
@@ -89,7 +89,7 @@ def test_decode_matches_diffusers(variant):
     if VARIANTS[name][4] > 1:  # the upscale decoder's 12 channels, as its users pixel-shuffle them
         expected = F.pixel_shuffle(expected.transpose(1, 2).flatten(0, 1), VARIANTS[name][4])
         expected = expected.unflatten(0, (1, -1)).transpose(1, 2)
-    torch.testing.assert_close(vae.decode(model, z).clamp(-1, 1), expected, rtol=0, atol=1e-4)
+    assert_exact(vae.decode(model, z).clamp(-1, 1), expected, rtol=0, atol=1e-4)
 
 
 def test_image_vae_encodes_every_frame_as_its_own_image(variant):
@@ -101,8 +101,8 @@ def test_image_vae_encodes_every_frame_as_its_own_image(variant):
     with torch.no_grad():
         encoded = torch.cat([reference.encode(video[:, :, t:t + 1]).latent_dist.mode() for t in range(3)], dim=2)
         decoded = torch.cat([reference.decode(z[:, :, t:t + 1]).sample for t in range(3)], dim=2)
-    torch.testing.assert_close(vae.encode(model, video, vae.Settings(temporal_chunk=2)), encoded, rtol=0, atol=1e-4)
-    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=2)).clamp(-1, 1), decoded, rtol=0, atol=1e-4)
+    assert_exact(vae.encode(model, video, vae.Settings(temporal_chunk=2)), encoded, rtol=0, atol=1e-4)
+    assert_exact(vae.decode(model, z, vae.Settings(temporal_chunk=2)).clamp(-1, 1), decoded, rtol=0, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -120,15 +120,15 @@ def test_exact_tiles_equal_untiled(variant, whole):
     _, _, model = variant
     video, z, decoded = whole
     tile = 2 * model.spatial_factor  # the smallest tile: a 2x1 or 3x2 grid on these frames
-    torch.testing.assert_close(vae.encode(model, video, vae.Settings(temporal_chunk=1000, tile_size=tile)), z, rtol=0, atol=1e-5)
-    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=1000, tile_size=tile)), decoded, rtol=0, atol=1e-5)
+    assert_exact(vae.encode(model, video, vae.Settings(temporal_chunk=1000, tile_size=tile)), z, rtol=0, atol=1e-5)
+    assert_exact(vae.decode(model, z, vae.Settings(temporal_chunk=1000, tile_size=tile)), decoded, rtol=0, atol=1e-5)
 
 
 def test_temporal_chunks_equal_the_whole_clip(variant, whole):
     _, _, model = variant
     video, z, decoded = whole
-    torch.testing.assert_close(vae.encode(model, video, vae.Settings(temporal_chunk=1)), z, rtol=0, atol=1e-5)
-    torch.testing.assert_close(vae.decode(model, z, vae.Settings(temporal_chunk=2)), decoded, rtol=0, atol=1e-5)
+    assert_exact(vae.encode(model, video, vae.Settings(temporal_chunk=1)), z, rtol=0, atol=1e-5)
+    assert_exact(vae.decode(model, z, vae.Settings(temporal_chunk=2)), decoded, rtol=0, atol=1e-5)
 
 
 def test_plan_predicts_memory_for_the_variant(variant):
@@ -161,5 +161,5 @@ def test_channels_last_activations_give_the_same_numbers(variant):
     _, _, model = variant
     video, z = _video(model, _frames(model)), _latent(model, 2 if model.temporal_factor > 1 else 1)
     ncdhw, ndhwc = (vae.Optimizations(kernel_choice="defaults", activation_layout=name) for name in ("ncdhw", "ndhwc"))
-    torch.testing.assert_close(vae.encode(model, video, opts=ndhwc), vae.encode(model, video, opts=ncdhw), atol=1e-5, rtol=0)
-    torch.testing.assert_close(vae.decode(model, z, opts=ndhwc), vae.decode(model, z, opts=ncdhw), atol=1e-5, rtol=0)
+    assert_exact(vae.encode(model, video, opts=ndhwc), vae.encode(model, video, opts=ncdhw), atol=1e-5, rtol=0)
+    assert_exact(vae.decode(model, z, opts=ndhwc), vae.decode(model, z, opts=ncdhw), atol=1e-5, rtol=0)

@@ -12,6 +12,7 @@ from vae.optimizations import Optimizations
 from vae.optimizations.winograd import filter_transform, winograd_conv3d, winograd_matrices
 
 import vae
+from reference import assert_exact
 
 CACHE = winograd.FilterCache(1 << 30)  # this file's filter transforms, apart from the process's caches
 
@@ -34,7 +35,7 @@ def test_transform_matrices_compute_a_1d_correlation(m):
     at, g, bt = winograd_matrices(m)
     d, k = torch.randn(m + 2, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     expected = torch.stack([(d[i:i + 3] * k).sum() for i in range(m)])
-    torch.testing.assert_close(at @ ((g @ k) * (bt @ d)), expected, atol=1e-12, rtol=0)
+    assert_exact(at @ ((g @ k) * (bt @ d)), expected, atol=1e-12, rtol=0)
 
 
 # (B, Cin, Cout, kt, T, H, W): odd and tile-unaligned sizes, 1x1 frames, both kernel depths, T = kt..5.
@@ -48,7 +49,7 @@ def test_equals_conv3d_float32(shape):
     out = winograd_conv3d(x, weight, bias, CACHE)
     expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
     assert out.shape == expected.shape and out.dtype == torch.float32 and out.is_contiguous()
-    torch.testing.assert_close(out, expected, atol=3e-5, rtol=0)
+    assert_exact(out, expected, atol=3e-5, rtol=0)
     # Against float64: relative to the output's magnitude, 1-4e-6 at most (oneDNN: 0.1-2e-6 here, where
     # few channels make its sums short; 1-5e-6 at 128-512 channels, see bench/bench_winograd.py).
     exact = reference(x, weight, bias)
@@ -63,13 +64,13 @@ def test_valid_mode_equals_unpadded_conv3d(m, hw):
     out = winograd_conv3d(x, weight, bias, CACHE, m, padding=0)
     expected = F.conv3d(x, weight, bias, 1, 0)
     assert out.shape == expected.shape and out.is_contiguous()
-    torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
+    assert_exact(out, expected, atol=5e-5, rtol=0)
 
 
 @pytest.mark.parametrize("m", [2, 6])
 def test_other_tile_sizes(m):
     x, weight, bias = make(2, 16, 8, 3, 4, 11, 14)
-    torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE, m), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+    assert_exact(winograd_conv3d(x, weight, bias, CACHE, m), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                atol=5e-5, rtol=0)
 
 
@@ -80,7 +81,7 @@ def test_half_precision_input_is_computed_in_float32(dtype):
     out = winograd_conv3d(x, weight, bias, CACHE)
     assert out.dtype == dtype
     expected = F.conv3d(x.float(), weight.float(), bias.float(), 1, (0, 1, 1))
-    torch.testing.assert_close(out.float(), expected, atol=1e-4, rtol=8e-3)  # one rounding to `dtype`
+    assert_exact(out.float(), expected, atol=1e-4, rtol=8e-3)  # one rounding to `dtype`
 
 
 def test_slabs_channel_parts_and_worker_threads(monkeypatch):
@@ -91,7 +92,7 @@ def test_slabs_channel_parts_and_worker_threads(monkeypatch):
     monkeypatch.setattr(winograd, "MIN_PART_CHANNELS", 4)
     for shape in [(2, 24, 16, 3, 5, 19, 10), (1, 16, 32, 3, 3, 4, 4)]:
         x, weight, bias = make(*shape)
-        torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+        assert_exact(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                    atol=2e-5, rtol=0)
     assert torch.get_num_threads() == threads
 
@@ -102,10 +103,10 @@ def test_filter_transform_is_cached_per_weight_and_follows_changes():
     assert u.shape == (3, 36, 4, 8) and filter_transform(weight, CACHE) is u
     # Views made per call (FrameConv2d's weight.unsqueeze(2), tap slices) hit the cache of their base.
     assert filter_transform(weight[:, :, 1:], CACHE) is filter_transform(weight[:, :, 1:], CACHE)
-    torch.testing.assert_close(filter_transform(weight[:, :, 1:], CACHE), u[1:])
+    assert_exact(filter_transform(weight[:, :, 1:], CACHE), u[1:], rtol=1.3e-6)
     with torch.no_grad():
         weight.mul_(2)  # in place: the version counter moves, the transform is recomputed
-    torch.testing.assert_close(filter_transform(weight, CACHE), 2 * u)
+    assert_exact(filter_transform(weight, CACHE), 2 * u, rtol=1.3e-6)
     key = id(weight)
     del weight, u
     gc.collect()
@@ -115,7 +116,7 @@ def test_filter_transform_is_cached_per_weight_and_follows_changes():
 def test_inference_mode_weights():
     with torch.inference_mode():
         x, weight, bias = make(1, 8, 4, 3, 3, 5, 5)
-        torch.testing.assert_close(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
+        assert_exact(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
                                    atol=2e-5, rtol=0)
 
 
@@ -136,7 +137,7 @@ def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
     x, weight, bias = make(1, 128, 128, 3, 4, 8, 8)
     expected = F.conv3d(x, weight, bias, 1, (0, 1, 1))
     out = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=CACHE)
-    torch.testing.assert_close(out, expected, atol=5e-5, rtol=0)
+    assert_exact(out, expected, atol=5e-5, rtol=0)
     assert spy == [(128, 128, 3, 3, 3)]
     # Switch off: the oneDNN path, bit for bit.
     off = conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=None)
@@ -164,7 +165,7 @@ def test_causal_conv_passes_the_switch(spy):
         assert not spy
         on = layer(x, StreamContext(defaults))
     assert spy == [(128, 128, 3, 3, 3)]
-    torch.testing.assert_close(on, off, atol=3e-5, rtol=0)
+    assert_exact(on, off, atol=3e-5, rtol=0)
 
 
 def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
@@ -177,7 +178,7 @@ def test_tiny_model_decode_keeps_the_fixture(monkeypatch, spy):
     fixtures = tensors("seedvr2", "tiny_outputs.safetensors")
     # Winograd by the fixed rule, not by measurement
     out = vae.decode(load_tiny("seedvr2"), fixtures["dec.input"], opts=Optimizations(kernel_choice="defaults"))
-    torch.testing.assert_close(out, fixtures["dec.video"], atol=1e-4, rtol=1e-4)
+    assert_exact(out, fixtures["dec.video"], atol=1e-4, rtol=1e-4)
     assert len(spy) > 30 and all(shape[3:] == (3, 3) for shape in spy)
 
 

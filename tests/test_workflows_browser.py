@@ -115,7 +115,7 @@ def page(comfy_server, comfy_browser):
     inputs = comfy_server.base / "input"
     frames = np.random.default_rng(3).integers(0, 256, (9, 64, 96, 3), dtype=np.uint8)
     Image.fromarray(frames[0]).save(inputs / START_IMAGE)
-    with VideoWriter(inputs / CLIP_VIDEO, resolve("h264", fps=15), 96, 64, len(frames)) as writer:
+    with VideoWriter(inputs / CLIP_VIDEO, resolve("h264", fps=15), 96, 64, len(frames), overwrite=True) as writer:
         writer.write(frames)
         writer.finish()
     latent = torch.randn(1, 16, 3, 6, 8, generator=torch.Generator().manual_seed(3))  # a Wan2.1 LATENT, 9 frames

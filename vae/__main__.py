@@ -4,14 +4,19 @@ latent files without holding the clip in memory.
     python -m vae roundtrip [input.mp4] [--checkpoint ema_vae_fp16.safetensors] [--out out/roundtrip.mp4]
     python -m vae encode --in clip.mp4 [--out out/latent.safetensors] [--every 2 --width 960 ...]
     python -m vae decode out/latent.safetensors [--out out/decoded.mp4] [--codec h264 --crf 19 ...]
+    python -m vae doctor [--device cuda:0] [--dtype bf16 ...]   # what a bug report needs (vae/doctor.py)
 
-Without an input a moving test pattern is generated; without a checkpoint the tiny SeedVR2 fixture
-model from ../shared/reference is used (random weights: the output only shows that the pipeline runs).
-Latent files are ComfyUI's (Save Latent / Load Latent): `latent_tensor` holds the family's ComfyUI
-LATENT (SeedVR2: raw x 0.9152; Wan: raw; `VideoVAE.to_comfy_latent`), and the safetensors metadata the
-frame count, pixel size and frame rate to decode back to. `decode` reads core's files the same way.
+Without an input a moving test pattern is generated; without a checkpoint a tiny fixture model from
+../shared/reference is used (random weights: the output only shows that the pipeline runs): SeedVR2's,
+or for `decode` the one of the family the latent file names. Latent files are ComfyUI's (Save Latent /
+Load Latent): `latent_tensor` holds the family's ComfyUI LATENT (SeedVR2: raw x 0.9152; Wan: raw;
+`VideoVAE.to_comfy_latent`), and the safetensors metadata the family, frame count, pixel size and frame
+rate to decode back to; `decode` checks the family, channels and spatial factor against the model, and
+reads core's files (no family) the same way. No file is replaced without --overwrite. Every failure is
+one `error:` line and exit status 2.
 """
 import argparse
+import logging
 import math
 import os
 import sys
@@ -24,21 +29,52 @@ import torch
 from . import engine, load
 from .devices import DTYPES
 from .geometry import latent_frames
-from .planning import Settings
+from .planning import BudgetTooSmall, Settings
+from .run_warnings import collected
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
 from .video_reader import RESIZE_FILTERS, VideoReader
 
 REPO = Path(__file__).resolve().parent.parent
 CODEC_OF_SUFFIX = {".mp4": "h264", ".mkv": "ffv1", ".mov": "prores"}
 LATENT_SPACE_KEY = "streamvae_latent_space"  # latent file metadata: "comfyui" (ComfyUI's LATENT) or "raw"
+log = logging.getLogger("streamvae")
 
 
-def tiny_fixture() -> tuple[Path, dict]:
+FIXTURE_CONFIGS = {"seedvr2": {"norm_num_groups": 8}, "wan21": {}, "wan22": {}}  # what their shapes cannot tell
+
+
+class CommandError(ValueError):
+    """Bad input or setup, said in the command line's words."""
+
+
+def tiny_fixture(family: str = "seedvr2") -> tuple[Path, dict]:
+    """The tiny test model of `family` from the reference data folder, and its config overrides."""
     shared = Path(os.environ.get("STREAMVAE_SHARED", REPO.parent / "shared"))
-    path = shared / "reference" / "seedvr2" / "tiny_vae.safetensors"
-    if not path.is_file():
-        sys.exit(f"no --checkpoint given and the tiny fixture model is not at {path}; pass --checkpoint PATH")
-    return path, {"norm_num_groups": 8}
+    path = shared / "reference" / family / "tiny_vae.safetensors"
+    if family not in FIXTURE_CONFIGS or not path.is_file():
+        raise CommandError(f"no --checkpoint given and there is no tiny {family} test model at {path}; pass "
+                           f"--checkpoint with the {family} VAE file")
+    return path, FIXTURE_CONFIGS[family]
+
+
+def check_device(name: str) -> None:
+    """CommandError when `--device` names no device this torch can use (before anything is loaded)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise CommandError(f"--device {name!r} is not a device; use cpu, cuda, cuda:1 or mps") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else \
+            f"no CUDA (torch {torch.__version__}{', a CPU-only build' if torch.version.cuda is None else ''})"
+        raise CommandError(f"--device {name}: this torch has {have}; use --device cpu, or a CUDA build of torch")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise CommandError(f"--device {name}: MPS is not available here; use --device cpu")
+
+
+def check_new(path: Path, args: argparse.Namespace) -> None:
+    """CommandError when `path` exists and --overwrite was not given (checked before any work)."""
+    if path.exists() and not args.overwrite:
+        raise CommandError(f"{path} exists; pass --overwrite to replace it, or choose another --out")
 
 
 def test_pattern(frames: int, height: int, width: int) -> torch.Tensor:
@@ -66,21 +102,33 @@ class Progress:
         print(f"\r{self.label:7s} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} steps {elapsed:6.1f}s", end=end, file=sys.stderr, flush=True)
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: argparse.Namespace, family: str = "seedvr2"):
+    """The --checkpoint model, or the tiny test model of `family`."""
+    check_device(args.device)
     if args.checkpoint:
         checkpoint, config = Path(args.checkpoint), {}
     else:
-        checkpoint, config = tiny_fixture()
-        print(f"no --checkpoint given: using the tiny SeedVR2 fixture model {checkpoint} "
+        checkpoint, config = tiny_fixture(family)
+        print(f"no --checkpoint given: using the tiny {family} fixture model {checkpoint} "
               "(random weights, so the output shows only that the pipeline runs)")
-    model = load(checkpoint, device=args.device, dtype=DTYPES[args.dtype], config=config)
+    model = load(checkpoint, device=args.device, dtype=DTYPES[args.dtype], config=config,
+                 allow_nonfinite=args.allow_nonfinite)
     print(f"loaded {checkpoint.name}: family {model.family}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
           f"{args.dtype} on {args.device}")
     return model
 
 
 def settings(args: argparse.Namespace) -> Settings:
-    budget = args.memory_budget if args.memory_budget in (None, "auto") else int(float(args.memory_budget) * 2**30)
+    """The engine settings of the options; --memory-budget in GiB ("auto": the free memory; left out: no limit)."""
+    budget = args.memory_budget
+    if budget not in (None, "auto"):
+        try:
+            gib = float(budget)
+        except ValueError:
+            raise CommandError(f"--memory-budget must be a number of GiB or auto; got {budget!r}") from None
+        if not 0 < gib < math.inf:
+            raise CommandError(f"--memory-budget must be more than 0 GiB, or auto (leave it out for no limit); got {budget}")
+        budget = max(1, math.ceil(gib * 2**30))  # a budget of a few bytes stays a budget (and is refused with its floor)
     return Settings(temporal_chunk=args.temporal_chunk, tile_size=args.tile_size, tile_overlap=args.tile_overlap,
                     tiling=args.tiling, memory_budget=budget, cache_offload=args.cache_offload)
 
@@ -88,26 +136,32 @@ def settings(args: argparse.Namespace) -> Settings:
 def video_kwargs(args: argparse.Namespace, out: Path) -> dict:
     codec = args.codec or CODEC_OF_SUFFIX.get(out.suffix.lower())
     if codec is None:
-        sys.exit(f"cannot tell the codec from {out.name}: name it .mp4, .mkv or .mov, or pass --codec")
+        raise CommandError(f"cannot tell the codec from {out.name}: name it .mp4, .mkv or .mov, or pass --codec")
     return dict(codec=codec, crf=args.crf, pixel_format=args.pixel_format, bit_depth=args.bit_depth)
 
 
 def roundtrip(args: argparse.Namespace) -> None:
     from .video_file import decode_to_file
 
+    out = Path(args.out)
+    video_args, how = video_kwargs(args, out), settings(args)
+    check_new(out, args)
     model = load_model(args)
     if args.input:
         with VideoReader(args.input, frame_count=args.frames or 0, channels=model.in_channels) as reader:
             video, fps = reader.read(0, reader.frames), reader.fps
     else:
-        height, width = (int(v) for v in args.size.lower().split("x"))
+        try:
+            height, width = (int(v) for v in args.size.lower().split("x"))
+        except ValueError:
+            raise CommandError(f"--size must be HxW in pixels, e.g. 256x384; got {args.size!r}") from None
         pattern, fps = test_pattern(args.frames or 17, height, width), 24
         if model.in_channels == 4:  # RGBA VAEs: an opaque pattern
             pattern = torch.cat([pattern, torch.ones_like(pattern[..., :1])], dim=-1)
         video = pattern.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1  # B,C,T,H,W in [-1, 1]
         print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
     t, h, w = video.shape[2:]
-    z = engine.encode(model, video, settings(args), progress=Progress("encode"))
+    z = engine.encode(model, video, how, progress=Progress("encode"))
     print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
     up = model.decode_upscale
     expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,C in 0..255
@@ -119,12 +173,10 @@ def roundtrip(args: argparse.Namespace) -> None:
         want = expected[first:first + len(pixels), ..., :pixels.shape[-1]]
         squared[0] += float(((torch.from_numpy(pixels).double() - want) ** 2).sum()) * expected.shape[-1] / pixels.shape[-1]
 
-    out = Path(args.out)
-    video_args = video_kwargs(args, out)
     if (h % 2 or w % 2) and args.pixel_format == "auto" and CODECS[video_args["codec"]].pixel_format == "yuv420":
         video_args["pixel_format"] = "yuv444"  # 4:2:0 needs even sizes; keep every pixel instead of cropping
-    decode_to_file(model, z, out, settings(args), fps=fps, num_frames=t, height=h * up, width=w * up, observe=measure,
-                   progress=Progress("decode"), **video_args)
+    decode_to_file(model, z, out, how, fps=fps, num_frames=t, height=h * up, width=w * up, observe=measure,
+                   progress=Progress("decode"), overwrite=args.overwrite, **video_args)
     mse = squared[0] / expected.numel() / 255**2
     psnr = 10 * math.log10(1 / mse) if mse > 0 else float("inf")
     print(f"wrote {out}: {t} frames {h * up}x{w * up}; round-trip PSNR {psnr:.2f} dB vs the input")
@@ -135,38 +187,85 @@ def encode(args: argparse.Namespace) -> None:
 
     from .video_file import encode_from_file
 
+    out, how = Path(args.out), settings(args)
+    check_new(out, args)
     model = load_model(args)
-    z, clip = encode_from_file(model, args.input, settings(args), start_frame=args.start, frame_count=args.count,
+    z, clip = encode_from_file(model, args.input, how, start_frame=args.start, frame_count=args.count,
                                every_nth=args.every, width=args.width, height=args.height, resize_filter=args.filter,
                                progress=Progress("encode"))
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"streamvae_frames": str(clip.frames), "streamvae_size": f"{clip.height},{clip.width}",
                 "fps": str(clip.fps), "family": model.family, LATENT_SPACE_KEY: "comfyui"}
     samples = model.to_comfy_latent(z).float().contiguous()
+    check_new(out, args)  # made by someone else while this encoded: left alone
     save_file({"latent_tensor": samples, "latent_format_version_0": torch.tensor([])}, str(out), metadata)
     print(f"wrote {out}: latent {tuple(z.shape)} for {clip.frames} frames {clip.height}x{clip.width} at {float(clip.fps):g} fps")
 
 
-def decode(args: argparse.Namespace) -> None:
-    from safetensors import safe_open
+def read_latent_file(path: str) -> tuple[torch.Tensor, dict]:
+    """`latent_tensor` and the metadata of a latent file (ours or Save Latent's)."""
+    from safetensors import SafetensorError, safe_open
 
+    if not os.path.isfile(path):
+        raise CommandError(f"latent file not found: {path}")
+    try:
+        with safe_open(path, framework="pt") as file:
+            metadata = file.metadata() or {}
+            if "latent_tensor" not in file.keys():
+                raise CommandError(f"{path} holds no latent_tensor: it is a safetensors file, but not a latent (Save "
+                                   "Latent, python -m vae encode)")
+            return file.get_tensor("latent_tensor"), metadata
+    except SafetensorError as error:
+        raise CommandError(f"{path} is not a latent file ({error}): give a .latent / .safetensors file from Save Latent "
+                           "or python -m vae encode, not a video") from None
+
+
+def checked_latent(model, z: torch.Tensor, metadata: dict, path: str) -> None:
+    """CommandError when the latent file was not made by a VAE like `model`: the family it names, its
+    channel count and the spatial factor its pixel size implies, each naming both sides."""
+    family = metadata.get("family")
+    if family and family != model.family:
+        raise CommandError(f"{path} was made by a {family} VAE, but {model.family} is loaded: pass --checkpoint with a "
+                           f"{family} VAE file")
+    if z.dim() not in (4, 5) or z.shape[1] != model.latent_channels:
+        raise CommandError(f"{path} holds a latent of shape {tuple(z.shape)}, but this {model.family} VAE decodes "
+                           f"B,{model.latent_channels},T,h,w latents: pass --checkpoint with the VAE that made it")
+    if "streamvae_size" in metadata:
+        height, width = (int(v) for v in metadata["streamvae_size"].split(","))
+        sf, (h, w) = model.spatial_factor, z.shape[-2:]
+        if (-(-height // sf), -(-width // sf)) != (h, w):
+            raise CommandError(f"{path} is {width}x{height} px as a {w}x{h} latent, but this {model.family} VAE's latent "
+                               f"cells are {sf} px (a {-(-width // sf)}x{-(-height // sf)} latent): it was made by a VAE "
+                               "with another spatial factor; pass --checkpoint with that VAE")
+
+
+def decode(args: argparse.Namespace) -> None:
     from .video_file import decode_to_file
 
-    with safe_open(args.latent, framework="pt") as file:
-        metadata = file.metadata() or {}
-        z = file.get_tensor("latent_tensor")
-    model = load_model(args)
+    z, metadata = read_latent_file(args.latent)
+    out = Path(args.out)
+    video_args, how = video_kwargs(args, out), settings(args)
+    check_new(out, args)
+    if not args.checkpoint and "family" not in metadata:
+        raise CommandError(f"{args.latent} does not say which VAE made it (Save Latent's files do not): pass --checkpoint "
+                           "with that VAE file")
+    model = load_model(args, metadata.get("family", "seedvr2"))
+    checked_latent(model, z, metadata, args.latent)
     # Files from before this key held the raw latent; every other one holds ComfyUI's LATENT.
     if metadata.get(LATENT_SPACE_KEY, "comfyui" if "streamvae_frames" not in metadata else "raw") == "comfyui":
         z = model.from_comfy_latent(z.float())
     frames = int(metadata["streamvae_frames"]) if "streamvae_frames" in metadata else None
     height, width = (int(v) for v in metadata["streamvae_size"].split(",")) if "streamvae_size" in metadata else (None, None)
     fps = args.fps or Fraction(metadata.get("fps", "24"))
-    out = Path(args.out)
-    path = decode_to_file(model, z, out, settings(args), fps=fps, num_frames=frames, height=height, width=width,
-                          progress=Progress("decode"), **video_kwargs(args, out))
+    path = decode_to_file(model, z, out, how, fps=fps, num_frames=frames, height=height, width=width,
+                          progress=Progress("decode"), overwrite=args.overwrite, **video_args)
     print(f"wrote {path}")
+
+
+def doctor(args: argparse.Namespace) -> None:
+    from .doctor import main as doctor_main
+
+    doctor_main(args.device, args.dtype)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -179,9 +278,13 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tile-overlap", type=int, default=0, help="tile overlap in pixels (fast tiling only)")
     parser.add_argument("--tiling", choices=("exact", "fast"), default="exact",
                         help="exact: equals untiled; fast: blended tiles (not with video files)")
-    parser.add_argument("--memory-budget", default=None, help="GiB, or 'auto': picks the largest chunk and tile that fit")
+    parser.add_argument("--memory-budget", default=None, help="GiB (more than 0), or 'auto' (the free memory): picks "
+                        "the largest chunk and tile that fit; left out: no limit")
     parser.add_argument("--cache-offload", choices=("auto", "none", "host", "disk"), default="auto",
                         help="where the causal caches wait between chunks; auto: off the device only when memory needs it")
+    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists (default: refuse)")
+    parser.add_argument("--allow-nonfinite", action="store_true",
+                        help="load a checkpoint with NaN/Inf weights anyway (default: refuse it, naming them)")
 
 
 def add_video_output(parser: argparse.ArgumentParser) -> None:
@@ -219,11 +322,31 @@ def main(argv: list[str] | None = None) -> None:
     dec.add_argument("--fps", type=float, default=None, help="frames per second (default: the latent file's, else 24)")
     add_common(dec)
     add_video_output(dec)
+    doc = sub.add_parser("doctor", help="device, versions, the kernels and layout a run takes here and why, memory calibration")
+    doc.add_argument("--device", default=None, help="torch device (default: the GPU, else the CPU)")
+    doc.add_argument("--dtype", choices=DTYPES, action="append", default=None,
+                     help="a precision to report (repeatable; default: what auto decodes and encodes in there)")
     args = parser.parse_args(argv)
+    said = logging.StreamHandler(sys.stderr)  # the library's warnings, each once, as they happen
+    said.setFormatter(logging.Formatter("warning: %(message)s"))
+    log.addHandler(said)
     try:
-        {"roundtrip": roundtrip, "encode": encode, "decode": decode}[args.command](args)
-    except (ValueError, RuntimeError, OSError) as error:  # bad input or setup: one clear line, no traceback
-        sys.exit(f"error: {error}")
+        with collected():  # the same warnings raised as Python warnings are not said twice
+            {"roundtrip": roundtrip, "encode": encode, "decode": decode, "doctor": doctor}[args.command](args)
+    except BudgetTooSmall as error:
+        fail(error.plan.below_floor("--memory-budget", "leave it out for no limit", in_bytes=False))
+    except KeyboardInterrupt:
+        fail("interrupted")
+    except Exception as error:  # bad input or setup, or a fault: one line, never a traceback (argparse's are 2 too)
+        fail(str(error) or type(error).__name__)
+    finally:
+        log.removeHandler(said)
+
+
+def fail(message: str) -> None:
+    """One `error:` line (a message's line breaks joined) and exit status 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

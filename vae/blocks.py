@@ -12,8 +12,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .causal_cache import CausalCache
+from .conv_buffer import PADDING_MODES, Fill, interior, pad_border, padded_buffer
 
 from .optimizations import Optimizations, conv3d
+from .optimizations.kernel_log import KernelLog
 from .optimizations.layout import empty_video
 from .optimizations.winograd import filter_cache
 
@@ -25,26 +27,34 @@ class StreamContext:
     module must remember between chunks (for causal convs: the input frames the next chunk still
     needs, unpadded). `first_chunk` is True while the chunk that holds frame 0 of the clip is
     processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
+    `last_chunk` is True while the chunk that holds the clip's last frame is processed: a conv that
+    looks ahead in time (`CausalConv3d.lookahead`) then pads the clip's end and gives its last frames.
     `execution` is None (whole frames, the blocks' own path) or the `strategies.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `strategies.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
     `strategies.FrameStream` that runs them one frame at a time. `prefill` is True while the engine
     runs a model's `prefill_stages` over the clip before the clip itself (a full attention gathers
-    every frame's keys first: `layers.FrameCausalAttention`).
+    every frame's keys first: `layers.FrameCausalAttention`). `kernel_log`: see
+    `optimizations.kernel_log`.
     """
 
-    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None):
+    def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
+                 kernel_log: KernelLog | None = None):
         self.opts = opts
         self.first_chunk = True
+        self.last_chunk = False
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
         self.prefill = False
+        # Where the convs and norms note which kernel ran (the caller's, for its run report; or None).
+        self.kernel_log = kernel_log
         # How every conv of the run picks its kernel (`optimizations.conv3d`'s keyword arguments): the
         # Winograd filter-transform cache (None: Winograd off), measured or fixed choices, and the
         # PyTorch 2.9 cuDNN workaround.
         self.conv_options = {"winograd": filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None,
-                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround}
+                             "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround,
+                             "log": kernel_log}
 
     @property
     def eager_reason(self) -> str | None:
@@ -71,69 +81,12 @@ class Conv3d(nn.Conv3d):
 
     def conv5d(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
-        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround)
-
-
-# A producer of conv input: fill(view, rows, cols) writes rows x cols (slices of the unpadded input
-# frame) of the new frames into `view`. Producers are region-aware so exact tiling can ask for a
-# tile plus its halo instead of the whole frame.
-Fill = Callable[[torch.Tensor, slice, slice], object]
-
-
-def _padded_buffer(like: torch.Tensor, shape, head: int, pad, fill: Fill) -> torch.Tensor:
-    """A conv input buffer B,C,head+T,H+top+bottom,W+left+right for new frames of `shape` (B,C,T,H,W).
-
-    `fill` writes the frames into their place and the spatial zero pads (left, right, top, bottom)
-    are zeroed here for all frames; the head frames' interior is left for the caller.
-    """
-    b, c, t, h, w = shape
-    left, right, top, bottom = pad
-    buf = empty_video(like, (b, c, head + t, h + top + bottom, w + left + right))
-    fill(buf[:, :, head:, top:top + h, left:left + w], slice(0, h), slice(0, w))
-    zero_border(buf, pad)
-    return buf
-
-
-def zero_border(buf: torch.Tensor, pad) -> None:
-    """Zero the outer `pad` = (left, right, top, bottom) columns/rows of a buffer (..., H, W): the
-    zero padding around a frame (or around the part of a tile that lies in the frame)."""
-    left, right, top, bottom = pad
-    height, width = buf.shape[-2:]
-    if right:
-        buf[..., width - right:].zero_()
-    if bottom:
-        buf[..., height - bottom:, :].zero_()
-    if left:
-        buf[..., :left].zero_()
-    if top:
-        buf[..., :top, :].zero_()
-
-
-def replicate_border(buf: torch.Tensor, pad) -> None:
-    """Fill the outer `pad` = (left, right, top, bottom) columns/rows of a buffer (..., H, W) with copies
-    of the nearest row or column inside them: replicate padding (HunyuanVideo 1.5's convs), written
-    after the inside (and the head frames) is; columns first, so the rows carry the corners."""
-    left, right, top, bottom = pad
-    height, width = buf.shape[-2:]
-    rows = buf[..., top:height - bottom, :]
-    if left:
-        rows[..., :left] = rows[..., left:left + 1]
-    if right:
-        rows[..., width - right:] = rows[..., width - right - 1:width - right]
-    if top:
-        buf[..., :top, :] = buf[..., top:top + 1, :]
-    if bottom:
-        buf[..., height - bottom:, :] = buf[..., height - bottom - 1:height - bottom, :]
-
-
-def _interior(buf: torch.Tensor, pad) -> torch.Tensor:
-    """The unpadded frame region of a padded conv buffer (what caches store)."""
-    left, right, top, bottom = pad
-    return buf[..., top:buf.shape[3] - bottom, left:buf.shape[4] - right]
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround,
+                      log=ctx.kernel_log)
 
 
 class CausalConv3d(Conv3d):
-    """Conv3d that is causal in time: output frame t only sees input frames <= t.
+    """Conv3d that is causal in time: output frame t only sees input frames <= t + `lookahead`.
 
     The temporal padding is not a conv padding: each call convolves [head | new frames], where head
     is what the previous chunk left unconsumed (its cache) or, on the first chunk, `head_frames`
@@ -141,26 +94,37 @@ class CausalConv3d(Conv3d):
     a call is exactly the input frames a whole-clip pass would still read, so any temporal chunking
     reproduces the whole-clip result, strided convs included.
 
-    Spatial padding is (left, right, top, bottom), zeros or, with border="replicate", copies of the
-    frame's edge (HunyuanVideo 1.5). Symmetric zero padding is done by the conv itself; asymmetric
-    padding (the downsamplers' right/bottom pad) and replicate padding inside the input buffer, the
-    latter after the frames are written (`pad_border`; exact tiles and row bands call it too, for the
-    part of their buffer outside the frame).
+    `lookahead` > 0 makes a conv centred in time (LTX-2's decoder): each output reads `lookahead` later
+    frames, the clip's start gets `kt - 1 - lookahead` copies of frame 0 and its end `lookahead`
+    copies of the last frame (on the call with `ctx.last_chunk`). Such a conv emits its outputs
+    `lookahead` frames late: a call gives the outputs its frames complete, the last call the rest, so
+    its output over a clip is the whole-clip one however the input is cut. Its start is its first
+    call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
+
+    Spatial padding (left, right, top, bottom) is `padding_mode` "zeros", "reflect" (LTX-2) or
+    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`conv_buffer.py`);
+    symmetric zero padding is done by the conv itself, asymmetric, reflected or replicated padding
+    inside the input buffer (the downsamplers' right/bottom pad; every other mode's pad), after the
+    frames are written, only at the frame border: a tile's halo inside the frame is the frame's pixels.
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None, spatial_pad=None,
-                 border="zeros"):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None,
+                 spatial_pad=None, lookahead: int = 0, padding_mode: str = "zeros"):
         kt, kh, kw = _triple(kernel_size)
         pad = spatial_pad if spatial_pad is not None else (kw // 2, kw // 2, kh // 2, kh // 2)
-        if border not in ("zeros", "replicate"):
-            raise ValueError(f"border must be 'zeros' or 'replicate', got {border!r}")
-        symmetric = pad[0] == pad[1] and pad[2] == pad[3] and border == "zeros"
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, got {padding_mode!r}")
+        symmetric = pad[0] == pad[1] and pad[2] == pad[3] and padding_mode == "zeros"
         super().__init__(in_channels, out_channels, (kt, kh, kw), _triple(stride), padding=(0, pad[2], pad[0]) if symmetric else 0)
         if head not in ("zeros", "replicate"):
             raise ValueError(f"head must be 'zeros' or 'replicate', got {head!r}")
+        if lookahead and (head != "replicate" or self.stride[0] != 1 or not 0 < lookahead < kt):
+            raise ValueError("a conv that looks ahead pads both ends with copies: head='replicate', temporal stride 1, "
+                             f"lookahead below the kernel's {kt} frames")
         self.head_mode = head
-        self.border = border
-        self.head_frames = kt - 1 if head_frames is None else head_frames
+        self.lookahead = lookahead
+        self.head_frames = kt - 1 - lookahead if head_frames is None else head_frames
+        self.padding_mode = padding_mode
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = kt > 1 or self.stride[0] > 1
@@ -168,6 +132,8 @@ class CausalConv3d(Conv3d):
     def forward(self, x: torch.Tensor, ctx: StreamContext, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         opts = ctx.opts
+        if self.waiting(ctx, x.shape[2]):
+            return self.no_output(x, x.shape)
         if ctx.execution is not None:
             # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
             stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
@@ -182,6 +148,17 @@ class CausalConv3d(Conv3d):
         return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
     # -- the causal state, one definition for the untiled path and for exact tiles ------------------
+    def waiting(self, ctx: StreamContext, frames: int) -> bool:
+        """Whether a call with `frames` new frames has nothing to do: a conv that looks ahead has not
+        started (it needs its first frame to pad the clip's start with) and gets none."""
+        return bool(self.lookahead) and frames == 0 and self not in ctx.cache
+
+    def no_output(self, like: torch.Tensor, shape) -> torch.Tensor:
+        """The empty output (B,C',0,H',W') of a call on new frames of `shape` that convolves nothing."""
+        h_out = (shape[3] + sum(self.spatial_pad[2:]) - self.kernel_size[1]) // self.stride[1] + 1
+        w_out = (shape[4] + sum(self.spatial_pad[:2]) - self.kernel_size[2]) // self.stride[2] + 1
+        return empty_video(like, (shape[0], self.out_channels, 0, h_out, w_out))
+
     def head(self, ctx: StreamContext) -> tuple[torch.Tensor | None, int]:
         """(cached frames or None, how many head frames go before this call's new frames): the
         previous chunk's unconsumed input, or on the first chunk `head_frames` frames of padding."""
@@ -194,7 +171,15 @@ class CausalConv3d(Conv3d):
         """How many head frames go before this call's new frames, without reading the cache."""
         if not self.temporal:
             return 0
-        return ctx.cache.frames(self) if self in ctx.cache else self.head_frames if ctx.first_chunk else 0
+        if self in ctx.cache:
+            return ctx.cache.frames(self)
+        return self.head_frames if ctx.first_chunk or self.lookahead else 0
+
+    def tail_count(self, ctx: StreamContext) -> int:
+        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end.
+        `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not guard
+        on it (a middle chunk would trace a third graph)."""
+        return self.lookahead if self.lookahead and ctx.last_chunk else 0
 
     def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
@@ -206,6 +191,13 @@ class CausalConv3d(Conv3d):
             frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
         elif n_head:
             frames[:, :, :n_head].zero_()
+
+    def write_tail(self, frames: torch.Tensor, n_tail: int) -> None:
+        """Fill the last `n_tail` frames of `frames` (as in `write_head`, head and new frames written)
+        with copies of the frame before them, the clip's last."""
+        if n_tail:
+            last = frames.shape[2] - n_tail
+            frames[:, :, last:] = frames[:, :, last - 1:last]
 
     def output_frames(self, n: int) -> int:
         """Output frames of a window of `n` input frames (head included)."""
@@ -219,28 +211,29 @@ class CausalConv3d(Conv3d):
     def run(self, ctx: StreamContext, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
 
-        The buffer holds [head | new frames] plus any asymmetric spatial padding, so neither the cache
-        nor the padding is ever concatenated onto the input (one write instead of write + copy).
+        The buffer holds [head | new frames | tail] plus any asymmetric or reflected spatial padding,
+        so neither the cache nor the padding is ever concatenated onto the input (one write instead of
+        write + copy).
         """
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, shape, like, fill)
+        if self.waiting(ctx, shape[2]):
+            return self.no_output(like, shape)
         head, n_head = self.head(ctx)
+        n_tail = self.tail_count(ctx)
         if (head is None and n_head and self.head_mode == "zeros" and ctx.opts.skip_zero_head_taps
-                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0]):
-            return self._convolve_after_zeros(_padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
-        buf = _padded_buffer(like, shape, n_head, self.buffer_pad, fill)
-        self.write_head(_interior(buf, self.buffer_pad), head, n_head)
-        self.pad_border(buf, self.buffer_pad)
+                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
+            return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
+        buf = padded_buffer(like, shape, n_head, self.buffer_pad, fill, n_tail, self.padding_mode)
+        frames = interior(buf, self.buffer_pad)
+        self.write_head(frames, head, n_head)
+        self.write_tail(frames, n_tail)
+        if self.padding_mode != "zeros":  # read the written frames: after them
+            pad_border(buf, self.buffer_pad, self.padding_mode)
         return self._convolve(buf, ctx)
 
-    def pad_border(self, buf: torch.Tensor, outside) -> None:
-        """Fill the `outside` = (left, right, top, bottom) part of a conv buffer whose inside (head frames
-        included) is written: replicated edges with border="replicate"; zeros stay as the buffer has them."""
-        if self.border == "replicate" and any(outside):
-            replicate_border(buf, outside)
-
     def _forward_concat(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
-        """Straightforward path: torch.cat of the head + F.pad, as the upstream code does."""
+        """Straightforward path: torch.cat of the head (and tail) + F.pad, as the upstream code does."""
         head, n_head = self.head(ctx)
         if head is None and n_head:
             if self.head_mode == "replicate":
@@ -249,8 +242,12 @@ class CausalConv3d(Conv3d):
                 head = empty_video(x, x.shape[:2] + (n_head,) + x.shape[3:]).zero_()
         if head is not None:
             x = torch.cat([head, x], dim=2)
+        n_tail = self.tail_count(ctx)
+        if n_tail:
+            x = torch.cat([x, x[:, :, -1:].expand(-1, -1, n_tail, -1, -1)], dim=2)
         if any(self.buffer_pad):
-            x = F.pad(x, self.buffer_pad + (0, 0), mode="replicate" if self.border == "replicate" else "constant")
+            left, right, top, bottom = self.buffer_pad
+            x = F.pad(x, (left, right, top, bottom, 0, 0), mode="constant" if self.padding_mode == "zeros" else self.padding_mode)
         return self._convolve(x, ctx)
 
     def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamContext) -> torch.Tensor:
@@ -262,7 +259,7 @@ class CausalConv3d(Conv3d):
         kt, t = self.kernel_size[0], buf.shape[2]
         n_out = n_head + t - kt + 1
         keep = kt - 1  # what the next window still reads: the last kt - 1 frames of [zeros | buf]
-        tail = _interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
+        tail = interior(buf, self.buffer_pad)[:, :, max(t - keep, 0):]
         missing = keep - tail.shape[2]
         if missing:
             zeros = empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_()  # B,C,missing,H,W
@@ -283,7 +280,7 @@ class CausalConv3d(Conv3d):
         if self.temporal:
             # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
             # copy, so the chunk's buffer can be freed.
-            ctx.cache.put(self, _interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
+            ctx.cache.put(self, interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
         if n_out == 0:
             h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
@@ -321,20 +318,26 @@ class FrameConv2d(nn.Conv2d):
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = False
-
-    border = "zeros"  # spatial padding (`CausalConv3d`)
-
-    def pad_border(self, buf: torch.Tensor, outside) -> None:
-        pass  # zero padding: the buffer has it
+        self.lookahead = 0
+        self.padding_mode = "zeros"
 
     # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
+    def waiting(self, ctx: StreamContext, frames: int) -> bool:
+        return False
+
     def head(self, ctx: StreamContext) -> tuple[None, int]:
         return None, 0
 
     def head_count(self, ctx: StreamContext) -> int:
         return 0
 
+    def tail_count(self, ctx: StreamContext) -> int:
+        return 0
+
     def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
+        pass
+
+    def write_tail(self, frames, n_tail) -> None:
         pass
 
     def output_frames(self, n: int) -> int:
@@ -362,7 +365,7 @@ class FrameConv2d(nn.Conv2d):
         """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, shape, like, fill)
-        return self._convolve(_padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
+        return self._convolve(padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
 
     def _convolve(self, x: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
         return self.conv5d(x, ctx)
@@ -391,7 +394,7 @@ class FrameConv2d(nn.Conv2d):
         b, _, t, h, w = x.shape
         bias = None if self.bias is None else self.bias.repeat(4)
         y = conv3d(x, self._phase_weight(x.dtype).unsqueeze(2), bias, (1, 1, 1), (0, 1, 1),
-                   cudnn_workaround=ctx.opts.conv3d_workaround)
+                   cudnn_workaround=ctx.opts.conv3d_workaround, log=ctx.kernel_log)
         y = y.view(b, 2, 2, self.out_channels, t, h + 1, w + 1)
         out = empty_video(x, (b, self.out_channels, t, 2 * h, 2 * w))
         phases = out.view(b, self.out_channels, t, h, 2, w, 2)

@@ -321,7 +321,7 @@ class CausalCache:
     read, and replace it on `commit`. `fallback` is the offload an out-of-memory retry may switch to
     (None: the user chose where the caches live). `host_budget` caps the RAM that "host" offloading
     takes (default: `devices.host_available()`, what the OS has free minus a margin); past it the
-    caches go to disk.
+    caches go to disk. `advance` counts frames per key (what a module has given so far in this run).
     """
 
     def __init__(self, offload: str = "none", device=None, fallback: str | None = None, host_budget: int | None = None):
@@ -336,6 +336,15 @@ class CausalCache:
         self._store = self._offload_store() if offload != "none" else _DeviceStore()
         # The keys and values of the frames each frame-causal attention has seen, where these caches live.
         self.keys_values = KeyValueCache(offload, self.device, self._offload_store)
+        self._counts: dict[object, int] = {}
+
+    def advance(self, key, frames: int) -> int:
+        """The frames counted under `key` so far in this run, before adding `frames`: where a module's
+        output of this call starts in the clip, for rules on its frame 0 that a module whose input
+        lags (a layer after one that looks ahead) meets on a later chunk than the first."""
+        before = self._counts.get(key, 0)
+        self._counts[key] = before + frames
+        return before
 
     def _offload_store(self):
         """A new store of this cache's offload ("host" or "disk")."""
@@ -378,6 +387,7 @@ class CausalCache:
         attention keys and values (`keys_values`) stay."""
         for module in list(self._store.keys()):
             self._store.discard(module)
+        self._counts.clear()
 
     @contextlib.contextmanager
     def copying_new_entries(self):
@@ -401,3 +411,4 @@ class CausalCache:
         """Drop everything (and the disk file, if any)."""
         self._store.close()
         self.keys_values.close()
+        self._counts.clear()

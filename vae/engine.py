@@ -29,8 +29,9 @@ from . import geometry, planning, recovery
 from .blocks import CausalConv3d, FrameConv2d, StreamContext
 from .causal_cache import CausalCache
 from .devices import is_oom, same_device
+from .input_checks import check_pixels
 from .model import run_stages
-from .optimizations import Optimizations, layout
+from .optimizations import KernelLog, Optimizations, layout
 from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
 from .strategies import WHOLE_FRAME, Partition
@@ -73,7 +74,7 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
         io_on_device = tuple(same_device(d, model.device) for d in io_devices)
         plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
     if plan.fits is False and bands is None and isinstance(how, Settings) and isinstance(how.memory_budget, int):
-        raise ValueError(plan.below_floor())  # a budget the caller gave: refused before any work
+        raise planning.BudgetTooSmall(plan)  # a budget the caller gave: refused before any work
     if plan.fits is False and bands is not None:
         return plan  # a band cannot be tiled yet: `RowBands.plan` said so, and it runs a chunk at a time
     if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
@@ -104,7 +105,7 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     model's stages; recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
     ctx.cache.keys_values.reserve(plan.clip.latent_frames)
-    ctx.first_chunk = True
+    ctx.first_chunk, ctx.last_chunk = True, False
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
@@ -119,7 +120,8 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
 
 def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
     """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames until
-    the clip is done or step returns False; the causal caches are closed at the end.
+    the clip is done or step returns False; the causal caches are closed at the end. The context
+    says which chunk holds the clip's first frame and which its last (`first_chunk`, `last_chunk`).
 
     Out of memory inside a step (where the partition allows it) goes on with a smaller plan, made by
     `_recover`; the output written so far stays."""
@@ -129,6 +131,7 @@ def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Part
         _prefill(model, ctx, plan, steps, step)
         while first < n_lat:
             n = min(plan.temporal_chunk, n_lat - first)
+            ctx.last_chunk = first + n == n_lat  # convs that look ahead pad the clip's end now
             try:
                 more = step(first, n, True)
             except (RuntimeError, MemoryError) as error:
@@ -188,25 +191,32 @@ def _prefill(model, ctx: StreamContext, plan: Plan, steps: Steps, step) -> None:
     try:
         with steps.muted():
             for first in range(0, plan.clip.latent_frames, plan.temporal_chunk):
-                step(first, min(plan.temporal_chunk, plan.clip.latent_frames - first), False)
+                n = min(plan.temporal_chunk, plan.clip.latent_frames - first)
+                ctx.last_chunk = first + n == plan.clip.latent_frames
+                step(first, n, False)
                 ctx.first_chunk = False
     finally:
         ctx.prefill, ctx.frame_stream = False, whole
     ctx.cache.clear()
-    ctx.first_chunk = True
+    ctx.first_chunk, ctx.last_chunk = True, False
 
 
-def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, op: str, emit) -> None:
+def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
     """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
     encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
-    the stream runs frame by frame (`ctx.frame_stream`). In a prefill pass (`_prefill`) only the
-    model's `prefill_stages` run, and nothing is emitted."""
+    the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
+    the frames they held back with the clip's last chunk, each layer more than the one before: that
+    chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's. In a
+    prefill pass (`_prefill`) only the model's `prefill_stages` run, and nothing is emitted."""
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     if ctx.frame_stream is not None:  # in a prefill pass, the stream of the prefill stages
         ctx.frame_stream.run(x, ctx, (lambda y: None) if ctx.prefill else emit)
     elif ctx.prefill:
-        run_stages(model.prefill_stages(op), x, ctx)
+        run_stages(model.prefill_stages(plan.op), x, ctx)
+    elif ctx.last_chunk and model.looks_ahead(plan.op):
+        FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     else:
-        emit(model.decode_chunk(x, ctx) if op == "decode" else run_stages(model.encode_stages(), x, ctx))
+        emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
 
 
 def _with_half_fallback(model, op: str, run):
@@ -224,8 +234,9 @@ def _overflowed(y: torch.Tensor) -> bool:
 
 def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
            return_logvar: bool = False, out_device: torch.device | str | None = None, bands: RowBands | None = None,
-           progress: ProgressFn | None = None, cancel: CancelFn | None = None):
-    """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w.
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None, kernel_log: KernelLog | None = None):
+    """Encode pixels B,3,T,H,W (or B,3,H,W) in [-1, 1] to the raw posterior mean B,C,T',h,w. NaN/Inf
+    pixels and values outside [-1, 1] (beyond rounding) are a ValueError naming the frames or the range.
 
     `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
     `dtype`, `device` and `index_select(2, ascending frame indices)` as a tensor has them.
@@ -238,7 +249,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     all optimizations on). With `return_logvar` the result is (mean, logvar). `bands`
     (`strategies.RowBands`): this process is one rank of a group that encodes the clip together, each
     reading only its rows; rank 0 returns the result (or each rank its band: `RowBands(gather=False)`),
-    the others None.
+    the others None. `kernel_log` (`optimizations.KernelLog`) counts the kernels every conv and norm
+    ran, for a run report.
     """
     video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
     b, c, t, h, w = video.shape
@@ -246,6 +258,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
     if t < 1 or h < 1 or w < 1:
         raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
+    if isinstance(video, torch.Tensor):  # a frame source (a video file) gives [-1, 1] by construction
+        check_pixels(video)
     opts = opts or Optimizations()
     sf = model.spatial_factor
     partition = bands.start(-(-h // sf)) if bands is not None else WHOLE_FRAME
@@ -268,7 +282,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     def run():
         if grid is None:
             steps = _steps(plan, progress, cancel, partition, model.encode_modules())
-            _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition)
+            _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log)
             return
         steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
 
@@ -277,7 +291,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
             tile_h, tile_w = tile_plan.clip.latent_hw
             parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
             _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
-                           WHOLE_FRAME)
+                           WHOLE_FRAME, kernel_log)
             return parts
 
         encode_fast(video, outputs, grid, sf, encode_tile, steps.check)
@@ -292,7 +306,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
 
 
 def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
-                   partition: Partition) -> None:
+                   partition: Partition, kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `video` (B,3,T,H,W, or a frame source) through the encoder into the
     preallocated `outputs` (mean, then logvar; none on a process that delivers nothing), reading
     the rows of the partition, padded as `encode` says."""
@@ -300,7 +314,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     clip = plan.clip
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
-    ctx = StreamContext(opts)
+    ctx = StreamContext(opts, kernel_log=kernel_log)
     run_layout = layout.for_run(model, opts.activation_layout, opts.kernel_choice, model.encode_dtype)
 
     def step(first, n, write):
@@ -330,7 +344,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
                     outputs[i][:, :, at[0]:at[0] + whole.shape[2]] = whole
             at[0] += h.shape[2]
 
-        _run_chunk(model, x, ctx, "encode", emit)
+        _run_chunk(model, x, ctx, plan, emit)
 
     _stream(model, ctx, steps, plan, partition, step)
 
@@ -371,7 +385,8 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
            num_frames: int | None = None, height: int | None = None, width: int | None = None,
            nonfinite: str = "error", out: torch.Tensor | None = None, out_device: torch.device | str | None = None,
            out_dtype: torch.dtype | None = None, sink: SinkFn | None = None, bands: RowBands | None = None,
-           progress: ProgressFn | None = None, cancel: CancelFn | None = None) -> torch.Tensor | None:
+           progress: ProgressFn | None = None, cancel: CancelFn | None = None,
+           kernel_log: KernelLog | None = None) -> torch.Tensor | None:
     """Decode a raw latent B,C,T',h,w (or B,C,h,w) to pixels B,3,T,H,W (or B,3,H,W), not clamped
     (`model.out_channels` channels, 4 for RGBA; H = h * spatial_factor * `model.decode_upscale`).
 
@@ -384,7 +399,7 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     A latent with NaN/Inf values is an error naming its frames, unless `nonfinite="zero"`: the bad
     values are then replaced by 0 (with a warning) and the clip is decoded. `bands` as in `encode`:
     each rank decodes its rows, rank 0 receives whole frames (or each rank its band of output rows,
-    cut at `height`), the others return None.
+    cut at `height`), the others return None. `kernel_log` as in `encode`.
     """
     z, image = _as_video(z, "decode input")
     z = _checked_latent(model, z, nonfinite)
@@ -420,7 +435,7 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     def run():
         if grid is None:
             steps = _steps(plan, progress, cancel, partition, model.decode_modules())
-            _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition)
+            _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log)
             return
         steps = Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel)
 
@@ -429,7 +444,7 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
             tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
                                    device=out.device)
             _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
-                           tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME)
+                           tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
             return tile_out
 
         decode_fast(model, z, out, grid, decode_tile, steps.check)
@@ -445,14 +460,15 @@ def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
     out[:, :, first:first + frames.shape[2]] = frames
 
 
-def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition) -> None:
+def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition,
+                   kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `z` (B,C,T',h,w: the partition's rows of it) through the decoder, cropped to
     `size_thw` (frames, height, width: rows of the partition's output) and handed to
     `deliver(first, frames)` where the partition delivers."""
     t_out, h_out, w_out = size_thw
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
-    ctx = StreamContext(opts)
+    ctx = StreamContext(opts, kernel_log=kernel_log)
     run_layout = layout.for_run(model, opts.activation_layout, opts.kernel_choice, model.decode_dtype)
     pos = 0
 
@@ -473,7 +489,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     def step(first, n, write):
         x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
         x = layout.to_layout(x, run_layout)
-        _run_chunk(model, x, ctx, "decode", lambda y: emit(y, write))
+        _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
         return pos < t_out
 
     _stream(model, ctx, steps, plan, partition, step)

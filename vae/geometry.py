@@ -9,8 +9,8 @@ A run derives these once from its input shape, as a `Clip`, which its plan carri
 Tiles are given in pixels of the video side (decode output, encode input), an int or an (h, w) pair.
 Exact tiles cut every layer along the same grid (`exact_cuts`, mapped per layer by `layer_spans`);
 fast tiles are overlapping latent tiles blended afterwards (`fast_grid`). One rule says which tiles
-are valid (`tiling_error`): at least MIN_TILE_CELLS latent cells a side, and an overlap smaller than
-the tile.
+are valid (`tiling_error`): at least MIN_TILE_CELLS latent cells a side, and, for fast tiles (the only
+ones that use it), an overlap smaller than the tile.
 """
 from dataclasses import dataclass
 
@@ -121,9 +121,11 @@ def tiling_error(tile_size, tile_overlap=0, tiling: str = "exact", spatial_facto
     if min(size) < smallest:
         return (f"tile_size {tile_size!r} is below {smallest} px ({MIN_TILE_CELLS} latent cells of {spatial_factor} px): "
                 f"use a larger tile (256-512 px is typical), or none for no tiling")
+    if tiling == "exact":  # exact tiles share every halo with their neighbours: the overlap is not used
+        return None
     if min(overlap) < 0 or overlap[0] >= size[0] or overlap[1] >= size[1]:
-        return (f"tile_overlap {tile_overlap!r} must be smaller than tile_size {tile_size!r} (and not negative): a "
-                f"quarter of the tile is typical (exact tiles need none)")
+        return (f"tile_overlap {tile_overlap!r} must be smaller than tile_size {tile_size!r} (and not negative) with "
+                f"fast tiling: a quarter of the tile is typical (exact tiling does not use it)")
     return None
 
 

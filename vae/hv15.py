@@ -8,7 +8,7 @@ size from the shapes). Layout B,C,T,H,W; pixels in [-1, 1]; 16x spatial and 4x t
 (T = 1 + 4k <-> 1 + k latent frames); 32 latent channels; `encode` returns the raw posterior mean.
 
 - Every conv is causal in time and pads by replication, in time (two copies of frame 0) and in space
-  (the frame's edge: `blocks.CausalConv3d(border="replicate")`); norms are per-voxel RMS norms.
+  (the frame's edge: `blocks.CausalConv3d(padding_mode="replicate")`); norms are per-voxel RMS norms.
 - Resampling is DC-AE style: a conv to (or from) a multiple of the channels, then depth-to-space (or
   space-to-depth), plus a shortcut that repeats (or averages) channels. In time, frame 0 of the clip
   is resampled on its own: not doubled by the upsamplers, not paired by the downsamplers; the others
@@ -87,7 +87,7 @@ def hv15_conv(cin: int, cout: int, kernel: int = 3) -> Hv15ConvSlot:
     """A causal conv padded by replication in time and space (a 1x1x1 one is a plain conv)."""
     if kernel == 1:
         return Hv15ConvSlot(Conv3d(cin, cout, 1))
-    return Hv15ConvSlot(CausalConv3d(cin, cout, kernel, head="replicate", border="replicate"))
+    return Hv15ConvSlot(CausalConv3d(cin, cout, kernel, head="replicate", padding_mode="replicate"))
 
 
 class Hv15ResnetBlock(nn.Module):

@@ -29,11 +29,11 @@ class FrameGroupNorm(nn.GroupNorm):
 
     def stats(self, x: torch.Tensor, ctx: StreamContext):
         """Whole-frame (mean, rstd) of x, float32 B,G,T."""
-        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm)
+        return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm, log=ctx.kernel_log)
 
     def part_moments(self, x: torch.Tensor, ctx: StreamContext):
         """(mean, biased var, elements per group and frame) of a part of the frames (a tile, a band)."""
-        mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm)
+        mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm, ctx.kernel_log)
         return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
 
     def stats_of_parts(self, parts: list):
@@ -44,13 +44,14 @@ class FrameGroupNorm(nn.GroupNorm):
     def act(self, x: torch.Tensor, ctx: StreamContext, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
         if stats is not None:
-            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm)
+            return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm,
+                                    log=ctx.kernel_log)
         return self._normalize(x, ctx, act=True, out=out)
 
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
             return group_norm_act(x, self.num_groups, self.weight, self.bias, self.eps, act=act, out=out,
-                                  triton=ctx.opts.triton_norm, kernels=ctx.opts.kernel_choice)
+                                  triton=ctx.opts.triton_norm, kernels=ctx.opts.kernel_choice, log=ctx.kernel_log)
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         y = F.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
@@ -90,16 +91,47 @@ class RMSNorm(nn.Module):
     def _normalize(self, x, ctx, act, out=None):
         if ctx.opts.fused_norm_act:
             return rms_norm_act(x, self.gamma, act=act, out=out, triton=ctx.opts.triton_norm,
-                                kernels=ctx.opts.kernel_choice)
+                                kernels=ctx.opts.kernel_choice, log=ctx.kernel_log)
         y = F.normalize(x, dim=1) * math.sqrt(x.shape[1]) * self.gamma.view((1, -1) + (1,) * (x.dim() - 2))
         if act:
             y = F.silu(y)
         return y if out is None else out.copy_(y)
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """b c t (h q) (w r) -> b (c r q) t h w: a p x p pixel block per position, channel order c, then the
+    column offset r, then the row offset q (Wan2.2's and LTX's order)."""
+    if p == 1:
+        return x
+    b, c, t, h, w = x.shape
+    out = empty_video(x, (b, c * p * p, t, h // p, w // p))  # in x's layout
+    out.view(b, c, p, p, t, h // p, w // p).copy_(  # b c r q t h w
+        x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5))  # b c t h q w r -> b c r q t h w
+    return out
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Inverse of `patchify`: b (c r q) t h w -> b c t (h q) (w r)."""
+    if p == 1:
+        return x
+    b, cpp, t, h, w = x.shape
+    return x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, cpp // (p * p), t, h * p, w * p)
+
+
 def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamContext) -> torch.Tensor:
     """branch + skip; in place into the freshly computed branch when allowed."""
     return branch.add_(skip) if ctx.opts.inplace_residual else branch + skip
+
+
+def lagged(ctx: StreamContext, key, frames: torch.Tensor, count: int) -> torch.Tensor:
+    """The first `count` frames of [what waits under `key` | frames] (B,C,T,H,W), the rest left waiting
+    in `ctx.cache`: a residual's shortcut waits there for a branch that gives its frames later (its
+    convs look ahead in time), so the two meet frame by frame over the clip however it is chunked."""
+    held = ctx.cache.pop(key)
+    queue = frames if held is None else torch.cat([held, frames], dim=2)
+    if queue.shape[2] > count:
+        ctx.cache.put(key, queue[:, :, count:])
+    return queue[:, :, :count]
 
 
 def residual_convs(x: torch.Tensor, ctx: StreamContext, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:

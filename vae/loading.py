@@ -6,6 +6,7 @@ model is built on the meta device from a config derived from the tensor shapes (
 the caller or from the file's `streamvae_config` metadata) and the weights are then assigned
 strictly: a missing, unexpected or mis-shaped key is an error that names it.
 """
+import dataclasses
 import json
 import os
 import pickle
@@ -16,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .hv15 import Hv15VAE
+from .ltx2 import LTX2VAE
 from .model import LayoutError, VideoVAE
 from .qwen21 import Qwen21VAE
 from .seedvr2 import SeedVR2VAE
@@ -23,7 +25,7 @@ from .wan21 import Wan21VAE
 from .wan22 import Wan22VAE
 
 # Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, Hv15VAE]
+FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, LTX2VAE, Hv15VAE]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -49,11 +51,19 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
         return _read_pickle(path), {}
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+            return {k: f.get_tensor(k) for k in vae_part(list(f.keys()))}, dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as err:
         if path.lower().endswith(SAFETENSORS_SUFFIXES):
             raise _unreadable(path, err) from err
         return _read_pickle(path), {}
+
+
+def vae_part(keys: list[str]) -> list[str]:
+    """The keys of a file to read: all of them, or in a full model checkpoint (a diffusion model with its
+    VAE under `vae.`, as LTX-2 ships) only the VAE's, so the rest of the file is never read (safetensors
+    tensors are read one by one from the mapped file)."""
+    part = [k for k in keys if k.startswith("vae.")]
+    return part if part and len(part) < len(keys) else keys
 
 
 def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -63,7 +73,7 @@ def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[
     if path.lower().endswith(SAFETENSORS_SUFFIXES):
         try:
             with safe_open(path, framework="pt", device="cpu") as f:
-                shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+                shapes = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in vae_part(list(f.keys()))}
                 metadata = dict(f.metadata() or {})
         except (SafetensorError, OSError, ValueError) as err:
             raise _unreadable(path, err) from err
@@ -182,6 +192,11 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
                 return cls, native
     if not sd:
         raise CheckpointError("the checkpoint holds no tensors: it is empty or not a model file; download it again")
+    for candidate in _candidates(sd):
+        for cls in FAMILIES:
+            refused = cls.refusal(candidate)
+            if refused:
+                raise CheckpointError(refused)
     stripped = next((c for c in list(_candidates(sd))[1:] if len(c) == len(sd)), sd)  # a prefix all keys share
     tried = "; ".join(f"{cls.family}: missing {', '.join(k for k in cls.probe_keys if k not in stripped)}" for cls in FAMILIES)
     sample = ", ".join(sorted(sd)[:5])
@@ -191,14 +206,63 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
         f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
         "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors), Wan2.2 (wan2.2_vae.safetensors), "
         "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one), Qwen-Image 2.1 "
-        "(qwen_image_2.1_vae_bf16.safetensors) or HunyuanVideo 1.5 (hunyuanvideo15_vae_fp16.safetensors) VAE file.")
+        "(qwen_image_2.1_vae_bf16.safetensors), LTX-2 (the LTX-2 checkpoint itself, or its split video VAE) or "
+        "HunyuanVideo 1.5 (hunyuanvideo15_vae_fp16.safetensors) VAE file.")
 
 
-def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str) -> None:
+def _one_wrong_tensor(cls: type[VideoVAE], cfg, given: Mapping[str, torch.Tensor], wrong: list[str]):
+    """When several tensors mismatch the config read from the shapes, the one tensor that explains them
+    all, as (key, shape the others imply), or None. A config value is read from one tensor, so when
+    that tensor is the damaged one every tensor sized by the value mismatches instead; a config with
+    one value changed (an int field, or one entry of an int tuple, tried near its value and at the
+    sizes the mismatched tensors have) under which a single tensor mismatches names it. Meta-device
+    builds only (about 10 ms each)."""
+    if not dataclasses.is_dataclass(cfg):
+        return None
+    shapes = {k: tuple(v.shape) for k, v in given.items()}
+    sizes = {d for k in wrong for d in shapes[k]}
+
+    def variants():  # the likeliest first: int fields before tuple entries, near values before the sizes
+        fields = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+        entries = [(name, None, value) for name, value in fields if isinstance(value, int) and not isinstance(value, bool)]
+        entries += [(name, i, v) for name, value in fields if isinstance(value, tuple)
+                    for i, v in enumerate(value) if isinstance(v, int)]
+        tried = set()
+        for near in (True, False):
+            for name, i, old in entries:
+                for new in ({old // 2, old * 2, old - 2, old - 1, old + 1, old + 2} if near else sizes) - {old}:
+                    if new > 0 and (name, i, new) not in tried:
+                        tried.add((name, i, new))
+                        value = getattr(cfg, name)
+                        yield dataclasses.replace(cfg, **{name: new if i is None else value[:i] + (new,) + value[i + 1:]})
+
+    for variant in variants():
+        try:
+            with torch.device("meta"):
+                expected = {k: tuple(v.shape) for k, v in cls(variant).state_dict().items()}
+        except Exception:  # a value the family's constructor refuses: not the config of this file
+            continue
+        if expected.keys() == shapes.keys():
+            culprits = [k for k in expected if expected[k] != shapes[k]]
+            if len(culprits) == 1:
+                return culprits[0], expected[culprits[0]]
+    return None
+
+
+def _check_layout(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], family: str,
+                  explain=None) -> None:
+    """CheckpointError naming the missing, unexpected and mis-shaped keys; `explain(wrong keys)` may
+    name the one tensor behind several mismatches (`_one_wrong_tensor`)."""
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
-    mismatched = [f"{k} {tuple(given[k].shape)} (expected {tuple(expected[k].shape)})"
-                  for k in sorted(set(expected) & set(given)) if tuple(expected[k].shape) != tuple(given[k].shape)]
+    wrong = [k for k in sorted(set(expected) & set(given)) if tuple(expected[k].shape) != tuple(given[k].shape)]
+    culprit = explain(wrong) if explain is not None and len(wrong) > 1 and not missing and not unexpected else None
+    if culprit is not None:
+        key, implied = culprit
+        raise CheckpointError(f"checkpoint does not match the {family} VAE layout; wrong shape: {key} "
+                              f"{tuple(given[key].shape)} (the other {len(given) - 1} tensors imply {implied}): the file "
+                              "is modified or damaged; download it again")
+    mismatched = [f"{k} {tuple(given[k].shape)} (expected {tuple(expected[k].shape)})" for k in wrong]
     problems = []
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)):
         if keys:
@@ -216,23 +280,48 @@ def load(
     encode_dtype: torch.dtype | None = None,
     decode_dtype: torch.dtype | None = None,
     config: Mapping | None = None,
+    allow_nonfinite: bool = False,
 ) -> VideoVAE:
     """Build the VAE a checkpoint (path or state dict) describes, with its weights, ready for inference.
 
     `dtype` is the compute dtype of the weights, whatever the file stores (fp32, bf16, fp16 or fp8);
     `encode_dtype` / `decode_dtype` override it for one half. `config` overrides config fields that
-    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`).
+    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`). A weight with NaN/Inf values is a
+    CheckpointError naming it (one such value blanks a colour channel or the whole latent), unless
+    `allow_nonfinite`.
     """
     if isinstance(source, Mapping):
         state_dict, metadata = dict(source), {}
     else:
         state_dict, metadata = read_checkpoint(source)
     model, state_dict = build_empty(state_dict, metadata, config)
+    if not allow_nonfinite:
+        check_finite(state_dict)
     target = _target_dtypes(model, dtype, encode_dtype, decode_dtype)
     # Each tensor goes from the file's dtype straight to its half's dtype: casting everything to
     # `dtype` first would round fp32/fp16 encoder weights through bf16 when only decode is bf16.
     model.load_state_dict({k: v.to(target(k)) for k, v in state_dict.items()}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
+
+
+def _nonfinite_count(tensor: torch.Tensor) -> int:
+    if not tensor.dtype.is_floating_point:
+        return 0
+    if tensor.dtype.itemsize == 1:  # fp8: torch has no isfinite for it; the upcast is exact
+        tensor = tensor.float()
+    return int((~torch.isfinite(tensor)).sum())
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
+    """CheckpointError naming the weights with NaN/Inf values (checked a tensor at a time)."""
+    bad = [(key, count) for key, tensor in state_dict.items() if (count := _nonfinite_count(tensor))]
+    if bad:
+        named = ", ".join(f"{key} ({count} of {state_dict[key].numel()} values)" for key, count in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise CheckpointError(
+            f"the checkpoint has NaN/Inf weights: {named}{more}. They would give wrong frames (a colour channel at 0, "
+            "an all-NaN latent): the file is damaged (an interrupted download, a broken conversion); download it "
+            "again. To load it anyway: vae.load(..., allow_nonfinite=True) (python -m vae: --allow-nonfinite)")
 
 
 def _target_dtypes(model: VideoVAE, dtype: torch.dtype, encode_dtype: torch.dtype | None,
@@ -258,14 +347,16 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     overrides.update(config or {})
     cls, native = detect_family(state_dict)
     try:
-        cfg = cls.config_from_state_dict(native, overrides)
+        cfg = cls.config_from_state_dict(native, {**cls.metadata_overrides(metadata), **overrides})
     except KeyError as err:
         raise CheckpointError(f"checkpoint does not match the {cls.family} VAE layout; missing: {err.args[0]} "
                               "(the file is incomplete: download it again)") from None
     except LayoutError as err:
         raise CheckpointError(f"the checkpoint has the {cls.family} VAE's key layout, but sizes no variant StreamVAE "
                               f"knows: {err}") from None
+    except ValueError as err:  # a config value the shapes cannot tell, and the file does not say
+        raise CheckpointError(str(err)) from None
     with torch.device("meta"):
         model = cls(cfg)
-    _check_layout(model.state_dict(), native, cls.family)
+    _check_layout(model.state_dict(), native, cls.family, lambda wrong: _one_wrong_tensor(cls, cfg, native, wrong))
     return model, native

@@ -59,6 +59,43 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run python -m bench.calibrate_memory")
 
 
+def calibration_mode(tile_size, tiling: str, streamed: bool) -> str:
+    """The calibrated mode a plan's activations follow: "streamed", "untiled" (fast tiles too) or "exact"."""
+    return "streamed" if streamed else "untiled" if tile_size is None or tiling == "fast" else "exact"
+
+
+def calibration_source(family: str, op: str, mode: str, device_type: str) -> str:
+    """Where `coefficients(family, op, mode, device_type)` come from: "measured" on that device type,
+    "the CPU's" (an entry that says so), "derived" (the CPU's times UNCALIBRATED_MARGIN) or "none"."""
+    table = _calibration()
+    entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
+    if entry:
+        return "the CPU's" if entry.get("source") == "cpu" else "measured"
+    return "derived" if table.get("cpu", {}).get(family, {}).get(op, {}).get(mode) else "none"
+
+
+def calibration_summary(device_type: str) -> str:
+    """Per family, where the memory model's coefficients on `device_type` come from, e.g. "seedvr2
+    measured (streamed: the CPU's); qwen21 derived (the CPU's x 2.0)"."""
+    table = _calibration()
+    parts = []
+    for family in sorted(set(table.get("cpu", {})) | set(table.get(device_type, {}))):
+        sources: dict[str, list[str]] = {}
+        for source_table in (table.get("cpu", {}), table.get(device_type, {})):
+            for op, modes in source_table.get(family, {}).items():
+                for mode in modes:
+                    if mode != "caches":
+                        where = calibration_source(family, op, mode, device_type)
+                        sources.setdefault(where, [])
+                        if f"{op} {mode}" not in sources[where]:
+                            sources[where].append(f"{op} {mode}")
+        main = max(sources, key=lambda where: len(sources[where]))
+        rest = ", ".join(f"{', '.join(sorted(items))}: {where}" for where, items in sources.items() if where != main)
+        label = f"derived (the CPU's x {UNCALIBRATED_MARGIN:g})" if main == "derived" else main
+        parts.append(f"{family} {label}" + (f" ({rest})" if rest else ""))
+    return "; ".join(parts)
+
+
 def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
                        opts: Optimizations | None = None) -> list[tuple[torch.Size, int]]:
     """(shape, bytes) of every causal cache a steady chunk leaves at latent_hw latent cells: what
@@ -159,7 +196,7 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     fast = tile_size is not None and tiling == "fast"
     frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
     basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
-    mode = "streamed" if streamed else "untiled" if tile_size is None or fast else "exact"
+    mode = calibration_mode(tile_size, tiling, streamed)
     coef = {k: v * scale for k, v in coefficients(basis, op, mode, device.type).items()}
     resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
     cache_all, cache_largest = _cache_elements(model, op, device.type)

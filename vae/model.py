@@ -8,9 +8,12 @@ caches, output buffers) is the engine's job (`engine.py`, `vae.encode(model, vid
 `vae.decode(model, z)`).
 
 Every stage is causal in time like the whole network: run on consecutive parts of its input frames,
-in order, with `ctx.first_chunk` True for the part that holds the stage's frame 0 of the clip, it
-gives the frames it gives on the whole input (its causal caches carry the rest). So the engine may
-feed the stages at full resolution one frame at a time (`engine._stream_stages`).
+in order, with `ctx.first_chunk` True for the part that holds the stage's frame 0 of the clip and
+`ctx.last_chunk` for the part that holds its last, it gives the frames it gives on the whole input
+(its causal caches carry the rest). A stage may give them late: a decoder whose convs look ahead in
+time (LTX-2's, `blocks.CausalConv3d.lookahead`) gives each frame once the next one has come, and the
+rest with the clip's last frame. So the engine may feed the stages at full resolution one frame at a
+time (`strategies.FrameStream`).
 
 Latents are raw, i.e. unscaled; ComfyUI's LATENTs are `to_comfy_latent(z)` (for SeedVR2 `to_model_space(z)`).
 """
@@ -57,6 +60,18 @@ class VideoVAE(nn.Module):
         """The family config the tensor shapes describe, with `overrides` applied."""
         raise NotImplementedError
 
+    @classmethod
+    def metadata_overrides(cls, metadata: dict) -> dict:
+        """Config overrides from the checkpoint's own metadata in upstream's format (before the
+        `streamvae_config` metadata and the caller's); none unless the family's checkpoints carry it."""
+        return {}
+
+    @classmethod
+    def refusal(cls, state_dict: dict) -> str | None:
+        """Why a checkpoint of a relative of this family that it does not run (same file, other
+        network) is refused, and where to load it instead; None when the keys are no such relative."""
+        return None
+
     def encode_stages(self) -> list[Stage]:
         """The encoder in order: pixels B,in_channels,t,H,W in, moments B,2*latent,t',h,w out (see the
         module docstring)."""
@@ -95,6 +110,14 @@ class VideoVAE(nn.Module):
         (`memory_calibration.json`) predict this model's activations, and the factor they are
         multiplied by (a variant of another width scales from its family's released width)."""
         return self.family, 1.0
+
+    def looks_ahead(self, op: str) -> bool:
+        """Whether `op`'s convs look ahead in time (`CausalConv3d.lookahead`): their last frames then come
+        with the clip's last chunk, and a stage may meet its frame 0 on a later chunk than the first."""
+        from .blocks import CausalConv3d  # here: blocks imports optimizations, which imports this module
+
+        modules = self.decode_modules() if op == "decode" else self.encode_modules()
+        return any(isinstance(m, CausalConv3d) and m.lookahead for root in modules for m in root.modules())
 
     def encode_modules(self) -> list[nn.Module]:
         return [self.encoder]

@@ -142,13 +142,16 @@ class Plan:
             text += f", caches offloaded to {self.cache_offload}"
         return text
 
-    def below_floor(self, setting: str = "memory_budget") -> str:
-        """What to say when even this plan, the smallest, exceeds the budget: the floor in GiB and the
-        setting to change (`setting`: its name where the budget was given)."""
-        floor = self.peak_bytes / 2**30
-        return (f"this {self.op} needs at least {floor:.2f} GiB (its smallest plan: {self.settings()}), more than "
-                f"the memory budget of {self.budget_bytes / 2**30:.2f} GiB: set {setting} to at least "
-                f"{math.ceil(floor * 100) / 100:g} GiB (or 0 / None for no limit), or {self.op} fewer pixels per frame")
+    def below_floor(self, setting: str = "memory_budget", no_limit: str = "None for no limit",
+                    in_bytes: bool = True) -> str:
+        """What to say when even this plan, the smallest, exceeds the budget: the floor in GiB and how to
+        change the setting, in the words of the surface it was given on: `setting` its name, `no_limit`
+        what lifts the limit there, `in_bytes` whether it takes bytes (the library) or GiB."""
+        floor = math.ceil(self.peak_bytes / 2**30 * 100) / 100  # GiB, rounded up so that it fits
+        needed = f"{floor:g} GiB" + (f" ({math.ceil(floor * 2**30)} bytes)" if in_bytes else "")
+        return (f"this {self.op} needs at least {self.peak_bytes / 2**30:.2f} GiB (its smallest plan: {self.settings()}), "
+                f"more than the memory budget of {gib(self.budget_bytes)}: set {setting} to at least {needed}, or "
+                f"{no_limit}, or {self.op} fewer pixels per frame")
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -156,6 +159,15 @@ class Plan:
             d[key] = list(d[key]) if d[key] is not None else None
         d["estimated"] = self.peak_bytes is not None
         return d
+
+
+class BudgetTooSmall(ValueError):
+    """A memory budget the caller gave is below the smallest plan's peak; `plan` is that plan (its
+    `below_floor` words the message for the surface that took the budget)."""
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan.below_floor())
+        self.plan = plan
 
 
 # --- the memory a plan may use ------------------------------------------------------------------
@@ -174,10 +186,16 @@ def budget_from_free(free: int) -> int:
     return max(0, free - max(int(free * AUTO_MARGIN), AUTO_MARGIN_MIN))
 
 
+def gib(nbytes: int) -> str:
+    """Bytes as GiB with three significant digits (a budget of a few bytes does not read as 0.00)."""
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
 def check_budget(memory_budget) -> None:
     if memory_budget not in (None, "auto") and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
                                                 or memory_budget <= 0):
-        raise ValueError(f"memory_budget must be None, 'auto' or a positive number of bytes, got {memory_budget!r}")
+        raise ValueError(f"memory_budget must be None (no limit), 'auto' (the free memory) or a positive number of "
+                         f"bytes (GiB x 2**30), got {memory_budget!r}")
 
 
 def resolve_budget(memory_budget, device) -> int | None:
@@ -283,8 +301,9 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     than tiling); exact tiles from the largest down to STREAM_BELOW_TILE px, the same way; then frame
     streaming (one latent frame per chunk, its stages one frame at a time, caches offloaded), untiled
     and with every tile down to the family's smallest: below STREAM_BELOW_TILE px tiles cost more
-    time than streaming frames does. The smaller tiles without streaming come last (where streaming
-    has no calibration, or is not allowed)."""
+    time than streaming frames does (a caller's tile below that size is tried as it is first: it is a
+    limit, not a wish to stream). The smaller tiles without streaming come last (where streaming has no
+    calibration, or is not allowed)."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
     max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
     chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
@@ -298,7 +317,9 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
     tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
     whole = [None] if settings.tile_size is None or (limit[0] >= height and limit[1] >= width) else []
-    large = [tile for tile in tiles if max(tile) >= STREAM_BELOW_TILE]
+    # The caller's tile is an upper limit, never a reason to leave memory: below STREAM_BELOW_TILE px it
+    # is still tried whole-chunk, with the caches on the device, before anything streams.
+    large = [tile for tile in tiles if max(tile) >= min(STREAM_BELOW_TILE, max(limit))]
 
     def whole_chunks(tiles):
         if settings.stream_frames is not True:

@@ -264,9 +264,14 @@ class SeedVR2VAE(VideoVAE):
         cfg = SeedVR2Config(**fields)
         bad = [c for c in cfg.block_out_channels if c % cfg.norm_num_groups]
         if bad:
+            given = "as configured" if "norm_num_groups" in overrides else "the released files' count"
             raise ValueError(
-                f"SeedVR2 channels {bad} are not divisible by norm_num_groups={cfg.norm_num_groups}; "
-                "pass the checkpoint's group count, e.g. config={'norm_num_groups': 8}")
+                f"SeedVR2 channels {bad} are not divisible by {cfg.norm_num_groups} GroupNorm groups ({given}). A file "
+                "trained with another group count does not say so in its shapes: write a copy that does, "
+                "vae.save_checkpoint(vae.read_checkpoint(path)[0], 'fixed.safetensors', config={'norm_num_groups': N}) "
+                f"with N dividing every channel count {list(cfg.block_out_channels)} (ComfyUI and python -m vae read it "
+                "from there; "
+                "vae.load takes config= too). Otherwise the file is damaged: download it again")
         return cfg
 
     def __init__(self, cfg: SeedVR2Config = SeedVR2Config()):

@@ -68,7 +68,7 @@ class FileSink:
 def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str = "h264", crf: int = 19,
                    pixel_format: str = "auto", bit_depth="auto", num_frames: int | None = None,
                    height: int | None = None, width: int | None = None, audio=None, metadata: dict | None = None,
-                   observe=None, progress=None, cancel=None, **decode_kwargs) -> Path:
+                   observe=None, progress=None, cancel=None, overwrite: bool = False, **decode_kwargs) -> Path:
     """Decode a raw latent B,C,T',h,w (every batch entry a clip; they are written one after another)
     into the video file `path` and return it.
 
@@ -77,8 +77,9 @@ def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str
     `height`, `width` trim every clip as in `engine.decode`; `audio` = (waveform C,S, sample_rate)
     is muxed alongside; `observe(first, pixels)` sees every chunk as written. `how` (a `Plan` or
     `Settings`) and the other keyword arguments (`opts`, ...) go to `engine.decode`, whose chunks are
-    encoded while the next ones decode. On failure or cancel
-    the frames written so far stay in `<name>.partial.<ext>` and the error is raised.
+    encoded while the next ones decode. An existing file is an error unless `overwrite`; the path is
+    checked before anything is decoded. On failure or cancel the frames written so far stay in
+    `<name>.partial.<ext>` and the error is raised.
     """
     encoding, note = resolve(codec, pixel_format, bit_depth, crf, fps).with_alpha(model.out_channels)
     if note:
@@ -89,7 +90,8 @@ def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str
     frames = num_frames or pixel_frames(n_lat, model.temporal_factor)
     of = model.spatial_factor * model.decode_upscale
     size = (height or video.shape[3] * of, width or video.shape[4] * of)
-    with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata) as writer:
+    with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata,
+                     overwrite=overwrite) as writer:
         sink = FileSink(writer, observe)
         for i in range(clips):
             engine.decode(model, video[i:i + 1], how, num_frames=frames, height=size[0], width=size[1],

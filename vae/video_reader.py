@@ -25,6 +25,9 @@ def _open(source):
         source.seek(0)
     try:
         return av.open(source if hasattr(source, "read") else str(source), mode="r")
+    except EOFError as error:  # FFmpeg's AVERROR_EOF: the container ends before its first frame
+        raise ValueError(f"{_name(source)} has no frames (the file ends after its header): it is empty or was cut "
+                         "off; export or download it again") from error
     except (OSError, av.FFmpegError) as error:
         raise ValueError(f"cannot open {_name(source)} as a video: {getattr(error, 'strerror', None) or error}") from error
 
@@ -35,7 +38,7 @@ def _name(source) -> str:
 
 def _video_stream(container, source):
     if not container.streams.video:
-        raise ValueError(f"{_name(source)} has no video stream")
+        raise ValueError(f"{_name(source)} has no video stream (or no frames in it)")
     return container.streams.video[0]
 
 

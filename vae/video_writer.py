@@ -5,7 +5,9 @@ converts and encodes them; the queue holds at most `queue_chunks` chunks, so mem
 with the clip and a slow encoder slows the decode down instead of piling frames up.
 
 Nothing that looks complete appears before the end: frames go to `<name>.partial.<ext>`, renamed
-to `<name>.<ext>` only when every expected frame was written and the file was closed. MP4/MOV are
+to `<name>.<ext>` only when every expected frame was written and the file was closed. Nothing is
+replaced unless asked (`overwrite`), and the path (folder, name, free space for what the codec
+needs at least) is checked when the writer is made, before anything is decoded. MP4/MOV are
 written as fragmented MP4 (a fragment at least every second) and MKV is a streaming format, so a
 partial file that was cut off by a full disk or a killed process is still a playable video up to
 its last complete fragment; after a cancel or an error the file is closed properly and kept under
@@ -15,6 +17,7 @@ import errno
 import logging
 import os
 import queue
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -65,9 +68,9 @@ class VideoWriter:
     """
 
     def __init__(self, path, encoding: VideoEncoding, width: int, height: int, frames: int, *, audio=None,
-                 metadata: dict | None = None, queue_chunks: int = 2):
+                 metadata: dict | None = None, queue_chunks: int = 2, overwrite: bool = False):
         encoding.check_size(width, height)
-        self.path, self.encoding, self.frames = Path(path), encoding, frames
+        self.path, self.encoding, self.frames, self.overwrite = Path(path), encoding, frames, overwrite
         if self.path.suffix.lower() != f".{encoding.extension}":
             raise VideoFormatError(f"{encoding.codec.label} is written as .{encoding.extension}; name the file "
                                    f"{self.path.stem}.{encoding.extension} instead of {self.path.name}")
@@ -75,11 +78,12 @@ class VideoWriter:
         self.queued = self.encoded = 0
         self._error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
+        self._claim(width, height)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             options = FRAGMENTED_MP4 if encoding.extension in ("mp4", "mov") else {}
             self._container = av.open(str(self.partial), mode="w", options=options)
         except (OSError, av.FFmpegError) as error:
+            self.partial.unlink(missing_ok=True)
             raise VideoWriteError(f"cannot write the video into {self.path.parent}: {_reason(error)}. Choose another "
                                   "folder (filename_prefix / --out) or make this one writable; nothing was written.") from error
         try:
@@ -95,6 +99,40 @@ class VideoWriter:
         self._thread.start()
 
     # --- setup -----------------------------------------------------------------------------------
+    def _claim(self, width: int, height: int) -> None:
+        """Everything about the path that can fail, checked before a frame is decoded (FFmpeg opens
+        the file only when the first packet is written): nothing is replaced without `overwrite`, the
+        folder can be made and written, the name is valid there, and the disk has room for what the
+        codec is predicted to need at least (`VideoEncoding.size_floor`). Creates the empty partial file."""
+        for existing in (self.path, self.partial):
+            if os.path.exists(existing) and not self.overwrite:  # (Path.exists raises for a name too long)
+                raise VideoWriteError(f"{existing} exists; nothing was written. Choose another name, or replace it "
+                                      "explicitly (python -m vae: --overwrite; vae.decode_to_file: overwrite=True).")
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            needed, free = self.encoding.size_floor(width, height, self.frames), shutil.disk_usage(folder).free
+        except OSError as error:
+            blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+            reason = f"{blocker} is a file, not a folder" if blocker is not None else _reason(error)
+            raise VideoWriteError(f"cannot write the video into {folder}: {reason}. Choose another folder "
+                                  "(filename_prefix / --out) or make this one writable; nothing was written.") from error
+        if needed is not None and needed > free:
+            raise VideoWriteError(f"{self.frames} frames of {width}x{height} as {self.encoding.codec.label} need at "
+                                  f"least {needed / 2**30:.3g} GiB, but {folder} has {free / 2**30:.3g} GiB free: free "
+                                  "space, choose another folder, or pick h264/h265; nothing was written.")
+        try:
+            self.partial.open("wb" if self.overwrite else "xb").close()
+        except (OSError, ValueError) as error:  # ValueError: a name with a NUL byte
+            if getattr(error, "errno", None) == errno.ENAMETOOLONG:
+                length = len(os.fsencode(self.partial.name))
+                reason = (f"the name {self.path.name} is too long for this file system ({length} bytes with the "
+                          ".partial it is written under)")
+            else:
+                reason = _reason(error)
+            raise VideoWriteError(f"cannot write the video {self.path}: {reason}. Choose another name or folder "
+                                  "(filename_prefix / --out); nothing was written.") from error
+
     def _add_video_stream(self, width: int, height: int):
         e = self.encoding
         stream = self._container.add_stream(e.codec.encoder, rate=e.fps)
@@ -196,8 +234,10 @@ class VideoWriter:
             self._container = None
 
     def _failure(self, message: str, cause: BaseException | None = None) -> VideoWriteError:
-        """The error to raise; the partial file is kept when it holds frames, else removed."""
-        if self.encoded == 0:
+        """The error to raise; the partial file is kept when it holds frames, else removed (a message
+        names only a file that exists)."""
+        written = self.partial.is_file() and self.partial.stat().st_size > 0
+        if self.encoded == 0 or not written:
             self.partial.unlink(missing_ok=True)
             error = VideoWriteError(message + " Nothing was written.")
         else:  # after a write error some encoded frames may not have reached the disk
@@ -219,6 +259,9 @@ class VideoWriter:
         self._container = None
         if self.encoded != self.frames:
             raise self._failure(f"{self.encoded} of {self.frames} frames arrived at the writer; the file is incomplete.")
+        if self.path.exists() and not self.overwrite:  # made by someone else while this one was written
+            raise VideoWriteError(f"{self.path} appeared while the video was written; it was left alone, and the "
+                                  f"complete video is {self.partial}.", self.partial)
         os.replace(self.partial, self.path)
         return self.path
 
@@ -233,4 +276,5 @@ class VideoWriter:
     def __exit__(self, kind, error, traceback) -> None:
         if kind is not None and self._container is not None:
             failure = self.abort(f"{kind.__name__}: {error}")
-            log.warning("StreamVAE: %s", failure)
+            if failure.partial_path is not None:  # the error goes on up; where its frames stay is said here
+                log.warning("StreamVAE: %s", failure)

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .blocks import CausalConv3d, FrameConv2d, StreamContext, upsample_nearest_2x, upsampling_fill
-from .layers import FrameSelfAttention, RMSNorm, residual_convs
+from .layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
 from .model import Stage, VideoVAE, run_stages
 from .optimizations.layout import empty_video
 from . import wan_layout
@@ -318,23 +318,12 @@ class WanVAEBase(VideoVAE):
         return [self.conv2, self.decoder]
 
     def patchify(self, x: torch.Tensor) -> torch.Tensor:
-        """b c t (h q) (w r) -> b (c r q) t h w (channel order c, then w offset, then h offset)."""
-        p = self.patch_size
-        if p == 1:
-            return x
-        b, c, t, h, w = x.shape
-        out = empty_video(x, (b, c * p * p, t, h // p, w // p))  # in x's layout
-        out.view(b, c, p, p, t, h // p, w // p).copy_(  # b c r q t h w
-            x.reshape(b, c, t, h // p, p, w // p, p).permute(0, 1, 6, 4, 2, 3, 5))  # b c t h q w r -> b c r q t h w
-        return out
+        """`layers.patchify` by the model's patch size."""
+        return patchify(x, self.patch_size)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """Inverse of `patchify`."""
-        p = self.patch_size
-        if p == 1:
-            return x
-        b, cpp, t, h, w = x.shape
-        return x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, cpp // (p * p), t, h * p, w * p)
+        return unpatchify(x, self.patch_size)
 
     def encode_stages(self) -> list[Stage]:
         return [lambda x, ctx: self.patchify(x), *self.encoder.stages(), self.conv1]

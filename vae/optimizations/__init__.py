@@ -9,9 +9,12 @@
   frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
   within 1-4 GiB); its batched GEMMs on MKL or oneDNN (`winograd_gemm`).
 - `kernel_choice`: which exact kernel each layer shape runs, measured once per machine and kept on disk
-  (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`); `describe` for readouts.
+  (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`).
 - `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass
-  statistics), probed once per device.
+  statistics); `kernel_check`: each of them compared with torch on its first use on a device in a dtype
+  (both layouts, a production-sized grid), kept in the kernel record; one that fails is replaced by
+  torch's op alone.
+- `kernel_log`: which kernel each conv and norm of one run took (`KernelLog`, for the run report).
 - `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.
 - `backend`: process-wide torch switches (cuDNN autotuning, TF32, the PyTorch 2.9 conv3d
   workaround) applied around one encode/decode and restored afterwards.
@@ -21,6 +24,7 @@ from .attention import sdpa
 from .backend import BackendFlags
 from .compile import CompileFallback, CompileReport, CompileSettings, compile_blocks, run_with_fallback
 from .conv import conv3d, cpu_has_native
+from .kernel_log import KernelLog
 from .settings import Optimizations
 from .norm_act import (
     group_norm_act,
@@ -36,6 +40,7 @@ __all__ = [
     "CompileFallback",
     "CompileReport",
     "CompileSettings",
+    "KernelLog",
     "Optimizations",
     "compile_blocks",
     "conv3d",

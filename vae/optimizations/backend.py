@@ -20,8 +20,10 @@ dispatch routes CUDA half-precision convs to `cudnn_conv3d`, which calls cuDNN d
 core does for its own convs); `wants_cudnn_conv3d` is that test for one input.
 """
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -69,6 +71,47 @@ def describe() -> str:
     """One line about the backend, for logs and bug reports."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none'}, cuDNN {cudnn or 'none'}"
+
+
+def triton_version() -> str | None:
+    """The installed Triton's version, None without one."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+@lru_cache(maxsize=None)
+def driver_version() -> str | None:
+    """The GPU driver's version: NVIDIA's from NVML ("570.124.06"), else the CUDA version the driver
+    supports ("CUDA 12.8", from the driver API); AMD's amdgpu module version. None without a GPU driver
+    (asked once per process; torch has no API for it)."""
+    if not torch.cuda.is_available():
+        return None
+    if torch.version.hip is not None:
+        try:
+            return "amdgpu " + Path("/sys/module/amdgpu/version").read_text().strip()
+        except OSError:
+            return None
+    text = ctypes.create_string_buffer(96)
+    for name in ("libnvidia-ml.so.1", "nvml.dll"):
+        nvml = _library(name)
+        if nvml is not None and nvml.nvmlInit_v2() == 0 and nvml.nvmlSystemGetDriverVersion(text, 96) == 0:
+            return text.value.decode()
+    version = ctypes.c_int()
+    for name in ("libcuda.so.1", "nvcuda.dll"):
+        cuda = _library(name)
+        if cuda is not None and cuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return f"CUDA {version.value // 1000}.{version.value % 1000 // 10}"
+    return None
+
+
+def _library(name: str):
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
 
 
 # --- the conv3d workaround -----------------------------------------------------------------------

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, kernel_choice
+from .kernel_log import KernelLog
 from .layout import dense_copy, is_ndhwc, layout_of
 from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
@@ -90,7 +91,7 @@ def winograd_eligible(x: torch.Tensor, weight: torch.Tensor, stride, padding) ->
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
            *, winograd: FilterCache | None = None, kernels: str = "defaults",
-           cudnn_workaround: bool = False) -> torch.Tensor:
+           cudnn_workaround: bool = False, log: KernelLog | None = None) -> torch.Tensor:
     """F.conv3d (no dilation, no groups) of x (B,C,T,H,W), by the fastest exact kernel for the device.
 
     `winograd` (the filter cache of the caller's `Optimizations`, None when its `winograd_conv` is
@@ -100,9 +101,11 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
     compiled blocks use inductor's convs. `kernels` (`Optimizations.kernel_choice`): "defaults" runs the
     fixed rules, "measure" the candidate measured fastest for this layer shape on this machine.
     `cudnn_workaround` (`Optimizations.conv3d_workaround`): cuDNN called directly where the PyTorch 2.9
-    regression would slow this conv down (`backend.wants_cudnn_conv3d`).
+    regression would slow this conv down (`backend.wants_cudnn_conv3d`). `log`: the run's record of
+    what ran (kernel_log.py), which gets the kernel's name.
     """
     candidates, default = conv_candidates(x, weight, bias, stride, padding, winograd, cudnn_workaround)
+    chosen = default
     if kernels == "measure" and len(candidates) > 1 and not torch.compiler.is_compiling():
         # Timed on at most two output frames of at most PROBE_SIDE^2 pixels (a few seconds per shape).
         frames = min(x.shape[2], weight.shape[2] + stride[0])
@@ -114,8 +117,9 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, str
         if (winograd is not None and not chosen.startswith("winograd") and winograd.holds(weight)
                 and not uses_winograd(x.device, x.dtype, weight.shape, stride)):
             winograd.discard(weight)
-        return candidates[chosen](x)
-    return candidates[default](x)
+    if log is not None:
+        log.add("conv3d", chosen, x)
+    return candidates[chosen](x)
 
 
 def conv_signature(device, dtype: torch.dtype, weight_shape, stride) -> str:

@@ -10,9 +10,11 @@ fastest and remembers the choice:
 
 - in memory, per process, and in a JSON file per machine in the user cache directory
   (STREAMVAE_KERNEL_CACHE overrides the directory). The file name is a hash of the machine identity
-  (`machine_identity`: CPU model and flags or GPU name, capability and driver; torch version; pack
-  version and the source of the kernels), so a new torch, a pack update or another machine measures
-  afresh instead of trusting stale timings;
+  (`machine_identity`: CPU model and flags or GPU name, capability, driver, CUDA and cuDNN; torch
+  version; pack version and the source of the kernels), so a new torch, a driver or pack update or
+  another machine measures afresh instead of trusting stale timings;
+- the same file keeps the verdicts of the custom kernels' first-use checks (kernel_check.py, keyed
+  with the Triton version), so each kernel is checked once per machine;
 - every candidate computes the same result up to float rounding (tests/test_kernel_choice.py);
   a candidate that raises is skipped (logged) and the default runs;
 - `Optimizations.kernel_choice = "defaults"` skips all of this and runs the fixed defaults
@@ -36,6 +38,8 @@ from typing import Callable
 
 import torch
 
+from . import backend
+
 log = logging.getLogger("streamvae")
 
 MODES = ("measure", "defaults")
@@ -51,7 +55,7 @@ TUNING_COST = "about 0.5-3 s on a CPU, less on a GPU"
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.
 _KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py", "kernel_choice.py",
-                   "layout.py")
+                   "layout.py", "kernel_check.py")
 
 
 def cache_dir() -> Path:
@@ -109,7 +113,7 @@ def machine_identity(device) -> dict:
         props = torch.cuda.get_device_properties(device)
         identity.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
                         arch=getattr(props, "gcnArchName", "") if torch.version.hip else "",
-                        runtime=torch.version.hip or torch.version.cuda,
+                        driver=backend.driver_version(), runtime=torch.version.hip or torch.version.cuda,
                         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
     else:
         identity.update(cpu_identity())
@@ -119,37 +123,42 @@ def machine_identity(device) -> dict:
 class KernelChoices:
     """The measured choices of one machine identity, in memory and in `path` (JSON; None: memory only).
 
-    The file holds {"machine": identity, "choices": {key: {"choice": name, "ms": {name: best ms}}}};
-    it is re-read before a key is measured and merged before every write, so processes sharing it (a
+    The file holds {"machine": identity, "choices": {key: {"choice": name, "ms": {name: best ms}}},
+    "checks": {key: verdict}} (the first-use checks' verdicts, `check` / `keep_check`); it is re-read
+    before a key is measured or checked and merged before every write, so processes sharing it (a
     ComfyUI server and a script, several workers) use and add to each other's choices.
     """
 
     def __init__(self, path: Path | None, machine: dict):
         self.path, self.machine = path, machine
         self._lock = threading.Lock()
-        self._choices = self._read()
+        stored = self._read()
+        self._choices, self._checks = stored["choices"], stored["checks"]
         self.reused: set[str] = set()  # keys answered from the file
         self.measured: set[str] = set()  # keys measured by this process
         self.tuning_s = 0.0
 
     def _read(self) -> dict:
+        """{"choices": ..., "checks": ...} of this machine in the file (empty ones without a file)."""
+        empty = {"choices": {}, "checks": {}}
         if self.path is None or not self.path.is_file():
-            return {}
+            return empty
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError) as error:
             log.warning("StreamVAE: ignoring unreadable kernel-choice cache %s (%s)", self.path, error)
-            return {}
-        return data.get("choices", {}) if data.get("machine") == self.machine else {}
+            return empty
+        return {part: data.get(part, {}) for part in empty} if data.get("machine") == self.machine else empty
 
     def _write(self) -> None:
         if self.path is None:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            merged = {**self._read(), **self._choices}
+            stored = self._read()
+            merged = {"choices": {**stored["choices"], **self._choices}, "checks": {**stored["checks"], **self._checks}}
             scratch = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            scratch.write_text(json.dumps({"machine": self.machine, "choices": merged}, indent=1, sort_keys=True))
+            scratch.write_text(json.dumps({"machine": self.machine, **merged}, indent=1, sort_keys=True))
             os.replace(scratch, self.path)
         except OSError as error:
             log.warning("StreamVAE: cannot store kernel choices in %s (%s); they are kept for this process only "
@@ -170,7 +179,7 @@ class KernelChoices:
         """
         with self._lock:
             if key not in self._choices:  # another process sharing the file may have measured it meanwhile
-                self._choices = {**self._read(), **self._choices}
+                self._choices = {**self._read()["choices"], **self._choices}
             choice = self.cached(key)
             if choice in candidates:
                 if key not in self.measured:
@@ -211,10 +220,27 @@ class KernelChoices:
             log.warning("StreamVAE: kernel %s failed for %s, skipped (%s: %s)", name, key, type(error).__name__, error)
             return None
 
+    def check(self, key: str) -> dict | None:
+        """The first-use check verdict on record for `key` (kernel_check.py), or None."""
+        with self._lock:
+            if key not in self._checks:  # another process sharing the file may have checked it meanwhile
+                self._checks = {**self._read()["checks"], **self._checks}
+            return self._checks.get(key)
+
+    def keep_check(self, key: str, verdict: dict) -> None:
+        """Put a first-use check's verdict (a JSON-able dict) on record."""
+        with self._lock:
+            self._checks[key] = verdict
+            self._write()
+
     def chosen(self, prefix: str) -> set[str]:
         """The choices on record for the keys that start with `prefix`."""
+        return {entry["choice"] for entry in self.recorded(prefix).values()}
+
+    def recorded(self, prefix: str) -> dict:
+        """{key: entry} on record for the keys that start with `prefix` (a copy)."""
         with self._lock:
-            return {entry["choice"] for key, entry in self._choices.items() if key.startswith(prefix)}
+            return {key: dict(entry) for key, entry in self._choices.items() if key.startswith(prefix)}
 
     def on_record(self) -> int:
         """How many layer shapes have a choice on record for this machine (any model)."""
@@ -251,20 +277,6 @@ def choices_for(device) -> KernelChoices:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return _choices_for(str(cache_dir()), _identity_json("cpu" if device.type == "cpu" else str(device)))
-
-
-def describe(mode: str, device) -> str:
-    """One line for the plan readout, e.g. "kernels: measured (12 shapes: onednn 8, winograd_onednn 4;
-    3 new, 1.9 s tuning; 9 from the cache)" or "kernels: defaults (fixed by the kernel_choice setting)"."""
-    if mode == "defaults":
-        return "kernels: defaults (fixed by the kernel_choice setting)"
-    stats = choices_for(device).summary()
-    if not stats["shapes"]:
-        return "kernels: measured per shape on first use (nothing run yet)"
-    wins = ", ".join(f"{name} {count}" for name, count in stats["wins"].items())
-    parts = [f"{stats['measured']} new, {stats['tuning_s']:.1f} s tuning" if stats["measured"] else "",
-             f"{stats['reused']} from the cache" if stats["reused"] else ""]
-    return f"kernels: measured ({stats['shapes']} shapes: {wins}; {'; '.join(p for p in parts if p)})"
 
 
 def pick(key: str, device, candidates: dict[str, Callable[[], object]], default: str) -> str:

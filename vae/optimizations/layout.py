@@ -35,15 +35,39 @@ def resolve(layout: str, device, dtype: torch.dtype) -> str:
     float32 on a CPU, where the two tie (0.94-1.00x) and a CPU without native half precision, which
     computes it in float32.
     """
-    if layout != "auto":
-        return layout
+    return layout if layout != "auto" else _auto(device, dtype)[0]
+
+
+def _auto(device, dtype: torch.dtype) -> tuple[str, str]:
+    """("ndhwc" or "ncdhw", why) of "auto" by device and dtype (`resolve`)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return "ndhwc"
+        return "ndhwc", "cuDNN's conv3d kernels are channels-last"
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
         from .conv import cpu_has_native
-        return "ndhwc" if cpu_has_native(dtype) else "ncdhw"
-    return "ncdhw"
+        if cpu_has_native(dtype):
+            return "ndhwc", "this CPU has native half-precision convs, 1.6-1.9x faster channels-last"
+        return "ncdhw", "this CPU has no native half-precision convs: computed in float32, where the layouts tie"
+    return "ncdhw", f"float32 on {device.type}: the layouts tie"
+
+
+def explain(setting: str, device, dtype: torch.dtype, kernels: str, chosen: str | None = None) -> str:
+    """Which layout a run on `device` in `dtype` takes and why, for `vae doctor` and run reports:
+    `choose`'s decision for the `activation_layout` `setting` and `kernel_choice` mode `kernels`
+    (`chosen`: what `choose` gave a model, when one ran)."""
+    if setting != "auto":
+        return f"{setting.upper()} (set by activation_layout)"
+    rule, why = _auto(device, dtype)
+    if not (kernels == "measure" and torch.device(device).type == "cuda"):
+        return f"{rule.upper()} (auto: {why})"
+    prefix = f"activation layout cuda {str(dtype).removeprefix('torch.')} "
+    timed = {key.removeprefix(prefix): entry for key, entry in kernel_choice.choices_for(device).recorded(prefix).items()}
+    record = "; ".join(f"{weights}: {entry['choice'].upper()} "
+                       f"({', '.join(f'{n} {ms} ms' for n, ms in entry.get('ms', {}).items())})"
+                       for weights, entry in timed.items()) or "none timed yet"
+    head = f"{chosen.upper()} for this model" if chosen else "NDHWC, or NCDHW for a model whose convs run faster so"
+    return (f"{head} (auto with measured kernels: each model's widest and narrowest 3x3x3 conv timed in both layouts "
+            f"once on this GPU; on record: {record})")
 
 
 def is_ndhwc(x: torch.Tensor) -> bool:

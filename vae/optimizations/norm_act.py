@@ -15,14 +15,26 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import kernel_choice, triton_norm
+from . import kernel_check, kernel_choice, triton_norm
+from .kernel_log import KernelLog
 from .layout import is_ndhwc, layout_of
 
 
-def _use_triton(x: torch.Tensor, enabled: bool) -> bool:
-    # Not while torch.compile traces a block: inductor generates its own fused kernels there.
-    return (enabled and x.is_cuda and x.dtype != torch.float64 and not torch.compiler.is_compiling()
-            and triton_norm.usable(x.device))
+def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:
+    """Whether the Triton `kernel` (kernel_check.KERNELS) computes this call: asked for, not while
+    torch.compile traces a block (inductor generates its own fused kernels there), and usable for x
+    (`kernel_check.usable`: a GPU tensor whose device, layout and dtype the kernel passed its first-use
+    check in)."""
+    # The device test first, inline: on a CPU (without the interpreter) a switched-on Triton costs nothing.
+    return (enabled and (x.is_cuda or (x.is_cpu and kernel_check.INTERPRETED)) and not torch.compiler.is_compiling()
+            and kernel_check.usable(x, kernel))
+
+
+def _logged(log: KernelLog | None, step: str, triton: bool, x: torch.Tensor) -> bool:
+    """Adds the call of norm `step` on x to the run's `log` (if any); returns `triton`."""
+    if log is not None:
+        log.add(step, "triton" if triton else "torch", x)
+    return triton
 
 
 def _traced_act(y: torch.Tensor, act: bool, out: torch.Tensor | None) -> torch.Tensor:
@@ -37,15 +49,18 @@ def _stat_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def group_norm_stats(x: torch.Tensor, groups: int, eps: float, triton: bool = False,
+                     log: KernelLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-frame group statistics of x (B,C,T,H,W) -> (mean, rstd), each float32 of shape B,G,T."""
-    mean, var = group_norm_moments(x, groups, triton)
+    mean, var = group_norm_moments(x, groups, triton, log)
     return mean, torch.rsqrt(var + eps)
 
 
-def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T."""
-    if _use_triton(x, triton):
+def group_norm_moments(x: torch.Tensor, groups: int, triton: bool = False,
+                       log: KernelLog | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame group (mean, biased variance) of x (B,C,T,H,W), float32 (float64 for float64 x), B,G,T.
+    `log`: the run's record of what ran (kernel_log.py)."""
+    if _logged(log, "group_norm_stats", _use_triton(x, triton, "group_norm_stats"), x):
         return triton_norm.group_norm_moments(x, groups)
     if x.device.type == "cpu" and x.dtype != torch.float64 and not torch.compiler.is_compiling():
         return _cpu_group_moments(x, groups)
@@ -100,6 +115,7 @@ def group_norm_apply(
     act: bool,
     out: torch.Tensor | None = None,
     triton: bool = False,
+    log: KernelLog | None = None,
 ) -> torch.Tensor:
     """(x - mean) * rstd * weight + bias (statistics B,G,T), then SiLU if `act`.
 
@@ -108,17 +124,13 @@ def group_norm_apply(
     rounds both terms at the size of the mean, which loses the result where |mean| >> std.
     """
     b, c, t = x.shape[:3]
-    groups = mean.shape[1]
-    per_group = c // groups
-    scale = (rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)).reshape(b, c, t)
-    centre = mean.view(b, groups, 1, t).expand(b, groups, per_group, t).reshape(b, c, t)
-    shift = bias.to(rstd.dtype).view(1, c, 1).expand(b, c, t)
+    centre, scale, shift = apply_terms(mean, rstd, weight, bias)
     if torch.compiler.is_compiling():
         centre, scale, shift = (v.reshape(b, c, t, 1, 1) for v in (centre, scale, shift))
         return _traced_act(torch.addcmul(shift, x.to(scale.dtype) - centre, scale).to(x.dtype), act, out)
     if out is None:
         out = torch.empty_like(x)
-    if _use_triton(x, triton):
+    if _logged(log, "group_norm_apply", _use_triton(x, triton, "group_norm_apply"), x):
         return triton_norm.center_scale_act(x, centre, scale, shift, act, out)
     if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
         half_act = _cpu_channels_last_act if is_ndhwc(x) else _cpu_half_center_scale_act
@@ -135,6 +147,19 @@ def group_norm_apply(
     if act:
         F.silu(out, inplace=True)
     return out
+
+
+def apply_terms(mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(centre, scale, shift), each B,C,T in the statistics' dtype, such that GroupNorm with statistics
+    (mean, rstd) B,G,T and the affine (weight, bias) of C channels is (x - centre) * scale + shift."""
+    b, groups, t = mean.shape
+    c = weight.numel()
+    per_group = c // groups
+    scale = (rstd.view(b, groups, 1, t) * weight.to(rstd.dtype).view(1, groups, per_group, 1)).reshape(b, c, t)
+    centre = mean.view(b, groups, 1, t).expand(b, groups, per_group, t).reshape(b, c, t)
+    shift = bias.to(rstd.dtype).view(1, c, 1).expand(b, c, t)
+    return centre, scale, shift
 
 
 # On the CPU, torch.var_mean runs at 1-2 GB/s (AVX2 and AVX-512 Zen 5 alike), and half-precision input
@@ -281,25 +306,27 @@ def _cpu_channels_last_act(x, centre, scale, shift, act: bool, out: torch.Tensor
     return _channels_last_map(x, out, act, apply)
 
 
-def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run) -> bool:
+def _measured_triton(x: torch.Tensor, triton: bool, kernels: str, name: str, run, steps: tuple[str, ...]) -> bool:
     """Whether this norm call takes the Triton kernels: as `triton` says, except that with
     kernels="measure" (Optimizations.kernel_choice) the Triton and torch paths are timed once per
     shape on this GPU (run(use_triton) computes the norm into a scratch output) and the faster runs.
-    Keyed without the frame count, so every temporal chunk of a clip takes the same path."""
-    if kernels != "measure" or not _use_triton(x, triton):
+    Keyed without the frame count, so every temporal chunk of a clip takes the same path. `steps`: the
+    norm's Triton kernels; nothing is timed where none of them may run (`_use_triton`)."""
+    if kernels != "measure" or not any(_use_triton(x, triton, step) for step in steps):
         return triton
     shape = tuple(x.shape[:2]) + tuple(x.shape[3:]) if x.dim() == 5 else tuple(x.shape)
     key = f"{name} {x.device.type} {str(x.dtype).removeprefix('torch.')} {shape} {layout_of(x)}"
     return kernel_choice.pick(key, x.device, {"triton": lambda: run(True), "torch": lambda: run(False)}, "triton") == "triton"
 
 
-def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False, kernels="defaults"):
+def group_norm_act(x, groups, weight, bias, eps, act=True, out=None, triton=False, kernels="defaults", log=None):
     """Per-frame GroupNorm (+SiLU) of x (B,C,T,H,W) in one go (Triton kernels on CUDA if `triton`;
-    `kernels` as in `_measured_triton`)."""
+    `kernels` as in `_measured_triton`; `log` as in `group_norm_moments`)."""
     triton = _measured_triton(x, triton, kernels, f"group_norm_act g{groups} act {act}",
-                              lambda use: group_norm_act(x, groups, weight, bias, eps, act, None, use))
-    mean, rstd = group_norm_stats(x, groups, eps, triton)
-    return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton)
+                              lambda use: group_norm_act(x, groups, weight, bias, eps, act, None, use),
+                              ("group_norm_stats", "group_norm_apply"))
+    mean, rstd = group_norm_stats(x, groups, eps, triton, log)
+    return group_norm_apply(x, mean, rstd, weight, bias, act, out, triton, log)
 
 
 # On the CPU a reduction across dim 1 of B,C,T,H,W reads with a stride of T*H*W and runs at ~2 GB/s;
@@ -322,13 +349,14 @@ def _channel_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-12, act: bool = True,
-                 out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults") -> torch.Tensor:
+                 out: torch.Tensor | None = None, triton: bool = False, kernels: str = "defaults",
+                 log: KernelLog | None = None) -> torch.Tensor:
     """Wan RMS norm over channels (dim 1) of x (B,C,...) (+SiLU): x / max(||x||, eps) * sqrt(C) * gamma.
-    `kernels` as in `_measured_triton`."""
+    `kernels` as in `_measured_triton`; `log` as in `group_norm_moments`."""
     c = x.shape[1]
     triton = _measured_triton(x, triton, kernels, f"rms_norm_act act {act}",
-                              lambda use: rms_norm_act(x, gamma, eps, act, None, use))
-    if _use_triton(x, triton) and x.dim() == 5:
+                              lambda use: rms_norm_act(x, gamma, eps, act, None, use), ("rms_norm",))
+    if _logged(log, "rms_norm", x.dim() == 5 and _use_triton(x, triton, "rms_norm"), x):
         return triton_norm.rms_norm_act(x, gamma, eps, act, torch.empty_like(x) if out is None else out)
     if (x.device.type == "cpu" and is_ndhwc(x) and x.dtype in (torch.bfloat16, torch.float16)
             and not torch.compiler.is_compiling()):
@@ -360,3 +388,41 @@ def _cpu_channels_last_rms(x: torch.Tensor, gamma: torch.Tensor, eps: float, act
         work.div_(torch.linalg.vector_norm(work, dim=-1, keepdim=True).clamp_min_(eps)).mul_(gain)
 
     return _channels_last_map(x, out, act, normalise)
+
+
+def pixel_norm_act(x: torch.Tensor, eps: float = 1e-8, scale: torch.Tensor | None = None,
+                   shift: torch.Tensor | None = None, act: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+    """LTX's per-position RMS norm over the channels (dim 1) of x (B,C,...), then an optional per-channel
+    affine and SiLU: act(x / sqrt(mean_C(x^2) + eps) * (1 + scale) + shift), `scale` and `shift` of C
+    values (the decoder's timestep conditioning) or None. Unlike `rms_norm_act`, eps is added to the
+    mean square (upstream's PixelNorm). The statistics are float32."""
+    c = x.shape[1]
+    gain = None if scale is None else (1 + scale.float()).reshape(c)
+    bias = None if shift is None else shift.float().reshape(c)
+    if (x.device.type == "cpu" and is_ndhwc(x) and x.dtype in (torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling()):
+        def normalise(i, f, work):  # work: float32 (rows, W, C)
+            work.mul_(work.square().mean(-1, keepdim=True).add_(eps).rsqrt_())
+            if gain is not None:
+                work.mul_(gain)
+            if bias is not None:
+                work.add_(bias)
+
+        return _channels_last_map(x, torch.empty_like(x) if out is None else out, act, normalise)
+    norm = _channel_norm(x)  # float32 sqrt(sum_C x^2)
+    inv = (norm * norm).div_(c).add_(eps).rsqrt_().to(x.dtype)
+    per_channel = (1, c) + (1,) * (x.dim() - 2)
+    if torch.compiler.is_compiling():
+        y = x * inv
+        y = y if gain is None else y * gain.view(per_channel).to(x.dtype)
+        return _traced_act(y if bias is None else y + bias.view(per_channel).to(x.dtype), act, out)
+    if out is None:
+        out = torch.empty_like(x)
+    torch.mul(x, inv, out=out)
+    if gain is not None:
+        out.mul_(gain.view(per_channel).to(x.dtype))
+    if bias is not None:
+        out.add_(bias.view(per_channel).to(x.dtype))
+    if act:
+        F.silu(out, inplace=True)
+    return out

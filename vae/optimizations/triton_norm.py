@@ -21,12 +21,9 @@ int32 program ids times strides would wrap. The kernels also run under TRITON_IN
 which is how CI checks them. Channel loop bounds are compile-time constants (a model has a handful of
 widths), which also keeps them plain Python ints in the interpreter.
 
-`usable(device)` decides once per device whether the kernels run there at all (see its docstring).
+Whether a kernel runs on a device at all is decided by its first-use check there (kernel_check.py).
 """
 import contextlib
-import logging
-import warnings
-from functools import lru_cache
 
 import torch
 
@@ -41,7 +38,6 @@ except ImportError:  # Triton is optional: the torch kernels are used instead
 BLOCK = 1024
 # Elements of a channels-last program's [pixels, channels] tile (channels rounded up to a power of 2).
 TILE_ELEMENTS = 4096
-log = logging.getLogger("streamvae")
 
 
 if triton is not None:
@@ -275,6 +271,15 @@ def _pixels_per_program(channels: int) -> int:
     return max(1, TILE_ELEMENTS // triton.next_power_of_2(channels))
 
 
+def channels_last_launch(shape) -> tuple[tuple[int, int], int, int]:
+    """(grid, BLOCK_P, C_P2) of the channels-last apply and RMS kernels for an input of `shape`
+    (B,C,T,H,W): one program per tile of BLOCK_P pixels x C_P2 channels (C rounded up to a power of 2),
+    the pixel blocks on grid axis 0 (axis 1 takes at most 65535; 1080p at 512 channels has 259200)."""
+    b, c, t, h, w = shape
+    pixels = _pixels_per_program(c)
+    return (triton.cdiv(h * w, pixels), b * t), pixels, triton.next_power_of_2(c)
+
+
 def _channels_last_partials(x: torch.Tensor, groups: int):
     """The per-block (count, shift, delta, M2) of NDHWC x, each float32 (B*G*T, blocks) as the
     channel-planes kernel lays them out; a block is BLOCK pixels (several tiles), as there."""
@@ -297,11 +302,10 @@ def center_scale_act(x: torch.Tensor, mean: torch.Tensor, scale: torch.Tensor, s
     """out = act((x - mean) * scale + shift) with mean, scale, shift of shape B,C,T (float32)."""
     b, c, t, h, w = x.shape
     if is_ndhwc(x):
-        pixels = _pixels_per_program(c)
+        grid, pixels, c_p2 = channels_last_launch(x.shape)
         with _on_device(x):
-            _center_scale_act_cl_kernel[(triton.cdiv(h * w, pixels), b * t)](
-                x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h, w, *x.stride(),
-                *out.stride(), ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
+            _center_scale_act_cl_kernel[grid](x, out, mean.contiguous(), scale.contiguous(), shift.contiguous(), c, t, h,
+                                              w, *x.stride(), *out.stride(), ACT=act, C_P2=c_p2, BLOCK_P=pixels)
         return out
     grid = (b * c * t, triton.cdiv(h * w, BLOCK))
     with _on_device(x):
@@ -314,60 +318,13 @@ def rms_norm_act(x: torch.Tensor, gamma: torch.Tensor, eps: float, act: bool, ou
     """out = act(x / max(||x||_C, eps) * sqrt(C) * gamma) for x B,C,T,H,W."""
     b, c, t, h, w = x.shape
     if is_ndhwc(x):
-        pixels = _pixels_per_program(c)
+        grid, pixels, c_p2 = channels_last_launch(x.shape)
         with _on_device(x):
-            _rms_act_cl_kernel[(triton.cdiv(h * w, pixels), b * t)](
-                x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps, *x.stride(), *out.stride(),
-                ACT=act, C_P2=triton.next_power_of_2(c), BLOCK_P=pixels)
+            _rms_act_cl_kernel[grid](x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps,
+                                     *x.stride(), *out.stride(), ACT=act, C_P2=c_p2, BLOCK_P=pixels)
         return out
     grid = (b * t, triton.cdiv(h * w, BLOCK))
     with _on_device(x):
         _rms_act_kernel[grid](x, out, gamma.reshape(-1).contiguous(), c, t, h, w, float(c) ** 0.5, eps,
                               *x.stride(), *out.stride(), ACT=act, BLOCK=BLOCK)
     return out
-
-
-# --- whether the kernels run on a device -------------------------------------------------------------
-
-def _probe(device: torch.device) -> str | None:
-    """Compile and run both kernel kinds on a tiny input on `device`; None when they give torch's
-    answer, else the reason (compiler, driver or capability errors surface here, not mid-decode)."""
-    from . import norm_act
-
-    try:
-        g = torch.Generator().manual_seed(0)
-        x = (torch.randn(1, 4, 2, 3, 5, generator=g) * 2 + 1).to(device)
-        mean, var = group_norm_moments(x, 2)
-        ref_mean, ref_var = norm_act.group_norm_moments(x, 2)
-        gamma = torch.rand(4, 1, 1, 1, generator=g).to(device)
-        y = rms_norm_act(x, gamma, 1e-12, True, torch.empty_like(x))
-        ref_y = norm_act.rms_norm_act(x, gamma)
-        worst = max((mean - ref_mean).abs().max().item(), (var - ref_var).abs().max().item(),
-                    (y - ref_y).abs().max().item())
-    except Exception as error:  # any failure to build or launch means: do not use Triton here
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        return f"{type(error).__name__}: {first_line}"
-    return None if worst < 1e-3 else f"the kernels ran but disagree with torch (max error {worst:.2e})"
-
-
-@lru_cache(maxsize=None)
-def _failure_on(device: str) -> str | None:
-    """Why the kernels cannot run on `device` (None: they can); probed and warned about once."""
-    reason = _probe(torch.device(device))
-    if reason is not None:
-        message = (f"StreamVAE: the Triton norm kernels do not work on {device} ({reason}); "
-                   "using the torch kernels there (same results, a little slower)")
-        log.warning(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
-    return reason
-
-
-def usable(device: torch.device) -> bool:
-    """Whether the Triton kernels can be used on `device`: Triton is installed and a probe kernel
-    compiled and ran correctly there (a GPU too old for this Triton, a missing C compiler or a broken
-    driver fail here). Decided once per device; a failure is warned about once, with its cause, and the
-    torch kernels are used instead."""
-    if triton is None or device.type != "cuda":
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _failure_on(f"cuda:{index}") is None

@@ -22,7 +22,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
-from ..blocks import zero_border
+from ..conv_buffer import pad_border, zero_border
 from ..optimizations.layout import empty_video
 
 
@@ -125,25 +125,26 @@ class ConvWindow:
         return (oy0 * sh - top, (oy1 - 1) * sh + kh - top), (ox0 * sw - left, (ox1 - 1) * sw + kw - left)
 
     def _outside(self, rows: tuple[int, int], cols: tuple[int, int]) -> tuple[int, int, int, int]:
-        """(left, right, top, bottom): how far the input region rows x cols reaches outside the frame."""
+        """How far the input region rows x cols leaves the frame: (left, right, top, bottom) pixels."""
         _, _, _, h, w = self.shape
         (iy0, iy1), (ix0, ix1) = rows, cols
         return max(-ix0, 0), max(ix1 - w, 0), max(-iy0, 0), max(iy1 - h, 0)
 
     def buffer(self, like: torch.Tensor, frames: int, rows: tuple[int, int], cols: tuple[int, int]):
         """(buffer B,C,frames,rows,cols of the input region, its in-frame part as a view, that part's
-        row and column slices of the frame); zero where the region leaves the frame (`pad_border`
-        makes that the conv's own padding once the in-frame part is written)."""
+        row and column slices of the frame); zero where the region leaves the frame (a conv with
+        another padding mode: left to `pad`, once the in-frame part is written)."""
         b, c, _, h, w = self.shape
         (iy0, iy1), (ix0, ix1) = rows, cols
         cy0, cy1, cx0, cx1 = max(iy0, 0), min(iy1, h), max(ix0, 0), min(ix1, w)
         buf = empty_video(like, (b, c, frames, iy1 - iy0, ix1 - ix0))
-        zero_border(buf, self._outside(rows, cols))
+        if self.conv.padding_mode == "zeros":
+            zero_border(buf, self._outside(rows, cols))
         inner = buf[..., cy0 - iy0:cy1 - iy0, cx0 - ix0:cx1 - ix0]
         return buf, inner, slice(cy0, cy1), slice(cx0, cx1)
 
-    def pad_border(self, buf: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
-        """The conv's padding in the part of `buf` (the input region rows x cols) outside the frame, after
-        its in-frame part is written: a no-op for zero padding, copies of the frame's edge for a conv
-        with border="replicate" (`blocks.CausalConv3d`)."""
-        self.conv.pad_border(buf, self._outside(rows, cols))
+    def pad(self, buf: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        """The part of `buffer`'s region outside the frame, for a conv that pads by reflection or by
+        copies of the edge: read from the in-frame part, which is written (zeros were set by `buffer`)."""
+        if self.conv.padding_mode != "zeros":
+            pad_border(buf, self._outside(rows, cols), self.conv.padding_mode)

@@ -74,6 +74,8 @@ class ExactTiles:
         has a valid mode for this: a same-padded conv of the region would also compute the halo).
         `epilogue(tile, rows, cols)` may change each output tile in place (a residual added).
         """
+        if conv.waiting(ctx, shape[2]):
+            return conv.no_output(like, shape)
         call = _ConvCall(conv, ctx, shape, like)
         ho, wo = call.window.out_hw
         out = empty_video(like, (shape[0], conv.out_channels, call.n_out, ho, wo))
@@ -164,8 +166,9 @@ class _ConvCall:
         self.window = ConvWindow(conv, self.shape)
         self.banded = conv.temporal and ctx.cache.offload != "none"
         self.head, self.n_head = (None, conv.head_count(ctx)) if self.banded else conv.head(ctx)
+        self.n_tail = conv.tail_count(ctx)
         b, c, t, h, w = self.shape
-        self.n = self.n_head + t
+        self.n = self.n_head + t + self.n_tail
         self.n_out, self.keep = conv.output_frames(self.n), conv.kept_from(self.n)
         self.input_elements = b * c * self.n * h * w
         self.next_cache = empty_video(like, (b, c, self.n - self.keep, h, w)) if conv.temporal and not self.banded else None
@@ -184,13 +187,14 @@ class _ConvCall:
 
     def _buffer(self, out_rows, out_cols, fill):
         """The input buffer of outputs out_rows x out_cols: filled, head frames written."""
-        region = self.window.reads(out_rows, out_cols)
-        buf, inner, rows_in, cols_in = self.window.buffer(self.like, self.n, *region)
+        reads = self.window.reads(out_rows, out_cols)
+        buf, inner, rows_in, cols_in = self.window.buffer(self.like, self.n, *reads)
         self.last_buffer = buf.numel()
-        fill(inner[:, :, self.n_head:], rows_in, cols_in)
+        fill(inner[:, :, self.n_head:self.n - self.n_tail], rows_in, cols_in)
         head, head_rows = self._head(rows_in)
         self.conv.write_head(inner, head, self.n_head, head_rows, cols_in)
-        self.window.pad_border(buf, *region)
+        self.conv.write_tail(inner, self.n_tail)
+        self.window.pad(buf, *reads)
         return buf, inner, rows_in, cols_in
 
     def start_row(self, out_rows) -> None:

@@ -12,7 +12,10 @@ of a stage's output) waits in the run's offload store when the caches are offloa
 memory or disk: `causal_cache.py`), else on the device.
 
 `ctx.first_chunk` is True for a stage's call that holds its frame 0 of the clip, as for a chunk: a
-stage that gets no frames (a temporal downsampler's output between its windows) passes nothing on.
+stage that gets no frames (a temporal downsampler's output between its windows, a layer that looks
+ahead waiting for its next frame) passes nothing on. `ctx.last_chunk` is True for the call that
+holds the stage's last frame of the clip: the last frame of the previous stage's last call (a stage
+that looks ahead gives its remaining frames then).
 """
 import torch
 
@@ -20,39 +23,49 @@ from ..model import Stage
 
 
 class FrameStream:
-    """The frame-at-a-time schedule of one stream's stages; `started[i]`: stage i has had its frame 0."""
+    """The frame-at-a-time schedule of one stream's stages; `started[i]`: stage i has had its frame 0.
 
-    def __init__(self, stages: list[Stage]):
-        self.stages = stages
-        self.started = [False] * len(stages)
+    `piece`: frames per step (1: one frame at a time); `started`: the stream begins after the clip's
+    first chunk (the engine streams the last chunk of a clip whose convs look ahead this way)."""
+
+    def __init__(self, stages: list[Stage], piece: int = 1, started: bool = False):
+        self.stages, self.piece = stages, piece
+        self.started = [started] * len(stages)
 
     def run(self, x: torch.Tensor, ctx, emit) -> None:
         """Every frame of x (B,C,t,H,W, the first stage's input) through the stages; `emit(y)` gets the
-        last stage's output as it comes, a frame or less at a time, in order."""
-        self._level(0, [x], ctx, emit)
+        last stage's output as it comes, a frame or less at a time, in order. The chunk's
+        `ctx.last_chunk` says whether x ends the clip."""
+        ending = ctx.last_chunk
+        try:
+            self._level(0, [x], ctx, emit, ending)
+        finally:
+            ctx.last_chunk = ending
 
-    def _level(self, level: int, held: list[torch.Tensor], ctx, emit) -> None:
+    def _level(self, level: int, held: list[torch.Tensor], ctx, emit, ending: bool) -> None:
         """Stage `level` on the frames in `held` (taken out of it: the caller keeps no reference, so
-        what is done with is freed), one at a time, each result passed on at once."""
+        what is done with is freed), one at a time, each result passed on at once; `ending`: the
+        frames end the stage's input."""
         x = held.pop()
         if level == len(self.stages):
             emit(x)
             return
-        n = x.shape[2]
-        offloaded = ctx.cache.offload != "none" and n > 1
-        if offloaded:  # all but the first frame wait off the device, under keys of this stream
-            for j in range(1, n):
-                ctx.cache.put((self, level, j), x[:, :, j:j + 1])
-            x = x[:, :, :1].clone()
-        for j in range(n):
-            if n == 1 or offloaded:  # x is this frame, or the first one: nothing else keeps it
+        n, p = x.shape[2], self.piece
+        offloaded = ctx.cache.offload != "none" and n > p
+        if offloaded:  # all but the first piece wait off the device, under keys of this stream
+            for j in range(p, n, p):
+                ctx.cache.put((self, level, j), x[:, :, j:j + p])
+            x = x[:, :, :p].clone()
+        for j in range(0, n, p):
+            if n <= p or offloaded:  # x is this piece, or the first one: nothing else keeps it
                 frame = x if j == 0 else ctx.cache.pop((self, level, j))
                 x = None
-            else:  # the other frames wait on the device, as views of x
-                frame = x[:, :, j:j + 1]
+            else:  # the other pieces wait on the device, as views of x
+                frame = x[:, :, j:j + p]
             ctx.first_chunk = not self.started[level]
+            ctx.last_chunk = last = ending and j + p >= n
             self.started[level] = True
             out = [self.stages[level](frame, ctx)]
             del frame
             if out[0].shape[2]:
-                self._level(level + 1, out, ctx, emit)
+                self._level(level + 1, out, ctx, emit, last)

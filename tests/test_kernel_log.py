@@ -1,0 +1,76 @@
+"""A run's kernel log (vae/optimizations/kernel_log.py) says what that run ran: every conv it counts is
+one the dispatcher saw (an independent observer: a TorchDispatchMode), every norm one the layers
+called; a second run with every shape on record still reports its own calls; a layer shape measured
+during the run is said. (With the Triton kernels, in the interpreter: tests/test_kernel_check.py.)"""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import vae
+import vae.layers
+from tests.reference import load_tiny
+from tests.test_kernel_choice import layer
+from tests.test_layout import CONVS
+from vae.optimizations import KernelLog, conv, kernel_choice
+from vae.optimizations.winograd import filter_cache
+
+
+class ConvCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.convs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.convs += func._schema.name in CONVS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("layout_name", ["ncdhw", "ndhwc"])
+def test_each_run_reports_the_convs_and_norms_it_ran(cache_folder, monkeypatch, layout_name):
+    model = load_tiny("wan21")
+    z = torch.randn(1, model.latent_channels, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    norms = []
+    rms_norm_act = vae.layers.rms_norm_act
+    monkeypatch.setattr(vae.layers, "rms_norm_act", lambda *a, **k: norms.append(1) or rms_norm_act(*a, **k))
+    opts = vae.Optimizations(activation_layout=layout_name)  # measured kernels (none to measure here)
+    settings = vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor)
+    logs = []
+    for _ in range(2):  # the second run: every layer shape on record, nothing measured
+        log = KernelLog(kernel_choice.choices_for("cpu"))
+        with ConvCount() as seen:
+            vae.decode(model, z, settings, opts=opts, kernel_log=log)
+        logs.append(log)
+        calls = {(op, impl): n for (op, impl, layout), n in log.calls.items() if layout == layout_name}
+        assert sum(log.calls.values()) == sum(calls.values())  # every call in the run's layout
+        assert calls.get(("conv3d", "onednn")) == seen.convs > 20  # tiles: many convs per chunk
+        assert calls.get(("rms_norm", "torch")) == len(norms) > 0
+        norms.clear()
+    assert logs[0].calls == logs[1].calls  # the second run counted its own calls only
+    text = logs[1].describe("measure")
+    assert text == (f"kernels: measured per layer shape: conv3d onednn {seen.convs}; "
+                    f"RMS norm torch {logs[1].calls['rms_norm', 'torch', layout_name]} ({layout_name.upper()})")
+
+
+def test_the_log_names_the_kernel_each_conv_took_and_what_the_run_measured(cache_folder):
+    """A Winograd-eligible conv: measured in this run (its candidates timed once), named by its choice."""
+    x, weight, bias = layer(128, 128, 3, 4, 16, 16)
+    log = KernelLog(kernel_choice.choices_for("cpu"))
+    with torch.inference_mode():
+        conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache(), kernels="measure", log=log)
+        conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=filter_cache(), kernels="defaults", log=log)
+    (measured_key,) = kernel_choice.choices_for("cpu")._choices
+    chosen = kernel_choice.choices_for("cpu").cached(measured_key)
+    assert log.calls == ({("conv3d", chosen, "ncdhw"): 1, ("conv3d", "winograd_mkl", "ncdhw"): 1}
+                         if chosen != "winograd_mkl" else {("conv3d", chosen, "ncdhw"): 2})
+    assert "(1 measured in this run, " in log.describe("measure")
+    assert log.describe("defaults").startswith("kernels: defaults (fixed by the kernel_choice setting): conv3d ")
+
+
+def test_an_empty_log_says_so():
+    assert KernelLog().ran() == "no conv or norm ran through the pack's kernels"
