@@ -1,6 +1,7 @@
 """A conv's input buffer: the frames a call convolves, written in place, with the spatial padding around
-them (zeros, the reflection of the frame at its border, or copies of its edge), so a conv never concatenates its cached
-frames or pads its input (`blocks.CausalConv3d`, and per tile or band `strategies.ConvWindow`).
+them (zeros, the reflection of the frame at its border, or copies of its edge), so a conv never
+concatenates its cached frames or pads its input (`blocks.CausalConv3d`, and per tile or band
+`strategies.ConvWindow`).
 
 Layout: B,C,T,H,W; pads are (left, right, top, bottom) columns and rows.
 """
