@@ -3,6 +3,7 @@
     python -m bench.calibrate_memory                    # all families, CPU (peak RSS) or CUDA
     python -m bench.calibrate_memory --families seedvr2 --check
     python -m bench.calibrate_memory --modes caches      # only the causal-cache profiles (seconds)
+    python -m bench.calibrate_memory --families hv15 --meta  # CUDA streamed decode from the meta-device count
 
 On the CPU each measurement runs one encode/decode of the full released config (random weights,
 float32) in a fresh process (bench.memory_worker) and records the activation peak of the call
@@ -146,6 +147,32 @@ def fit(samples: list[tuple[list[float], float]], mode: str) -> dict:
     return {"per_tile_pixel": 0.0, **best}
 
 
+# HunyuanVideo 1.5's CPU points (5 frames, up to 320 px) peak at one transient: the 0.9 GB weight reorder
+# of its 1024 -> 8192 channel upsampler conv at latent resolution, above the streamed activations of those
+# sizes, so they fit no per-pixel term and would predict a 720p frame's 2.5 GiB of live tensors as none.
+# `--meta` fits a family's CUDA streamed decode coefficients to the meta-device count of the GPU code path
+# at the target sizes instead (bench.meta_peak: live tensors, bf16), keeping the CPU's fixed term.
+META_POINTS = [((720, 1280), 128), ((720, 1280), 256), ((720, 1280), None), ((1088, 1920), 256), ((1088, 1920), None)]
+
+
+def meta_streamed(family: str) -> dict:
+    """The streamed decode coefficients from `META_POINTS` counted on the meta device (a point without a
+    tile: one frame-sized tile, residual blocks conv by conv, as an untiled streamed plan runs)."""
+    from bench.meta_peak import count
+
+    largest = memory.coefficients(family, "decode", "caches", "cpu")["largest"]
+    samples = []
+    for (height, width), tile in META_POINTS:
+        side = tile or max(height, width)
+        live = count(family, "decode", height, width, side, chain=tile is not None)
+        rows, cols = min(side, height), min(side, width)
+        samples.append(([height * width, rows * cols], live.peak / 2 - memory.cache_band_elements(largest, rows, width)))
+        print(f"{family} decode streamed {height}x{width} tile {tile}: {live.peak / 2**30:.2f} GiB live (meta)", flush=True)
+    entry = fit(samples, "streamed")
+    entry["fixed"] = max(entry["fixed"], memory.coefficients(family, "decode", "streamed", "cpu")["fixed"])
+    return {**entry, "source": "meta"}
+
+
 def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
     """Merge one fitted entry into the calibration file as it is now (other runs may write it too)."""
     table = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
@@ -162,7 +189,13 @@ def main():
                         help="default: untiled, exact (fitted) and caches; with --check untiled, exact and fast")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--check", action="store_true", help="compare predictions with measurements at new sizes")
+    parser.add_argument("--meta", action="store_true", help="only the CUDA streamed decode coefficients, from the "
+                        "meta-device count (META_POINTS; after the CPU calibration)")
     args = parser.parse_args()
+    if args.meta:
+        for family in args.families:
+            save("cuda", family, "decode", "streamed", meta_streamed(family))
+        return
     device_type = torch.device(args.device).type
     args.modes = args.modes or list(CHECK_POINTS if args.check else [*FIT_POINTS, "caches"])
     cuda = device_type == "cuda"

@@ -1,11 +1,12 @@
 """ComfyUI core's own VAE of a family, loaded with the same state dict as StreamVAE's, for comparison.
 
 Two cores (`TREES`), each a ComfyUI source tree found as below:
-- "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan only
-  (comfy/ldm/wan/vae.py, vae2_2.py).
+- "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan (comfy/ldm/wan/vae.py,
+  vae2_2.py) and HunyuanVideo 1.5 (comfy/ldm/hunyuan_video/vae_refiner.py).
 - "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
-  through its native VAE (comfy/ldm/seedvr/vae.py), LTX-2 through its `VideoVAE`
-  (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config of StreamVAE's. This core imports comfy-kitchen and comfy-aimdo; they
+  through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2
+  through its `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config
+  of StreamVAE's. This core imports comfy-kitchen and comfy-aimdo; they
   come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
   bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
   0.6.0, what core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
@@ -52,10 +53,12 @@ class CoreTree:
 
 
 WAN = {"wan21": "comfy.ldm.wan.vae", "wan22": "comfy.ldm.wan.vae2_2"}
+HV15 = {"hv15": "comfy.ldm.hunyuan_video.vae_refiner"}
 TREES = {
-    "0.3.75": CoreTree("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI", WAN),
+    "0.3.75": CoreTree("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI", {**WAN, **HV15}),
     "0.33.0": CoreTree("STREAMVAE_COMFYUI_033", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI",
-                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae", "ltx2": "comfy.ldm.lightricks.vae.causal_video_autoencoder"},
+                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae", **HV15,
+                        "ltx2": "comfy.ldm.lightricks.vae.causal_video_autoencoder"},
                        REPO / ".cache" / "venv-comfy-0.33.0"),
 }
 # The core packages whose versions a row records.
@@ -147,6 +150,31 @@ def _seedvr2(core, cfg) -> torch.nn.Module:
     return model
 
 
+class CoreHv15(torch.nn.Module):
+    """Core's HunyuanVideo 1.5 encoder and decoder, as its AutoencodingEngine runs them (no quant convs;
+    the encoder's own regulariser returns the posterior mean): `decode` takes the raw latent."""
+
+    def __init__(self, core, cfg):
+        super().__init__()
+        config = dict(block_out_channels=list(cfg.block_out_channels), in_channels=cfg.in_channels,
+                      out_channels=cfg.out_channels, z_channels=cfg.latent_channels, num_res_blocks=cfg.layers_per_block,
+                      ffactor_spatial=cfg.spatial_compression, ffactor_temporal=cfg.temporal_compression,
+                      downsample_match_channel=cfg.downsample_match_channel,
+                      upsample_match_channel=cfg.upsample_match_channel)
+        self.encoder, self.decoder = core.Encoder(**config), core.Decoder(**config)
+        # 0.33.0 builds its mid-blocks' residual blocks with a time-embedding projection that the
+        # checkpoint does not hold and that core never runs (its VAE passes no time embedding).
+        for part in (self.encoder, self.decoder):
+            for block in (part.mid.block_1, part.mid.block_2):
+                block.temb_proj = None
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder(z)
+
+
 def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dtype, device="cpu") -> torch.nn.Module:
     """Core `version`'s VAE of `family` for StreamVAE config `cfg`, with `state_dict` loaded (strict),
     in `dtype` on `device`, eval mode; `decode` takes the raw latent, as StreamVAE's."""
@@ -157,6 +185,8 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
     with torch.device("meta"):
         if family == "seedvr2":
             model = _seedvr2(core, cfg)
+        elif family == "hv15":
+            model = CoreHv15(core, cfg)
         elif family == "ltx2":
             from vae.model.ltx2_layout import upstream_config
 

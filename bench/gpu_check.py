@@ -45,8 +45,10 @@ WORKLOADS = {
     "wan21": [(81, 480, 832), (81, 720, 1280)],
     "wan22": [(81, 704, 1280)],
     "ltx2": [(121, 720, 1280), (241, 1088, 1920)],
+    "hv15": [(121, 720, 1280), (121, 1080, 1920)],  # issue 41: its 6 and 8 GiB targets
 }
-DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)], "ltx2": [(17, 64, 96)]}
+DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)], "ltx2": [(17, 64, 96)],
+                 "hv15": [(5, 64, 96)]}
 DRY_TILE, DRY_OVERLAP = 32, 8  # the dry run's frames are smaller than a real tile (at least the family's smallest)
 
 DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels_defaults", "bf16-no-triton_norm", "bf16-tiles"]
@@ -83,7 +85,8 @@ def _build(spec: dict):
     None and ComfyUI core's own VAE with the same weights called directly (bench/core_vae.py)."""
     dtype_name, name = parse_row(spec["variant"])
     dtype, core = DTYPES[dtype_name], variant(name).core
-    model = models.build(spec["family"], dtype, spec["device"], tiny=spec["tiny"], core=core)
+    model = models.build(spec["family"], dtype, spec["device"], tiny=spec["tiny"], core=core,
+                         config=variant(name).model_config)
     x = models.make_input(spec["family"], spec).to(spec["device"])
     if core is not None:
         x = x.to(dtype)

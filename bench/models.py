@@ -18,17 +18,19 @@ from vae.model.ltx2_blocks import LTXBlock
 
 CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
            "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config),
-           "ltx2": (vae.LTX2VAE, vae.LTX2Config)}
+           "ltx2": (vae.LTX2VAE, vae.LTX2Config), "hv15": (vae.Hv15VAE, vae.Hv15Config)}
 FAMILIES = tuple(CONFIGS)
 # Families without a tiny checkpoint among the reference fixtures: a small config with random weights
-# (LTX-2: core's LTX VAE holds 128-channel latent statistics, so the latent keeps its width).
+# (the released latent channels and factors, so `make_input` holds for them too: LTX-2's core VAE holds
+# 128-channel latent statistics).
 TINY_CONFIGS = {"ltx2": vae.LTX2Config(
     encoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1) for name in (
         "res_x", "compress_space_res", "res_x", "compress_time_res", "res_x", "compress_all_res", "res_x",
         "compress_all_res", "res_x")),
     decoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1, residual=name != "res_x")
                          for name in ("res_x", "compress_all", "res_x", "compress_all", "res_x", "compress_all", "res_x")),
-    encoder_channels=8, decoder_channels=64)}
+    encoder_channels=8, decoder_channels=64),
+    "hv15": vae.Hv15Config(block_out_channels=(16, 32, 32, 64, 64), layers_per_block=1)}
 
 
 def meta_model(family: str) -> vae.VideoVAE:
@@ -75,15 +77,16 @@ def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dic
 
 
 def build(family: str, dtype: torch.dtype, device="cpu", *, tiny: bool = False, seed: int = 0,
-          core: str | None = None) -> torch.nn.Module:
+          core: str | None = None, config: dict | None = None) -> torch.nn.Module:
     """`family`'s network (see `weights`) in `dtype` on `device`, eval mode: StreamVAE's model, or with
-    `core` ComfyUI core's own VAE of that version (a key of `core_vae.TREES`) loaded with the same weights."""
-    config, state = weights(family, tiny, seed)
+    `core` ComfyUI core's own VAE of that version (a key of `core_vae.TREES`) loaded with the same weights.
+    `config`: StreamVAE config fields that are a choice rather than a size (HunyuanVideo 1.5's attention)."""
+    sizes, state = weights(family, tiny, seed)
     if core is not None:
         from bench.core_vae import core_model
 
-        return core_model(core, family, config, state, dtype, device)
-    return vae.load(state, device=device, dtype=dtype, config=dataclasses.asdict(config))
+        return core_model(core, family, sizes, state, dtype, device)
+    return vae.load(state, device=device, dtype=dtype, config={**dataclasses.asdict(sizes), **(config or {})})
 
 
 def drop_other_half(model: torch.nn.Module, op: str) -> torch.nn.Module:

@@ -40,6 +40,7 @@ class Variant:
     settings: dict = field(default_factory=dict)  # the engine's plan settings (tiles, budget), bench.models.run
     compile: str | None = None  # torch.compile mode of every block
     core: str | None = None  # ComfyUI core's VAE of this version instead of StreamVAE's
+    model_config: dict = field(default_factory=dict)  # StreamVAE config choices (bench.models.build's config)
 
 
 VARIANTS = {
@@ -68,6 +69,9 @@ VARIANTS = {
     "budget_6g": Variant("a 6 GiB memory budget (an 8 GB card; frames streamed below the large tiles)",
                          settings=dict(memory_budget=6 * 2**30)),
     "budget_auto": Variant("memory budget 'auto' (what the nodes run)", settings=dict(memory_budget="auto")),
+    "core_attention": Variant("HunyuanVideo 1.5 only: its mid-block attention unmasked, as ComfyUI core computes "
+                              "it (attention=full; the default is the masked attention it was trained with)",
+                              model_config={"attention": "full"}),
     "core_0.3.75": Variant("ComfyUI 0.3.75 core's VAE, same weights and input", core="0.3.75"),
     "core_0.33.0": Variant("ComfyUI 0.33.0 core's VAE (comfy-kitchen, comfy-aimdo), same weights and input",
                            core="0.33.0"),

@@ -28,7 +28,8 @@ from vae.kernels import kernel_choice
 def build(spec: dict):
     """(model, fn): the variant's model and the op to time (called with the variant's optimizations)."""
     core, dtype = variant(spec["variant"]).core, DTYPES[spec["dtype"]]
-    model = models.build(spec["family"], dtype, seed=spec.get("seed", 0), core=core)
+    model = models.build(spec["family"], dtype, seed=spec.get("seed", 0), core=core,
+                         config=variant(spec["variant"]).model_config)
     x = models.make_input(spec["family"], spec)
     if core is not None:
         op = model.encode if spec["op"] == "encode" else model.decode

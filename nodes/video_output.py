@@ -25,11 +25,12 @@ except ImportError:
     folder_paths = comfy_args = InputImpl = None
 
 # The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
-# 16 fps; Wan2.2-TI2V-5B: 24 fps). SeedVR2 restores videos of any rate: 24 unless the source is known.
-# LTX-2 makes the rate its conditioning asks for (core's LTXVConditioning frame_rate), 24 where unknown.
+# 16 fps; Wan2.2-TI2V-5B and HunyuanVideo 1.5: 24 fps). SeedVR2 restores videos of any rate: 24 unless
+# the source is known. LTX-2 makes the rate its conditioning asks for (core's LTXVConditioning
+# frame_rate), 24 where unknown.
 DEFAULT_FPS = 24.0
-FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS, "ltx2": DEFAULT_FPS}
-FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2", "ltx2": "LTX-2"}
+FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS, "ltx2": DEFAULT_FPS, "hv15": 24.0}
+FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2", "ltx2": "LTX-2", "hv15": "HunyuanVideo 1.5"}
 LTX_CONDITIONING = "LTXVConditioning"  # core's node that gives an LTX model its frame rate
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame

@@ -60,6 +60,23 @@ def manifest(family: str) -> dict:
     return json.loads((reference_dir(family) / "manifest_full.json").read_text())
 
 
+def random_weights(module, seed: int):
+    """`module` (eval mode) with seeded weights of unit-ish gain in place (1-D norm scales near 1),
+    so activations stay O(1) through the network; a module built on the meta device and moved with
+    `to_empty` gets them without being initialised twice."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.normal_(generator=g)
+            if p.dim() > 1:
+                p.div_(p[0].numel() ** 0.5)
+            else:
+                p.mul_(0.1).add_(1 if name.endswith("gamma") else 0)
+    return module.eval()
+
+
 def load_tiny(family: str, **kwargs):
     import vae
 

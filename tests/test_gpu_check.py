@@ -69,3 +69,23 @@ def test_profile_kinds_name_cudnn_layout_conversions_and_both_norm_kernels():
     assert kind_of("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_ndhwc") == "conv"
     for name in ("_gn_partial_kernel", "_gn_partial_cl_kernel", "_center_scale_act_cl_kernel", "_rms_act_cl_kernel"):
         assert kind_of(name) == "norm", name
+
+
+def test_hv15_rows_and_the_core_attention_row_decode_like_core(tmp_path):
+    """gpu_check's HunyuanVideo 1.5 workload, dry-run on the CPU (its tiny random-weight model): complete
+    rows, the row with the attention unmasked (`core_attention`) decodes what ComfyUI 0.33.0's own
+    decoder does, and StreamVAE's default (the masked attention the model was trained with) does not."""
+    tree = TREES["0.33.0"]
+    if not (tree.path / "comfy").is_dir() or not tree.sites():
+        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--families", "hv15",
+           "--variants", "core_0.33.0", "core_attention", "fp32", "bf16", "--reference", "core_0.33.0",
+           "--repeats", "1", "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, *rows = (json.loads(line) for line in next(tmp_path.glob("*-decode.jsonl")).read_text().splitlines())
+    by_variant = {row["variant"]: row for row in rows}
+    assert set(by_variant) == {"core_0.33.0", "core_attention", "fp32", "bf16"} and rows[0]["key"].startswith("hv15-")
+    assert not any("error" in row for row in rows) and all(row["finite"] and row["median_s"] > 0 for row in rows), rows
+    assert by_variant["core_attention"]["max_err"] < 1e-4, rows  # fp32 rounding of the same network
+    assert by_variant["fp32"]["max_err"] > 2 / 255, rows  # the masked attention: visibly not core's output

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import vae
 from vae.loading import CheckpointError, save_checkpoint
-from reference import assert_exact
+from reference import assert_exact, random_weights
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -28,24 +28,11 @@ VARIANTS = {
 STREAMED = ("qwenimage-rgba", "wan21-upscale2x", "qwenimage21")
 
 
-def _random_weights(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Seeded weights of unit-ish gain (norm gammas near 1), so activations stay O(1) through the network."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise / p[0].numel() ** 0.5)
-            else:
-                p.copy_(1 + 0.1 * noise if name.endswith("gamma") else 0.1 * noise)
-    return module.eval()
-
-
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def variant(request, tmp_path_factory):
     """(id, diffusers model, our model loaded from a safetensors file in diffusers key names)."""
     cls_name, kwargs, *_ = VARIANTS[request.param]
-    reference = _random_weights(getattr(diffusers, cls_name)(**kwargs), seed=len(request.param))
+    reference = random_weights(getattr(diffusers, cls_name)(**kwargs), seed=len(request.param))
     path = tmp_path_factory.mktemp("variants") / f"{request.param}.safetensors"
     save_checkpoint(reference.state_dict(), path)
     return request.param, reference, vae.load(path)
@@ -155,7 +142,7 @@ def test_plan_predicts_memory_for_the_variant(variant):
 
 @pytest.fixture(scope="module")
 def rgba_state():
-    return dict(_random_weights(diffusers.AutoencoderKLQwenImage(base_dim=8, input_channels=4), 0).state_dict())
+    return dict(random_weights(diffusers.AutoencoderKLQwenImage(base_dim=8, input_channels=4), 0).state_dict())
 
 
 @pytest.mark.parametrize("key, shape, named", [

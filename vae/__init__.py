@@ -7,18 +7,18 @@
 
 Families, detected from the checkpoint's keys: SeedVR2 (`seedvr2`), Wan2.1 (`wan21`: Wan2.1 and Wan2.2
 A14B, and the VAEs of its architecture at other sizes: Qwen-Image, RGBA Qwen-Image-Layered, pruned
-widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B), Qwen-Image 2.1 (`qwen21`, an image VAE) and
-LTX-2 (`ltx2`: LTX-2 2.0/2.3/2.5 and LTX-Video 0.9.x, read straight out of the full LTX-2 checkpoint),
-the Wan and LTX files in upstream/ComfyUI or diffusers key names, every size read from the shapes
-(`wan_layout.py`, `ltx2_layout.py`). Encode takes `m.in_channels` image channels (4: RGBA), decode gives
-`m.out_channels`, at `m.decode_upscale` times the encoded size.
+widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B), Qwen-Image 2.1 (`qwen21`, an image VAE),
+HunyuanVideo 1.5 (`hv15`) and LTX-2 (`ltx2`: LTX-2 2.0/2.3/2.5 and LTX-Video 0.9.x, read straight out
+of the full LTX-2 checkpoint), the Wan, HunyuanVideo and LTX files in upstream/ComfyUI or diffusers key
+names, every size read from the shapes (`wan_layout.py`, `hv15_layout.py`, `ltx2_layout.py`). Encode takes
+`m.in_channels` image channels (4: RGBA), decode gives `m.out_channels`, at `m.decode_upscale` times the encoded size.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
-diffusion model sees (SeedVR2 scaling; Wan per-channel (z - mean) / std).
+diffusion model sees (SeedVR2 and HunyuanVideo 1.5 scaling; Wan per-channel (z - mean) / std).
 
 Latents here are always raw. ComfyUI core's LATENTs differ for SeedVR2 and LTX: core's SeedVR2 VAE
 returns `to_model_space(z)` (raw x 0.9152) and divides it out before decoding, core's LTX VAE
-normalises by the checkpoint's per-channel statistics, while core's Wan LATENTs are raw (the Wan
-latent format normalises inside the model). `m.to_comfy_latent(z)` /
+normalises by the checkpoint's per-channel statistics, while core's Wan and HunyuanVideo 1.5 LATENTs
+are raw (their latent formats scale inside the model). `m.to_comfy_latent(z)` /
 `m.from_comfy_latent(samples)` convert; the node pack and the CLI's latent files do so at their edges.
 
 How a clip runs (temporal chunks, tiles, where the causal caches wait, memory budget) is asked for as
@@ -40,6 +40,7 @@ from .distributed.row_bands import RowBands
 from .distributed.workers import RankWorkers
 from .kernels import Optimizations
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
+from .model.hv15 import Hv15Config, Hv15VAE
 from .model.ltx2 import LTX2Config, LTX2VAE
 from .model.qwen21 import Qwen21Config, Qwen21VAE
 from .model.seedvr2 import SeedVR2Config, SeedVR2VAE
@@ -60,6 +61,8 @@ __all__ = [
     "Cancelled",
     "CheckpointError",
     "CompileSettings",
+    "Hv15Config",
+    "Hv15VAE",
     "LTX2Config",
     "LTX2VAE",
     "Optimizations",

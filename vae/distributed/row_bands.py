@@ -114,9 +114,9 @@ class RowBands:
         cache offload; with a memory budget, the chunk and offload the memory model fits for an untiled
         frame of the tallest band, the ranks then running the smallest chunk any of them can afford.
         Its peak is one rank's. Convs that look ahead in time or pad by reflection (LTX-2's decoder) are
-        refused: a band's conv pads zeros at its ends and knows no clip end."""
+        refused: a band's conv knows no clip end, and a reflection may read past its halo."""
         modules = model.decode_modules() if op == "decode" else model.encode_modules()
-        if model.looks_ahead(op) or any(m.padding_mode != "zeros" for root in modules for m in root.modules()
+        if model.looks_ahead(op) or any(m.padding_mode == "reflect" for root in modules for m in root.modules()
                                         if isinstance(m, (CausalConv3d, FrameConv2d))):
             raise ValueError(f"row bands cannot run this {model.family} {op} yet (its convs look ahead in time or pad "
                              f"by reflection): {op} on one device, with exact tiles for the memory")
@@ -241,6 +241,7 @@ class RowBands:
             return empty_video(like, (b, conv.out_channels, 0, o1 - o0, wo))
         inside = [(max(a, 0), min(z, height)) for (a, z), _ in reads]
         self._exchange(inner, rows_in.start, scale, inside)
+        window.pad(buf, (iy0, iy1), cols)  # replicated edges read the exchanged rows: after them
         return conv.conv5d(buf, ctx, padded=False)
 
     def local(self, fn, x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:

@@ -10,8 +10,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from .conv_buffer import PADDING_MODES, Fill, interior, pad_border, padded_buffer
 from .execution import StreamState
-from .conv_buffer import Fill, interior, padded_buffer, reflect_border
 
 from ..kernels import conv3d
 from ..kernels.layout import empty_video
@@ -50,18 +50,19 @@ class CausalConv3d(Conv3d):
     its output over a clip is the whole-clip one however the input is cut. Its start is its first
     call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
 
-    Spatial padding (left, right, top, bottom) is `padding_mode` "zeros" or "reflect" (torch's
-    modes); symmetric zero padding is done by the conv itself, asymmetric or reflected padding inside
-    the input buffer (the downsamplers' right/bottom pad; every reflected pad), only at the frame
-    border: a tile's halo inside the frame is the frame's pixels.
+    Spatial padding (left, right, top, bottom) is `padding_mode` "zeros", "reflect" (LTX-2) or
+    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`conv_buffer.py`);
+    symmetric zero padding is done by the conv itself, asymmetric, reflected or replicated padding
+    inside the input buffer (the downsamplers' right/bottom pad; every other mode's pad), after the
+    frames are written, only at the frame border: a tile's halo inside the frame is the frame's pixels.
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, head="zeros", head_frames=None,
                  spatial_pad=None, lookahead: int = 0, padding_mode: str = "zeros"):
         kt, kh, kw = _triple(kernel_size)
         pad = spatial_pad if spatial_pad is not None else (kw // 2, kw // 2, kh // 2, kh // 2)
-        if padding_mode not in ("zeros", "reflect"):
-            raise ValueError(f"padding_mode must be 'zeros' or 'reflect', got {padding_mode!r}")
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {', '.join(map(repr, PADDING_MODES))}, got {padding_mode!r}")
         symmetric = pad[0] == pad[1] and pad[2] == pad[3] and padding_mode == "zeros"
         super().__init__(in_channels, out_channels, (kt, kh, kw), _triple(stride), padding=(0, pad[2], pad[0]) if symmetric else 0)
         if head not in ("zeros", "replicate"):
@@ -174,8 +175,8 @@ class CausalConv3d(Conv3d):
         frames = interior(buf, self.buffer_pad)
         self.write_head(frames, head, n_head)
         self.write_tail(frames, n_tail)
-        if self.padding_mode == "reflect":
-            reflect_border(buf, self.buffer_pad)
+        if self.padding_mode != "zeros":  # read the written frames: after them
+            pad_border(buf, self.buffer_pad, self.padding_mode)
         return self._convolve(buf, ctx)
 
     def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamState) -> torch.Tensor:

@@ -9,8 +9,25 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 
 
+class KeysValues(Protocol):
+    """The attention keys and values of the frames a frame-causal attention has seen (the run's
+    `run.kv_cache.KeyValueCache`), per attention module: B,tokens,C each."""
+
+    def frames(self, module) -> int:
+        """How many frames' keys and values `module` has kept."""
+
+    def append(self, module, k: torch.Tensor, v: torch.Tensor, frames: int) -> None:
+        """Keep the keys and values of `frames` more frames."""
+
+    def prefix(self, module, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of the first `frames` frames kept."""
+
+
 class CausalState(Protocol):
-    """What each temporal module remembers between the chunks of one clip, keyed by the module."""
+    """What each temporal module remembers between the chunks of one clip, keyed by the module, and
+    the attention keys and values of the frames seen (`keys_values`)."""
+
+    keys_values: KeysValues
 
     def __contains__(self, module) -> bool: ...
 
@@ -34,7 +51,8 @@ class StreamState(Protocol):
     """One encode or decode as its blocks see it.
 
     `opts`: the run's `kernels.Optimizations`; `first_chunk` / `last_chunk`: whether the chunk being run
-    holds the clip's first / last frame; `cache`: the causal caches; `execution`: None (whole frames,
+    holds the clip's first / last frame; `prefill`: whether the run is passing the clip through the
+    model's `prefill_stages` before the clip itself; `cache`: the causal caches; `execution`: None (whole frames,
     the blocks' own path) or the `Execution` every conv, norm and attention runs under; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
     every `kernels.conv3d` of the run."""
@@ -42,6 +60,7 @@ class StreamState(Protocol):
     opts: object
     first_chunk: bool
     last_chunk: bool
+    prefill: bool
     cache: CausalState
     execution: "Execution | None"
     kernel_log: object

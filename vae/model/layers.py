@@ -192,3 +192,49 @@ class FrameSelfAttention(nn.Module):
         o = sdpa(q, k, v, ctx.opts.attention)
         o = self.project_out(o).reshape(b, t, x.shape[3], w, c).permute(0, 4, 1, 2, 3)
         return x + o
+
+
+class FrameCausalAttention(FrameSelfAttention):
+    """Single-head self-attention over every position of the clip in which frame t attends to the
+    positions of frames <= t (HunyuanVideo 1.5's mid-block, the mask it was trained with), plus the
+    residual; with `full`, to every frame of the clip (ComfyUI core's unmasked attention).
+
+    Frame-causal, it runs chunk by chunk: a chunk's keys and values join those of the frames before it
+    (`ctx.cache.keys_values`, kept where the run's causal caches are), and the queries of each of its
+    frames attend to that prefix: exactly the masked attention, without the mask (at 720p and 121
+    frames it would be 111,600^2 floats) and without recomputing a key. Full, it needs every frame's
+    keys before the first query: the engine runs the stages up to here over the whole clip first
+    (`VideoVAE.prefill_stages`, `ctx.prefill`), which only stores them, then the clip again.
+
+    As `FrameSelfAttention`: subclasses own the parameters and define `normalize`, `project_qkv` and
+    `project_out`; execution strategies call `attend` with whole frames.
+    """
+
+    def __init__(self, channels: int, full: bool = False):
+        super().__init__(channels)
+        self.full = full
+
+    def attend(self, x: torch.Tensor, ctx: StreamState, rows: slice = slice(None)) -> torch.Tensor:
+        """x (B,C,t,H,W: the chunk's frames, whole) + attention output, for the query positions in `rows`
+        only (B,C,t,len(rows),W): a row band's queries attend to every key (distributed bands)."""
+        b, c, t, h, w = x.shape
+        kv = ctx.cache.keys_values
+        tokens = self.normalize(x, ctx).permute(0, 2, 3, 4, 1).reshape(b, t * h * w, c)  # B,t*h*w,C
+        q, k, v = self.project_qkv(tokens)
+        seen = kv.frames(self)
+        if not self.full or ctx.prefill:
+            kv.append(self, k, v, t)
+        x = x[..., rows, :]
+        if self.full and ctx.prefill:
+            return x  # the prefill pass only gathers keys; what follows the attention is not run
+        q = q.reshape(b, t, h, w, c)[:, :, rows].reshape(b, t, -1, c)  # B,t,queries per frame,C
+        if self.full:  # every query attends to every frame's keys
+            keys, values = kv.prefix(self, kv.frames(self))
+            o = sdpa(q.reshape(b, -1, c), keys, values, ctx.opts.attention)
+        else:  # frame j attends to the frames before the chunk and its own first j + 1
+            keys, values = kv.prefix(self, seen + t)
+            per_frame = keys.shape[1] // (seen + t)
+            o = torch.cat([sdpa(q[:, j], keys[:, :(seen + j + 1) * per_frame], values[:, :(seen + j + 1) * per_frame],
+                                ctx.opts.attention) for j in range(t)], dim=1)
+        o = self.project_out(o).reshape(b, t, x.shape[3], w, c).permute(0, 4, 1, 2, 3)  # B,C,t,rows,W
+        return x + o

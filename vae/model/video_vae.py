@@ -82,6 +82,17 @@ class VideoVAE(nn.Module):
         u = `decode_upscale`."""
         raise NotImplementedError
 
+    def prefill_stages(self, op: str) -> list[Stage]:
+        """The first stages of `op` that must see every frame of the clip before the clip runs (a
+        non-causal attention gathers its keys: `layers.FrameCausalAttention`); the engine runs them
+        over the whole clip first with `ctx.prefill` set. None for a causal network."""
+        return []
+
+    def attention_cache_elements(self, op: str, batch: int, latent_frames: int, latent_hw: tuple[int, int]) -> int:
+        """Elements of the keys and values a frame-causal attention of `op` keeps for a whole clip of
+        `latent_frames` latent frames (`kv_cache.py`; `memory.estimate` counts them); 0 without one."""
+        return 0
+
     def moments(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's output B,2*latent,t,h,w -> (mean, logvar) of the posterior."""
         raise NotImplementedError

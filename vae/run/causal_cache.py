@@ -30,6 +30,7 @@ import torch
 
 from ..kernels.devices import host_available
 from ..kernels.layout import dense_copy, empty_video, is_ndhwc
+from .kv_cache import KeyValueCache
 
 CACHE_OFFLOADS = ("none", "host", "disk")
 WRITE_BLOCK_BYTES = 16 * 2**20  # a disk write copies at most this much at a time into rows-first order
@@ -331,10 +332,10 @@ class CausalCache:
             offload = "none"
         self.offload = offload
         self.fallback = fallback if fallback != offload else None
-        if offload == "host":
-            self._store = _HostStore(host_available() if host_budget is None else host_budget)
-        else:
-            self._store = _DiskStore() if offload == "disk" else _DeviceStore()
+        self._host_budget = host_budget
+        self._store = self._offload_store() if offload != "none" else _DeviceStore()
+        # The keys and values of the frames each frame-causal attention has seen, where these caches live.
+        self.keys_values = KeyValueCache(offload, self.device, self._offload_store)
         self._counts: dict[object, int] = {}
 
     def advance(self, key, frames: int) -> int:
@@ -344,6 +345,12 @@ class CausalCache:
         before = self._counts.get(key, 0)
         self._counts[key] = before + frames
         return before
+
+    def _offload_store(self):
+        """A new store of this cache's offload ("host" or "disk")."""
+        if self.offload == "host":
+            return _HostStore(host_available() if self._host_budget is None else self._host_budget)
+        return _DiskStore()
 
     def __contains__(self, module) -> bool:
         return module in self._store.keys()
@@ -376,6 +383,8 @@ class CausalCache:
         return frames
 
     def clear(self) -> None:
+        """Drop every module's entry (the causal state of a run that starts again at frame 0); the
+        attention keys and values (`keys_values`) stay."""
         for module in list(self._store.keys()):
             self._store.discard(module)
         self._counts.clear()
@@ -401,4 +410,5 @@ class CausalCache:
     def close(self) -> None:
         """Drop everything (and the disk file, if any)."""
         self._store.close()
+        self.keys_values.close()
         self._counts.clear()

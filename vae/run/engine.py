@@ -132,6 +132,7 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
+    ctx.cache.keys_values.reserve(plan.clip.latent_frames)
     ctx.first_chunk, ctx.last_chunk = True, False
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.streamed else None
@@ -155,6 +156,7 @@ def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Part
     n_lat, first = plan.clip.latent_frames, 0
     _prepare(model, ctx, plan, steps, partition, plan.clip.chunks(plan.temporal_chunk))
     try:
+        _prefill(model, ctx, plan, steps, step)
         while first < n_lat:
             n = min(plan.temporal_chunk, n_lat - first)
             ctx.last_chunk = first + n == n_lat  # convs that look ahead pad the clip's end now
@@ -192,6 +194,7 @@ def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Par
         plan = recovery.smaller_plan(model, plan, reason)
         _prepare(model, ctx, plan, steps, partition, -(-(plan.clip.latent_frames - done) // plan.temporal_chunk))
         try:
+            _prefill(model, ctx, plan, steps, step)
             with steps.muted():  # cancellable, but no progress to report
                 for first in range(0, done, plan.temporal_chunk):
                     step(first, min(plan.temporal_chunk, done - first), False)
@@ -203,15 +206,41 @@ def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Par
             reason = str(error) or type(error).__name__
 
 
+def _prefill(model, ctx: StreamContext, plan: Plan, steps: Steps, step) -> None:
+    """Run the model's `prefill_stages` (those that must see every frame before the clip runs: a full
+    attention gathering its keys) over the whole clip, chunk by chunk as the plan runs it, with
+    `ctx.prefill` set and nothing written; then the causal state starts again at frame 0 (what the
+    prefill gathered, in `ctx.cache.keys_values`, stays)."""
+    stages = model.prefill_stages(plan.op)
+    if not stages:
+        return
+    whole = ctx.frame_stream
+    ctx.prefill, ctx.frame_stream = True, FrameStream(stages) if whole is not None else None
+    try:
+        with steps.muted():
+            for first in range(0, plan.clip.latent_frames, plan.temporal_chunk):
+                n = min(plan.temporal_chunk, plan.clip.latent_frames - first)
+                ctx.last_chunk = first + n == plan.clip.latent_frames
+                step(first, n, False)
+                ctx.first_chunk = False
+    finally:
+        ctx.prefill, ctx.frame_stream = False, whole
+    ctx.cache.clear()
+    ctx.first_chunk, ctx.last_chunk = True, False
+
+
 def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
     """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
     encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
     the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
     the frames they held back with the clip's last chunk, each layer more than the one before: that
-    chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's."""
+    chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's. In a
+    prefill pass (`_prefill`) only the model's `prefill_stages` run, and nothing is emitted."""
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
-    if ctx.frame_stream is not None:
-        ctx.frame_stream.run(x, ctx, emit)
+    if ctx.frame_stream is not None:  # in a prefill pass, the stream of the prefill stages
+        ctx.frame_stream.run(x, ctx, (lambda y: None) if ctx.prefill else emit)
+    elif ctx.prefill:
+        run_stages(model.prefill_stages(plan.op), x, ctx)
     elif ctx.last_chunk and model.looks_ahead(plan.op):
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     else:

@@ -17,7 +17,9 @@ with chunk_pixels the pixel-frames of one temporal chunk at video resolution (de
 encode input) and tile_pixels those of one spatial tile (exact tiling). The causal caches are part
 of that; offloaded (`causal_cache.py`), they leave the compute device except the running module's
 own (its old and new frames), which `cache_profile` (elements per video pixel, all caches and the
-largest, measured by a short run) gives.
+largest, measured by a short run) gives. The keys and values a frame-causal attention keeps of the
+whole clip (HunyuanVideo 1.5: `VideoVAE.attention_cache_elements`) are counted on top: at every step
+where they stay on the device, at the attention step where they are offloaded.
 """
 import json
 from functools import lru_cache
@@ -210,12 +212,13 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     coef = {k: v * scale for k, v in coefficients(basis, op, mode, device.type).items()}
     resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
     cache_all, cache_largest = _cache_elements(model, op, device.type)
+    chunk = 1 if streamed else min(temporal_chunk, n_lat)
     if streamed:
         th, tw = (min(side, full) for side, full in zip(as_pair(tile_size or (height, width)), (height, width)))
         frame_pixels = b * height * width
         act = coef["per_pixel"] * frame_pixels + coef.get("per_tile_pixel", 0.0) * b * th * tw
         act += cache_all * frame_pixels if cache_offload == "none" else b * cache_band_elements(cache_largest, th, width)
-        return int(resident + elem * (act + coef.get("fixed", 0)))
+        return int(resident + elem * (_with_attention_cache(model, clip, chunk, cache_offload, act) + coef.get("fixed", 0)))
     # The calibration ran one latent frame per chunk, so its per_pixel holds the causal caches, which
     # are whole frames per module whatever the chunk length: they scale with the frame, the rest
     # with the chunk's pixel frames.
@@ -228,7 +231,21 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
         act += coef.get("per_tile_pixel", 0.0) * tile_pixels
     if cache_offload != "none":
         act -= (cache_all - 2 * cache_largest) * frame_pixels
+    if not fast:  # a fast tile's attention spans the tile: its keys are in the untiled coefficients' range
+        act = _with_attention_cache(model, clip, chunk, cache_offload, act)
     return int(resident + elem * (act + coef.get("fixed", 0)))
+
+
+def _with_attention_cache(model, clip: Clip, chunk: int, cache_offload: str, act: float) -> float:
+    """`act` (elements) with the keys and values a frame-causal attention keeps of the whole clip
+    (`kv_cache.py`): on the device they add to every step; offloaded, they are read back for the
+    attention step only, where the rest is the chunk's latent-resolution tensors (counted as the
+    chunk's own keys and values again, for its queries and output), far below the high-resolution
+    steps' peak. The calibrated runs (two latent frames) hold a negligible part of them."""
+    whole = model.attention_cache_elements(clip.op, clip.batch, clip.latent_frames, clip.latent_hw)
+    if cache_offload == "none":
+        return act + whole
+    return max(act, whole + model.attention_cache_elements(clip.op, clip.batch, chunk, clip.latent_hw))
 
 
 def cache_band_elements(largest: float, tile_rows: int, width: int) -> float:

@@ -18,8 +18,9 @@ class StreamContext:
     `execution` is None (whole frames, the blocks' own path) or the `model.execution.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `distributed.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
-    `strategies.FrameStream` that runs them one frame at a time. `kernel_log`: see
-    `kernels.kernel_log`.
+    `strategies.FrameStream` that runs them one frame at a time. `prefill` is True while the engine
+    runs a model's `prefill_stages` over the clip before the clip itself (a full attention gathers
+    every frame's keys first: `layers.FrameCausalAttention`). `kernel_log`: see `kernels.kernel_log`.
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
@@ -30,6 +31,7 @@ class StreamContext:
         self.cache = cache if cache is not None else CausalCache()
         self.execution = execution
         self.frame_stream = None
+        self.prefill = False
         # Where the convs and norms note which kernel ran (the caller's, for its run report; or None).
         self.kernel_log = kernel_log
         # How every conv of the run picks its kernel (`kernels.conv3d`'s keyword arguments): the

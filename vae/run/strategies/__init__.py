@@ -127,7 +127,7 @@ class ConvWindow:
     def buffer(self, like: torch.Tensor, frames: int, rows: tuple[int, int], cols: tuple[int, int]):
         """(buffer B,C,frames,rows,cols of the input region, its in-frame part as a view, that part's
         row and column slices of the frame); zero where the region leaves the frame (a conv with
-        reflected padding: left to `pad`, once the in-frame part is written)."""
+        another padding mode: left to `pad`, once the in-frame part is written)."""
         b, c, _, h, w = self.shape
         (iy0, iy1), (ix0, ix1) = rows, cols
         cy0, cy1, cx0, cx1 = max(iy0, 0), min(iy1, h), max(ix0, 0), min(ix1, w)
@@ -138,7 +138,7 @@ class ConvWindow:
         return buf, inner, slice(cy0, cy1), slice(cx0, cx1)
 
     def pad(self, buf: torch.Tensor, rows: tuple[int, int], cols: tuple[int, int]) -> None:
-        """The part of `buffer`'s region outside the frame, for a conv with reflected padding: the
-        reflection of the in-frame part, which is written (zero padding was set by `buffer`)."""
+        """The part of `buffer`'s region outside the frame, for a conv that pads by reflection or by
+        copies of the edge: read from the in-frame part, which is written (zeros were set by `buffer`)."""
         if self.conv.padding_mode != "zeros":
             pad_border(buf, self._outside(rows, cols), self.conv.padding_mode)
