@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 import vae
 from bench.models import meta_model
 from vae.run import memory, planning
-from vae.model.blocks import StreamContext
+from vae.run.stream_context import StreamContext
 from vae.run.causal_cache import CausalCache
 from vae.model.hv15 import HV15_SCALING_FACTOR, Hv15Attention
 from vae.loading import CheckpointError, save_checkpoint
