@@ -82,7 +82,7 @@ def _check(device: torch.device, dtype: torch.dtype) -> tuple[str | None, bool]:
             except Exception as error:  # noqa: BLE001 - any failure to pick, build or run a kernel
                 if is_oom(error) and case is LARGE:
                     return None, False
-                return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}", True
+                return kernel_check.error_line(error), True
             if worst > 1:
                 return f"its results disagree with NCDHW's ({worst:.1f}x the allowed error)", True
     return None, True
@@ -102,5 +102,4 @@ def _compare(case, device, dtype, generator) -> float:
                       *args, cudnn_workaround=True)
     if got.shape != want.shape:
         raise ValueError(f"output shape {tuple(got.shape)}, not {tuple(want.shape)}")
-    error = ((got.double() - want.double()).abs() / want.double().abs().clamp_min(1)).nan_to_num(nan=float("inf"))
-    return error.max().item() / TOLERANCE[dtype]
+    return kernel_check.relative_error(got, want) / TOLERANCE[dtype]

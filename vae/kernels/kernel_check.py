@@ -190,7 +190,7 @@ def _check_case(shape, groups: int, large: bool, layout: str, dtype, device, gen
             unsure.add((kernel, layout))
             if large:  # the small inputs passed: the verdict rests on them
                 return
-        errors[kernel, layout] = _reason(error)
+        errors[kernel, layout] = error_line(error)
 
     try:
         x, buffer, out = _case(shape, layout, dtype, device, generator)
@@ -210,7 +210,8 @@ def _check_case(shape, groups: int, large: bool, layout: str, dtype, device, gen
             failed(kernel, error)
 
 
-def _reason(error: Exception) -> str:
+def error_line(error: Exception) -> str:
+    """"Type: first line of the message": how a failed check names its error (here and conv_check.py)."""
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"{type(error).__name__}: {first_line}"
 
@@ -238,7 +239,7 @@ def _bands(x: torch.Tensor):
         yield slice(r0, min(r0 + rows, x.shape[3]))
 
 
-def _error(got: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     """max |got - ref| / max(1, |ref|) (NaN counts as infinite)."""
     ref = ref.double()
     return ((got.double() - ref).abs() / ref.abs().clamp_min(1)).nan_to_num(nan=math.inf).max().item()
@@ -262,7 +263,7 @@ def _moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _check_stats(x, groups, out, generator) -> float:
     mean, var = triton_norm.group_norm_moments(x, groups)
     ref_mean, ref_var = _moments(x, groups)
-    return max(_error(mean, ref_mean), _error(var, ref_var)) / STATS_TOLERANCE
+    return max(relative_error(mean, ref_mean), relative_error(var, ref_var)) / STATS_TOLERANCE
 
 
 def _check_apply(x, groups, out, generator) -> float:
@@ -279,7 +280,7 @@ def _check_apply(x, groups, out, generator) -> float:
         y = y.reshape(band.shape) * weight.double().view(1, c, 1, 1, 1) + bias.double().view(1, c, 1, 1, 1)  # B,C,T,rows,W
         return F.silu(y).to(x.dtype)
 
-    worst = max(_error(out[..., rows, :], reference(x[..., rows, :])) for rows in _bands(x))
+    worst = max(relative_error(out[..., rows, :], reference(x[..., rows, :])) for rows in _bands(x))
     return worst / TOLERANCE[x.dtype]
 
 
@@ -293,7 +294,7 @@ def _check_rms(x, groups, out, generator) -> float:
         y = x64 / x64.norm(dim=1, keepdim=True).clamp_min(1e-12) * math.sqrt(c) * gamma.double().view(1, c, 1, 1, 1)
         return F.silu(y).to(x.dtype)
 
-    worst = max(_error(out[..., rows, :], reference(x[..., rows, :])) for rows in _bands(x))
+    worst = max(relative_error(out[..., rows, :], reference(x[..., rows, :])) for rows in _bands(x))
     return worst / TOLERANCE[x.dtype]
 
 
