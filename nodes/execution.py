@@ -142,7 +142,8 @@ def _finish(handle, report: RunReport) -> RunReport:
     dtype = handle.model.decode_dtype if report.op == "decode" else handle.model.encode_dtype
     ran = (report.kernel_log.describe(handle.opts.kernel_choice) if report.kernel_log is not None
            else f"kernels: {handle.opts.kernel_choice} (run by the device workers' processes, not counted here)")
-    report.kernels = f"{ran}; activations {report.plan.activation_layout.upper()}"
+    report.kernels = (f"{ran}; activations {report.plan.activation_layout.upper()}; "
+                      f"planned: {report.plan.kernels.describe()}")
     report.doctor = doctor.for_run(handle.load_device, dtype, handle.opts, handle.model, report.plan)
     if handle.compile_report is not None:
         report.notes.append(f"compile: {handle.compile_status}")

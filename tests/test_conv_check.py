@@ -10,7 +10,7 @@ import torch
 import vae
 from tests.reference import assert_exact, load_tiny
 from vae.kernels import conv, conv_check, kernel_choice
-from vae.run import layout_choice
+from vae.run import kernel_plan
 
 real_conv3d = conv.conv3d
 
@@ -78,7 +78,7 @@ def test_a_failing_route_keeps_ncdhw_with_one_warning(fault, words, fresh_record
     monkeypatch.setattr(conv, "conv3d", real_conv3d)  # the faulty route is not taken: the decode is NCDHW's
     want = vae.decode(model, z, opts=opts.with_(activation_layout="ncdhw"))
     assert_exact(vae.decode(model, z, plan, opts=opts), want, rtol=0, atol=0)
-    assert layout_choice.explain("ndhwc", "cpu", torch.float32, "measure").startswith("NCDHW (NDHWC convs failed")
+    assert kernel_plan.explain("ndhwc", "cpu", torch.float32, "measure").startswith("NCDHW (NDHWC convs failed")
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ pointer fails here rather than misleading the next reader.
 Checked, by regex over the text and the AST of our modules (nothing is imported; well under a second):
 - repository paths (`vae/run/engine.py`, `bench/results/gpu/`, `vae/loading` for a module, `bench/results/x.*`);
 - bare test files and test names (`test_layout.py`, `test_plan_is_frozen`);
-- dotted references in backticks to our modules (`engine.decode`, `vae.run.layout_choice.choose`,
+- dotted references in backticks to our modules (`engine.decode`, `vae.run.kernel_plan.choose`,
   `strategies.ExactTiles`, `vae/video_file.FileSink`, `model.decode_chunk`): the name must be defined in
   that module (for a package, in it or one of its modules; a class's member after a class name).
 bench/RESULTS.md keeps its commands as they were recorded, so only the result files it cites are checked there.

@@ -2,12 +2,15 @@
 one the dispatcher saw (an independent observer: a TorchDispatchMode), every norm one the layers
 called; a second run with every shape on record still reports its own calls; a layer shape measured
 during the run is said. (With the Triton kernels, in the interpreter: tests/test_kernel_check.py.)"""
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
 import vae.model.layers
+from bench.models import random_state_dict
 from tests.reference import load_tiny
 from tests.test_kernel_choice import layer
 from tests.test_layout import CONVS
@@ -75,3 +78,46 @@ def test_the_log_names_the_kernel_each_conv_took_and_what_the_run_measured(cache
 
 def test_an_empty_log_says_so():
     assert KernelLog().ran() == "no conv or norm ran through the pack's kernels"
+
+
+def planned_and_ran(device: str, dtype: torch.dtype, opts: vae.Optimizations):
+    """(plan, {op: kernels the run's log names}) of a decode of 2 latent frames of 8x8 by a Wan2.1 of 96
+    channels (its decoder's 3x3x3 convs Winograd-eligible) with random weights."""
+    config = vae.Wan21Config(dim=96, dim_mult=(1, 1), num_res_blocks=1, temperal_downsample=(False,))
+    with torch.device("meta"):
+        meta = vae.Wan21VAE(config)
+    model = vae.load(random_state_dict(meta), config=dataclasses.asdict(config), device=device, dtype=dtype)
+    z = torch.randn(1, 16, 2, 8, 8, generator=torch.Generator().manual_seed(0)).to(device)
+    plan = vae.plan(model, "decode", z.shape, opts=opts)
+    log = KernelLog()
+    vae.decode(model, z, plan, opts=opts, kernel_log=log)
+    return plan, {op: {impl for (logged, impl, _) in log.calls if logged == op} for op, _, _ in log.calls}
+
+
+def test_the_plan_names_every_kernel_its_run_takes(cache_folder):
+    """`Plan.kernels` (decided before the run, `run.kernel_plan`) against the run's log (what ran): every
+    conv and norm kernel a decode took is one its plan named, with Winograd on and off and with measured
+    kernels; and a plan that names Winograd is not an empty claim (a conv of 96 channels on 8x8 latent
+    frames takes it)."""
+    taken = {}
+    for name, opts in {"defaults": vae.Optimizations(kernel_choice="defaults"),
+                       "no winograd": vae.Optimizations(kernel_choice="defaults", winograd_conv=False),
+                       "measure": vae.Optimizations()}.items():
+        plan, ran = planned_and_ran("cpu", torch.float32, opts)
+        assert ran["conv3d"] <= set(plan.kernels.conv), (name, ran, plan.kernels)
+        assert ran["rms_norm"] <= set(plan.kernels.norm), (name, ran, plan.kernels)
+        assert plan.kernels.attention == ((96, "auto"),)  # the mid-block's one head; PyTorch's pick on a CPU
+        taken[name] = (plan.kernels.conv, ran["conv3d"])
+    assert taken["defaults"] == (("onednn", "winograd_mkl"), {"onednn", "winograd_mkl"})
+    assert taken["no winograd"] == (("onednn",), {"onednn"})
+    assert len(taken["measure"][0]) > 2  # every GEMM route a candidate
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernels", ["defaults", "measure"])
+def test_on_the_gpu_the_plan_names_every_kernel_its_run_takes(cache_folder, kernels):
+    """The same on CUDA in bf16, both layouts: cuDNN as torch calls it or directly, the Triton norms."""
+    for layout in ("ncdhw", "ndhwc"):
+        plan, ran = planned_and_ran("cuda", torch.bfloat16, vae.Optimizations(kernel_choice=kernels, activation_layout=layout))
+        assert ran["conv3d"] <= set(plan.kernels.conv) and ran["rms_norm"] <= set(plan.kernels.norm), (ran, plan.kernels)

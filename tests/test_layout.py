@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
 from vae.kernels import conv, conv_check, kernel_choice, layout, norm_act
-from vae.run import layout_choice
+from vae.run import kernel_plan
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
 FIXED = vae.Optimizations(kernel_choice="defaults")
@@ -150,38 +150,38 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
 def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatch):
     """The decision: "auto" on CUDA with measured kernels is what `measured` finds on that GPU; with
     fixed kernels, an explicit layout or on a CPU, the rule."""
-    monkeypatch.setattr(layout_choice, "measured", lambda model, device, dtype: "ncdhw")
+    monkeypatch.setattr(kernel_plan, "measured", lambda model, device, dtype: "ncdhw")
     monkeypatch.setattr(conv_check, "failure", lambda device, dtype: None)  # an emulated GPU's NDHWC convs pass
     gpu, cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
-    assert layout_choice.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
-    assert layout_choice.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
-    assert layout_choice.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
-    assert layout_choice.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
+    assert kernel_plan.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
+    assert kernel_plan.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
+    assert kernel_plan.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
+    assert kernel_plan.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
 
 
 def test_the_layout_measurement_times_both_layouts_once(monkeypatch, tmp_path):
     """`measured` (what CUDA runs, here on the CPU): both layouts timed on the model's widest and
     narrowest 3x3x3 convs, the choice kept in the machine's record and read back, not timed again."""
     monkeypatch.setenv(kernel_choice.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(layout_choice, "PROBE_SIDES", (8, 16))
+    monkeypatch.setattr(kernel_plan, "PROBE_SIDES", (8, 16))
     model = load_tiny("seedvr2")
-    chosen = layout_choice.measured(model, "cpu", torch.float32)
+    chosen = kernel_plan.measured(model, "cpu", torch.float32)
     record = kernel_choice.choices_for("cpu")
     entries = {key: entry for key, entry in record._choices.items() if key.startswith("activation layout cpu float32")}
     assert len(entries) == 1 and set(next(iter(entries.values()))["ms"]) == {"ndhwc", "ncdhw"}
     assert chosen == next(iter(entries.values()))["choice"] in ("ndhwc", "ncdhw")
     timed = []
     monkeypatch.setattr(conv, "conv3d", lambda *args, **kwargs: timed.append(args))
-    assert layout_choice.measured(model, "cpu", torch.float32) == chosen and not timed
+    assert kernel_plan.measured(model, "cpu", torch.float32) == chosen and not timed
 
 
 def test_auto_layout_by_device_and_dtype():
-    assert layout_choice.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
-    assert layout_choice.resolve("auto", "cuda", torch.float32) == "ndhwc"
-    assert layout_choice.resolve("auto", "cpu", torch.float32) == "ncdhw"
+    assert kernel_plan.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
+    assert kernel_plan.resolve("auto", "cuda", torch.float32) == "ndhwc"
+    assert kernel_plan.resolve("auto", "cpu", torch.float32) == "ncdhw"
     native = vae.kernels.cpu_has_native(torch.bfloat16)
-    assert layout_choice.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
-    assert layout_choice.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
+    assert kernel_plan.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
+    assert kernel_plan.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
     with pytest.raises(ValueError, match="activation_layout"):
         vae.Optimizations(activation_layout="nhwc")
 

@@ -17,15 +17,15 @@ import torch
 
 from .kernels import Optimizations, backend, conv, devices, kernel_check, kernel_choice, winograd
 from .kernels.devices import dtype_name
-from .run import layout_choice, memory
+from .run import kernel_plan, memory
 
 log = logging.getLogger("streamvae")
 
 
 def report(device, dtypes, opts: Optimizations | None = None, *, model=None, plan=None) -> list[str]:
     """The doctor's lines for runs on `device` computing in `dtypes`, with the switches `opts` (default:
-    all on, as the nodes and the CLI run); `model` (its chosen layout) and `plan` (its memory mode)
-    narrow the layout and memory lines to one run."""
+    all on, as the nodes and the CLI run); `model` (its chosen layout) and `plan` (its memory mode
+    and kernels) narrow the layout and memory lines to one run and add its planned kernels."""
     device = torch.device(device)
     opts = opts or Optimizations()
     lines = [f"StreamVAE: {kernel_choice.pack_version()}; Python {platform.python_version()} on {platform.platform()}",
@@ -41,9 +41,11 @@ def report(device, dtypes, opts: Optimizations | None = None, *, model=None, pla
         if plan is not None and dtype == (model.decode_dtype if plan.op == "decode" else model.encode_dtype):
             chosen = plan.activation_layout  # the run's, as planned
         elif model is not None:
-            chosen = layout_choice.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
+            chosen = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
         lines.append(f"activation layout in {dtype_name(dtype)}: "
-                     f"{layout_choice.explain(opts.activation_layout, device, dtype, opts.kernel_choice, chosen)}")
+                     f"{kernel_plan.explain(opts.activation_layout, device, dtype, opts.kernel_choice, chosen)}")
+    if plan is not None:
+        lines.append(f"kernels this run may take (its plan): {plan.kernels.describe()}")
     lines.append(f"memory model on {device.type}: {_memory(device, model, plan)}")
     return lines
 

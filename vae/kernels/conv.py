@@ -144,6 +144,30 @@ def uses_winograd(device, dtype: torch.dtype, weight_shape, stride) -> bool | No
     return None if not chosen else any(name.startswith("winograd") for name in chosen)
 
 
+def planned_kernels(device, dtype: torch.dtype, weight_shapes, layout: str, winograd: bool, cudnn_workaround: bool,
+                    kernels: str) -> tuple[str, ...]:
+    """The names (as `conv3d` logs them) of the kernels that convs of `weight_shapes` (with their
+    strides: (shape, stride) pairs) may take on `device` in `dtype` with `layout` activations, before
+    any runs: `conv_candidates`' rules without an input (an input too small for Winograd, or a
+    transform that does not pay, narrows the set at run time, never widens it). `kernels` as in
+    `conv3d`: "defaults" keeps each conv's default kernel, "measure" every candidate."""
+    device = torch.device(device)
+    half = dtype in (torch.float16, torch.bfloat16)
+    if device.type != "cpu":
+        workaround = cudnn_workaround and device.type == "cuda" and half and backend.conv3d_regression_affected()
+        default = "cudnn_direct" if workaround else "torch"
+        if kernels != "measure":
+            return (default,)
+        extra = ("channels_last_3d",) if device.type == "cuda" and layout == "ncdhw" else ()
+        direct = ("cudnn_direct",) if workaround or (device.type == "cuda" and half and torch.version.hip is None) else ()
+        return tuple(dict.fromkeys(("torch", *extra, *direct)))
+    computed_in_fp32 = dtype == torch.float32 or (half and not cpu_has_native(dtype))
+    if not (winograd and computed_in_fp32 and any(winograd_weight_eligible(shape, stride) for shape, stride in weight_shapes)):
+        return ("onednn",)
+    routes = GEMM_ROUTES if kernels == "measure" else ("mkl",)
+    return ("onednn", *(f"winograd_{route}" for route in routes))
+
+
 def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
                     winograd: FilterCache | None, cudnn_workaround: bool = False) -> tuple[dict, str]:
     """({name: run(input) -> output}, default name): the exact kernels that can run this conv here

@@ -1,7 +1,7 @@
 """First-use check of the channels-last (NDHWC) conv route, on the device and in the dtype that run it.
 
 NDHWC activations are the default on CUDA and for half precision on CPUs with native kernels
-(`run.layout_choice`), and every conv of such a run goes through the backend's channels-last kernels
+(`run.kernel_plan`), and every conv of such a run goes through the backend's channels-last kernels
 (cuDNN's, oneDNN's): kernels the NCDHW path never calls, picked per shape by the backend, on the
 user's GPU, driver and cuDNN. So before a run first takes NDHWC on a device in a dtype, `verdict`
 convolves CASES there in both layouts, through the conv dispatch the blocks use (`conv.conv3d`), and

@@ -7,13 +7,13 @@ activation is then converted. So a run is in one layout from the first conv to t
 CPUs and on an H100: bench/RESULTS.md sections 0, 11 and 12):
 
 - the planner records the run's layout in its `Plan` and puts the conv weights in it
-  (`run.layout_choice`, `weights_in`); the engine puts each chunk's input in it, and the output is
+  (`run.kernel_plan`, `weights_in`); the engine puts each chunk's input in it, and the output is
   copied into the caller's NCDHW tensor;
 - every buffer a block allocates takes the layout of the tensor it is made from (`empty_video`), and
   convs, norms, adds and copies keep the layout of their input, so the activations never fall back.
 
 Which layout a run takes is `Optimizations.activation_layout`: "ncdhw", "ndhwc", or "auto"
-(`run.layout_choice`).
+(`run.kernel_plan`).
 """
 import torch
 

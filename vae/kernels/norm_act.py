@@ -30,6 +30,17 @@ def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:
             and kernel_check.usable(x, kernel))
 
 
+def planned_kernels(device, dtype: torch.dtype, triton: bool) -> tuple[str, ...]:
+    """The names (as the norms log them) of the kernels a run's norms may take on `device` in `dtype`
+    before any runs: "triton" where it is asked for (`triton`), launches there and one of its kernels
+    passed its first-use check in `dtype`; "torch" always (a call the Triton kernels cannot take, or
+    one measured faster in torch, runs it)."""
+    if (triton and dtype in kernel_check.DTYPES and kernel_check.runs_triton(device)
+            and any(v.passed for v in kernel_check.verdicts(kernel_check.device_name(device), dtype).values())):
+        return ("triton", "torch")
+    return ("torch",)
+
+
 def _logged(log: KernelLog | None, step: str, triton: bool, x: torch.Tensor) -> bool:
     """Adds the call of norm `step` on x to the run's `log` (if any); returns `triton`."""
     if log is not None:

@@ -48,7 +48,7 @@ class Optimizations:
     kernel_choice: str = "measure"
     # The memory layout of the activations from the first conv to the last (layout.py): "ndhwc"
     # (channels last: cuDNN's and oneDNN's native conv layout, no conversion around each conv),
-    # "ncdhw" (channel planes, upstream's), or "auto" (run.layout_choice.choose: by device and dtype; on CUDA with
+    # "ncdhw" (channel planes, upstream's), or "auto" (run.kernel_plan.choose: by device and dtype; on CUDA with
     # measured kernels, the layout whose convs the GPU runs faster).
     activation_layout: str = "auto"
 

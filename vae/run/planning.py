@@ -22,9 +22,10 @@ from typing import Iterator
 
 import torch
 
-from . import geometry, layout_choice, memory
+from . import geometry, kernel_plan, memory
 from .causal_cache import check_offload
 from .geometry import Clip
+from .kernel_plan import KernelPlan
 from ..kernels.devices import host_free
 from ..kernels import Optimizations, kernel_choice
 from ..kernels.layout import weights_in
@@ -87,7 +88,8 @@ class Plan:
     this plan. `kernel_choice` is how each layer's exact kernel is picked ("measure": the fastest
     measured on this machine, `kernels_on_record` layer shapes of which are measured already;
     "defaults": fixed rules). `activation_layout` is the layout of the run's activations ("ncdhw" or
-    "ndhwc", `run.layout_choice`), in which `plan` put the model's weights: the run only reads it.
+    "ndhwc", `run.kernel_plan`), in which `plan` put the model's weights: the run only reads it.
+    `kernels` names the kernels its convs, norms and attention may take (`kernel_plan.KernelPlan`).
     """
 
     op: str
@@ -109,6 +111,7 @@ class Plan:
     kernels_on_record: int | None = None
     streamed: bool = False        # the chunk's stages run one frame at a time (strategies.FrameStream)
     activation_layout: str = "ncdhw"
+    kernels: KernelPlan = KernelPlan()
 
     @property
     def work_bytes(self) -> int | None:
@@ -121,8 +124,8 @@ class Plan:
         frames = ", frames streamed one at a time" if self.streamed else ""
         return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{frames}{caches}"
 
-    def kernels(self) -> str:
-        """How this plan's kernels are picked, in words."""
+    def kernel_selection(self) -> str:
+        """How this plan's kernels are picked among `kernels`, in words."""
         if self.kernel_choice == "defaults":
             return "fixed default kernels (kernel_choice setting)"
         return (f"kernels measured per layer shape ({self.kernels_on_record} shape(s) on record for this machine; "
@@ -131,7 +134,7 @@ class Plan:
     def describe(self) -> str:
         rows, cols, chunks = self.grid
         peak = "peak unknown" if self.peak_bytes is None else f"peak {self.peak_bytes / 2**30:.2f} GiB"
-        return f"{rows}x{cols}x{chunks} ({self.settings()}), {peak}, {self.kernels()}"
+        return f"{rows}x{cols}x{chunks} ({self.settings()}), {peak}, {self.kernel_selection()}"
 
     def summary(self) -> str:
         """The short form the nodes and the web extension show."""
@@ -265,8 +268,9 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     weights = memory.weight_bytes(model)
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
-    run_layout = layout_choice.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
+    run_layout = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
     weights_in(model, run_layout)
+    kernels = kernel_plan.kernels_for(model, device, dtype, run_layout, opts)
 
     def make(candidate: Candidate, peak=None) -> Plan:
         chunk, tile, offload, streamed = candidate
@@ -275,7 +279,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
                     grid(clip, chunk, tile, settings.tile_overlap, settings.tiling), peak, budget, fits, weights,
                     kernel_choice=opts.kernel_choice, kernels_on_record=on_record, streamed=streamed,
-                    activation_layout=run_layout)
+                    activation_layout=run_layout, kernels=kernels)
 
     def estimated(candidate: Candidate) -> Plan:
         chunk, tile, offload, streamed = candidate

@@ -1,11 +1,14 @@
-"""Which activation layout a run takes (NCDHW or NDHWC, `kernels.layout`): by device and dtype, or on
-CUDA with measured kernels timed once on the GPU that runs. The planner records the choice in the
-`Plan` (`planning.plan`), which also puts the model's weights in that layout; a decode only reads it."""
+"""Which kernels and activation layout a run takes, decided with its `Plan` (`planning.plan`) before it
+runs: the layout (NCDHW or NDHWC, `kernels.layout`) by device and dtype, or on CUDA with measured
+kernels timed once on the GPU that runs; and the kernels its convs, norms and attention may take
+(`KernelPlan`), named as the run's `KernelLog` names what ran. `planning.plan` also puts the model's
+weights in the layout; a decode only reads the plan."""
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
-from ..kernels import conv, conv_check, kernel_choice
+from ..kernels import Optimizations, attention, conv, conv_check, kernel_choice, norm_act
 from ..kernels.layout import FORMATS
 
 
@@ -102,3 +105,41 @@ def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtyp
     if chosen == "ndhwc" and conv_check.failure(model.device, dtype) is not None:
         return "ncdhw"
     return chosen
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The kernels a run's convs and norms may take, as its `KernelLog` names them ("onednn",
+    "winograd_mkl", "torch", "triton", ...: what ran is one of these), and the attention kernel of each
+    of the model's attention head widths (`attention.KERNELS`; "auto": PyTorch's pick)."""
+
+    conv: tuple[str, ...] = ("onednn",)
+    norm: tuple[str, ...] = ("torch",)
+    attention: tuple[tuple[int, str], ...] = ()
+
+    def describe(self) -> str:
+        """e.g. "conv3d onednn or winograd_mkl; norms torch; attention auto (head 384)"."""
+        heads = ", ".join(f"{kernel} (head {width})" for width, kernel in self.attention) or "none in this model"
+        return f"conv3d {' or '.join(self.conv)}; norms {' or '.join(self.norm)}; attention {heads}"
+
+
+def conv_weights(model: torch.nn.Module) -> list[tuple[tuple[int, ...], tuple[int, int, int]]]:
+    """(B,C,T,H,W weight shape, stride) of every conv of `model`; a frame conv as the 1-frame 3-D conv it runs as."""
+    found = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv3d):
+            found.append((tuple(module.weight.shape), tuple(module.stride)))
+        elif isinstance(module, torch.nn.Conv2d):
+            cout, cin, kh, kw = module.weight.shape
+            found.append(((cout, cin, 1, kh, kw), (1, *module.stride)))
+    return found
+
+
+def kernels_for(model, device, dtype: torch.dtype, layout: str, opts: Optimizations) -> KernelPlan:
+    """The `KernelPlan` of a run of `model` on `device` in `dtype` with `layout` activations, under `opts`."""
+    convs = conv.planned_kernels(device, dtype, conv_weights(model), layout, opts.winograd_conv,
+                                 opts.conv3d_workaround, opts.kernel_choice)
+    norms = norm_act.planned_kernels(device, dtype, opts.triton_norm)
+    heads = tuple((width, attention.choose(opts.attention, width, dtype, device)[0])
+                  for width in model.attention_widths())
+    return KernelPlan(convs, norms, heads)
