@@ -37,7 +37,7 @@ from bench import models
 from bench.common import machine_summary, print_table, psnr
 from bench.core_vae import TREES
 from bench.variants import options, parse_row
-from vae.kernels import devices
+from vae.kernels import backend
 from vae.kernels import kernel_choice, winograd
 
 VARIANTS = ("straightforward", "kernels_defaults", "optimized")
@@ -56,11 +56,11 @@ def decoder(model, variant: str, z: torch.Tensor):
 
 def bench_family(family: str, args) -> dict:
     z = models.make_input(family, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
-    auto = devices.auto_dtype("cpu", "decode")
+    auto = backend.auto_dtype("cpu", "decode")
     fp32 = models.drop_other_half(models.build(family, torch.float32), "decode")
     runs = {name: decoder(fp32, name, z) for name in VARIANTS}
     if auto != torch.float32:  # else `auto` is "optimized"
-        runs[f"{devices.dtype_name(auto)}-optimized"] = decoder(
+        runs[f"{backend.dtype_name(auto)}-optimized"] = decoder(
             models.drop_other_half(models.build(family, auto), "decode"), "optimized", z)
     if family in TREES[args.core].modules:
         core = models.drop_other_half(models.build(family, torch.float32, core=args.core), "decode")
@@ -115,7 +115,7 @@ def main():
     machine = machine_summary()
     results = {family: bench_family(family, args) for family in args.families}
     print(f"\nmachine: {machine}\ndecode {args.frames}x{args.height}x{args.width}, median of {args.rounds} interleaved "
-          f"rounds; `auto` decodes in {devices.auto_dtype('cpu', 'decode')} here\n")
+          f"rounds; `auto` decodes in {backend.auto_dtype('cpu', 'decode')} here\n")
     rows = [row for result in results.values() for row in result["rows"]]
     print_table(rows, [("family", "family", "s"), ("variant", "variant", "s"), ("dtype", "dtype", "s"),
                        ("time", "median s", ".2f"), ("vs_straight", "vs straightforward", ".2f"),

@@ -17,7 +17,7 @@ import torch
 import vae
 from bench import models
 from bench.common import machine_summary, print_table
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 
 PLANS = {"untiled": dict(temporal_chunk=1), "exact tiles 128 px": dict(temporal_chunk=1, tile_size=128),
          "frames streamed": dict(temporal_chunk=1, stream_frames=True)}

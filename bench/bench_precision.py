@@ -6,7 +6,7 @@ For each family: the tiny checkpoint of ../shared/reference/<family>/ (the upstr
 weights) decodes its fixture latent (SeedVR2: the latent of its fixture video, encoded in fp32) in
 fp32 and in bf16, both optimized; PSNR of the bf16 output against the fp32 one over the [-1, 1]
 range, and the median time of 3 runs. Full-size configs: bench.bench_vae's bf16 rows (PSNR column).
-Whether `auto` decodes in bf16 here is vae.kernels.devices.auto_dtype's answer for this CPU.
+Whether `auto` decodes in bf16 here is vae.kernels.backend.auto_dtype's answer for this CPU.
 """
 import json
 import sys
@@ -17,8 +17,8 @@ import torch
 from bench import models
 from bench.common import machine_summary, median_time, print_table, psnr
 from tests.reference import tensors
-from vae.kernels import devices
-from vae.kernels.devices import DTYPES
+from vae.kernels import backend
+from vae.kernels.backend import DTYPES
 
 
 def latent(family: str, model) -> torch.Tensor:
@@ -41,7 +41,7 @@ def main():
                 outputs[name] = models.run(model, "decode", z).float()
             rows.append(dict(family=family, dtype=name, time=median,
                              psnr=psnr(outputs[name], outputs["fp32"]) if name != "fp32" else None))
-    auto = devices.auto_dtype("cpu", "decode")
+    auto = backend.auto_dtype("cpu", "decode")
     machine = machine_summary()
     print(f"machine: {machine}\n`auto` decode dtype on this CPU: {auto}\n")
     print_table(rows, [("family", "family", "s"), ("dtype", "dtype", "s"), ("time", "median s", ".3f"),

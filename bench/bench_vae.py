@@ -36,7 +36,7 @@ from bench.common import ceilings, machine_summary, print_table, psnr, run_worke
 from bench.core_vae import TREES
 from bench.models import FAMILIES
 from bench.variants import NOT_MEASURED, SWITCHES, VARIANTS, is_extra, variant, verdict
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.kernels import kernel_choice
 
 BASELINE = ("fp32", "straightforward")

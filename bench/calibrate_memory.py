@@ -26,7 +26,7 @@ import torch
 from bench import models
 from bench.common import run_worker
 from vae.run import memory
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 
 FAMILIES = models.FAMILIES
 # (video size in pixels, tile in pixels or None); 5 frames with temporal_chunk 1, so the measured

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.kernels import conv3d, cpu_has_native, kernel_choice
 
 REPO = Path(__file__).resolve().parent.parent

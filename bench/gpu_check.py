@@ -36,7 +36,7 @@ import torch
 from bench import models
 from bench.common import REPO, git_commit, print_table, psnr, rate
 from bench.variants import parse_row, prepared, variant
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.run.geometry import min_tile
 
 # Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.

@@ -16,7 +16,7 @@ import torch
 
 from bench import models
 from bench.common import machine_summary
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 
 KINDS = [  # (kind, substrings of kernel names), first match wins
     ("norm", ("_gn_partial", "_center_scale_act", "_rms_act", "group_norm", "GroupNorm", "norm_kernel")),

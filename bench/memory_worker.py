@@ -23,7 +23,7 @@ import vae
 
 from bench import models
 from bench.common import peak_rss_bytes, reset_peak_rss, rss_bytes
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.kernels.conv import WINOGRAD_MIN_FRAME_PIXELS
 
 

@@ -1,6 +1,6 @@
 """The one variant table: what each benchmark row runs, and verdicts for what a CPU cannot measure.
 
-A row is a precision (`vae.kernels.devices.DTYPES`: fp32, bf16, fp16) and a variant of `VARIANTS`, named
+A row is a precision (`vae.kernels.backend.DTYPES`: fp32, bf16, fp16) and a variant of `VARIANTS`, named
 `<dtype>-<variant>` ("bf16-tiles", "fp32-no-winograd_conv"); a bare precision is its optimized row
 ("bf16"), a bare variant runs in fp32 ("reference"). Variants:
 - "optimized": StreamVAE's default (every switch of `Optimizations` on, kernels measured on this machine);
@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.kernels import BackendFlags, Optimizations
 
 SWITCHES = tuple(f.name for f in fields(Optimizations) if isinstance(f.default, bool))

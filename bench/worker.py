@@ -21,7 +21,7 @@ from bench import models
 from bench.common import count_flops, peak_rss_bytes, reset_peak_rss, rss_bytes, timed_runs
 from bench.variants import prepared, variant
 
-from vae.kernels.devices import DTYPES
+from vae.kernels.backend import DTYPES
 from vae.kernels import kernel_choice
 
 

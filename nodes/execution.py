@@ -13,7 +13,7 @@ import torch
 
 from .. import vae
 from ..vae import doctor
-from ..vae.kernels.devices import same_device
+from ..vae.kernels.backend import same_device
 from ..vae.kernels import KernelLog, backend, kernel_choice
 from ..vae import budget_from_free, collected_warnings, dynamo_limits, run_with_fallback
 from . import core_api, multi_device

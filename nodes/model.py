@@ -9,8 +9,7 @@ import torch
 import torch.nn as nn
 
 from .. import vae
-from ..vae.kernels import devices
-from ..vae.kernels.devices import DTYPES, dtype_name
+from ..vae.kernels.backend import DTYPES, dtype_name
 from ..vae.kernels import BackendFlags, Optimizations, attention, backend, kernel_choice
 from ..vae import CompileSettings, compile_blocks
 
@@ -75,13 +74,13 @@ def resolve_offload(choice: str, load_device: torch.device) -> torch.device:
 
 
 def resolve_dtype(choice: str, device: torch.device, half: str) -> torch.dtype:
-    """"auto": `vae.kernels.devices.auto_dtype` (decode in bf16 where the device computes it natively, which
+    """"auto": `vae.kernels.backend.auto_dtype` (decode in bf16 where the device computes it natively, which
     is near-lossless; encode in fp32, as bf16 encode hurts image-to-video). ComfyUI's
     --fp32-vae/--bf16-vae/--fp16-vae flags win over both."""
     if choice != "auto":
         return DTYPES[choice]
     forced = _comfy_vae_dtype_flag()
-    return forced if forced is not None else devices.auto_dtype(device, half)
+    return forced if forced is not None else backend.auto_dtype(device, half)
 
 
 def _comfy_vae_dtype_flag() -> torch.dtype | None:

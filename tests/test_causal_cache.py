@@ -120,14 +120,14 @@ def test_host_store_pins_within_its_budget_and_spills_to_disk_past_it():
 
 
 def test_host_budget_defaults_to_what_the_machine_can_spare(monkeypatch):
-    from vae.kernels import devices
+    from vae.kernels import backend
 
-    monkeypatch.setattr(devices, "host_free", lambda: 40 * 2**30)
-    assert devices.host_available() == 36 * 2**30  # 10 % margin
-    monkeypatch.setattr(devices, "host_free", lambda: 3 * 2**30)
-    assert devices.host_available() == 2**30  # at least 2 GiB stay free
-    monkeypatch.setattr(devices, "host_free", lambda: 2**30)
-    assert devices.host_available() == 0
+    monkeypatch.setattr(backend, "host_free", lambda: 40 * 2**30)
+    assert backend.host_available() == 36 * 2**30  # 10 % margin
+    monkeypatch.setattr(backend, "host_free", lambda: 3 * 2**30)
+    assert backend.host_available() == 2**30  # at least 2 GiB stay free
+    monkeypatch.setattr(backend, "host_free", lambda: 2**30)
+    assert backend.host_available() == 0
 
 
 def test_host_offload_with_cpu_compute_keeps_the_caches_in_place():

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from vae.kernels import Optimizations, attention, backend, conv, kernel_check, kernel_choice, norm_act
 from vae.run.compile import CompileSettings, _guarded, uses_cuda_graphs
 from tests.reference import assert_exact, load_tiny, tiny_checkpoint
-from vae.kernels import devices
 from vae.run import recovery
 
 
@@ -44,26 +43,26 @@ def pretend_gpu(monkeypatch, major=8, minor=0, hip_arch=None, name="Fake GPU"):
 ])
 def test_native_bf16_follows_the_hardware(monkeypatch, major, hip_arch, expected):
     pretend_gpu(monkeypatch, major=major, hip_arch=hip_arch)
-    assert devices.native_bf16("cuda") is expected
-    assert devices.auto_dtype("cuda", "decode") == (torch.bfloat16 if expected else torch.float32)
-    assert devices.auto_dtype("cuda", "encode") == torch.float32  # bf16 encode hurts image-to-video
+    assert backend.native_bf16("cuda") is expected
+    assert backend.auto_dtype("cuda", "decode") == (torch.bfloat16 if expected else torch.float32)
+    assert backend.auto_dtype("cuda", "encode") == torch.float32  # bf16 encode hurts image-to-video
     assert recovery.half_fallback_dtype(torch.device("cuda")) == (torch.bfloat16 if expected else torch.float32)
 
 
 def test_mps_gets_bf16_from_macos_14(monkeypatch):
     for version_ok in (False, True):
         monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: version_ok, raising=False)
-        assert devices.native_bf16("mps") is version_ok
-        assert devices.auto_dtype("mps", "decode") == (torch.bfloat16 if version_ok else torch.float32)
+        assert backend.native_bf16("mps") is version_ok
+        assert backend.auto_dtype("mps", "decode") == (torch.bfloat16 if version_ok else torch.float32)
 
 
 @pytest.mark.parametrize("native", [False, True])
 def test_cpu_auto_decodes_in_bf16_only_with_native_bf16(monkeypatch, native):
     """AVX-512 BF16 / AMX: bf16 decode (46-49 dB against fp32, about 1.6x faster); otherwise fp32. Encode
     stays fp32, and an fp16 overflow on the CPU still falls back to fp32."""
-    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: native)
-    assert devices.auto_dtype("cpu", "decode") == (torch.bfloat16 if native else torch.float32)
-    assert devices.auto_dtype("cpu", "encode") == torch.float32
+    monkeypatch.setattr(backend, "cpu_has_native", lambda dtype: native)
+    assert backend.auto_dtype("cpu", "decode") == (torch.bfloat16 if native else torch.float32)
+    assert backend.auto_dtype("cpu", "encode") == torch.float32
     assert recovery.half_fallback_dtype(torch.device("cpu")) == torch.float32
 
 
@@ -86,8 +85,8 @@ def test_encoder_weights_are_not_rounded_through_the_decode_dtype():
 
 
 @pytest.mark.parametrize("error, expected", [
-    (devices.OOM("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-    (devices.OOM("HIP out of memory. Tried to allocate 2.00 GiB"), True),
+    (backend.OOM("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (backend.OOM("HIP out of memory. Tried to allocate 2.00 GiB"), True),
     (RuntimeError("MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.2 GB)"), True),
     (RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"), True),
     (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
@@ -99,7 +98,7 @@ def test_encoder_weights_are_not_rounded_through_the_decode_dtype():
     (ValueError("out of memory"), False),
 ])
 def test_out_of_memory_is_recognised_on_every_backend(error, expected):
-    assert devices.is_oom(error) is expected
+    assert backend.is_oom(error) is expected
 
 
 def test_an_mps_out_of_memory_mid_decode_is_retried_smaller(monkeypatch):

@@ -28,7 +28,7 @@ import torch
 
 from .run import engine
 from . import load
-from .kernels.devices import DTYPES
+from .kernels.backend import DTYPES
 from .run.geometry import latent_frames
 from .run.planning import BudgetTooSmall, Settings
 from .run.run_warnings import collected

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from .kernels import Optimizations, backend, conv, devices, kernel_check, kernel_choice, winograd
-from .kernels.devices import dtype_name
+from .kernels import Optimizations, backend, conv, kernel_check, kernel_choice, winograd
+from .kernels.backend import dtype_name
 from .run import kernel_plan, memory
 
 log = logging.getLogger("streamvae")
@@ -63,9 +63,9 @@ def for_run(device, dtype: torch.dtype, opts: Optimizations, model, plan) -> lis
 def _device(device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(device)
-        return f"{device}: {devices.describe(device)}, {props.total_memory / 2**30:.1f} GiB"
+        return f"{device}: {backend.describe_device(device)}, {props.total_memory / 2**30:.1f} GiB"
     cpu = kernel_choice.cpu_identity()
-    return (f"{devices.describe(device)}; CPU {cpu['cpu']} ({cpu['capability']}; {' '.join(cpu['flags']) or 'no AVX'}), "
+    return (f"{backend.describe_device(device)}; CPU {cpu['cpu']} ({cpu['capability']}; {' '.join(cpu['flags']) or 'no AVX'}), "
             f"{torch.get_num_threads()} threads")
 
 
@@ -83,7 +83,7 @@ def _convs(device: torch.device, dtypes, opts: Optimizations) -> str:
             state = "cuDNN called directly" if opts.conv3d_workaround else "workaround off (conv3d_workaround)"
             parts.append(f"the PyTorch 2.9 cuDNN conv3d regression is present: half precision {state}")
     else:
-        native = ", ".join(f"{dtype_name(d)} {'native' if conv.cpu_has_native(d) else 'computed in fp32'}"
+        native = ", ".join(f"{dtype_name(d)} {'native' if backend.cpu_has_native(d) else 'computed in fp32'}"
                            for d in dtypes if d != torch.float32)
         parts = ["oneDNN direct" + (f" ({native})" if native else "")]
         if opts.winograd_conv:
@@ -122,8 +122,8 @@ def main(device: str | None, dtype_names: list[str] | None) -> None:
     """Print the report for `device` (default: the GPU, else the CPU) in `dtype_names` (default: what
     "auto" computes decode and encode in there)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtypes = [devices.DTYPES[name] for name in dtype_names] if dtype_names else \
-        list(dict.fromkeys(devices.auto_dtype(device, op) for op in ("decode", "encode")))
+    dtypes = [backend.DTYPES[name] for name in dtype_names] if dtype_names else \
+        list(dict.fromkeys(backend.auto_dtype(device, op) for op in ("decode", "encode")))
     print("StreamVAE doctor (paste all of this into a bug report)", file=sys.stdout)
     for line in report(device, dtypes):
         print(f"  {line}")

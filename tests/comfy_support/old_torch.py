@@ -13,7 +13,7 @@ ENV = "STREAMVAE_EMULATE_OLD_TORCH"
 # (owner, attribute, torch release that added it, the pack's fallback). Only what torch 2.13 itself
 # runs without: torch.OutOfMemoryError (2.5) and SDPBackend.CUDNN_ATTENTION (2.5) are used inside
 # torch, so they cannot be hidden here; the pack reaches them through getattr with a fallback
-# (vae/kernels/devices.OOM, vae/kernels/attention._kernel_context).
+# (vae/kernels/backend.OOM, vae/kernels/attention._kernel_context).
 HIDDEN = [
     ("torch.backends.cudnn.CudnnModule", "conv", "2.9", "TF32 through the legacy allow_tf32 flags"),
     ("torch.backends.cuda.cuBLASModule", "fp32_precision", "2.9", "TF32 through the legacy allow_tf32 flags"),

@@ -21,8 +21,8 @@
   workaround) applied around one encode/decode and restored afterwards.
 """
 from .attention import sdpa
-from .backend import BackendFlags
-from .conv import conv3d, cpu_has_native
+from .backend import BackendFlags, cpu_has_native
+from .conv import conv3d
 from .kernel_log import KernelLog
 from .settings import Optimizations
 from .norm_act import (

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, kernel_choice
+from .backend import cpu_has_native
 from .kernel_log import KernelLog
 from .layout import dense_copy, is_ndhwc, layout_of
 from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
@@ -44,19 +45,6 @@ PROBE_SIDE = 128
 # Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
 # channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
 WINOGRAD_MIN_FRAME_PIXELS = 64
-
-
-@lru_cache(maxsize=None)
-def cpu_has_native(dtype: torch.dtype) -> bool:
-    """Whether this CPU runs `dtype` convolutions natively (probed once per dtype)."""
-    probe = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
-    if probe is None:
-        return True
-    check = getattr(torch.ops.mkldnn, probe, None)
-    try:
-        return bool(check()) if check is not None else False
-    except RuntimeError:
-        return False
 
 
 def _cpu_conv3d(x, weight, bias, stride, padding):

@@ -72,7 +72,7 @@ def verdict(device: str, dtype: torch.dtype) -> str | None:
 def _check(device: torch.device, dtype: torch.dtype) -> tuple[str | None, bool]:
     """(error or None, whether the verdict is sure: an out-of-memory LARGE case leaves it to the small
     ones and to the next process)."""
-    from .devices import is_oom
+    from .backend import is_oom
 
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.inference_mode():

@@ -183,7 +183,7 @@ def _check(device: torch.device, dtype: torch.dtype, which: list[tuple[str, str]
 def _check_case(shape, groups: int, large: bool, layout: str, dtype, device, generator, kernels: list[str],
                 errors: dict, unsure: set) -> None:
     """Run `kernels` on one input; add their errors and what did not fit in memory (`_check`)."""
-    from .devices import is_oom
+    from .backend import is_oom
 
     def failed(kernel: str, error: Exception) -> None:
         if is_oom(error):

@@ -35,7 +35,10 @@ def planned_kernels(device, dtype: torch.dtype, triton: bool) -> tuple[str, ...]
     before any runs: "triton" where it is asked for (`triton`), launches there and one of its kernels
     passed its first-use check in `dtype`; "torch" always (a call the Triton kernels cannot take, or
     one measured faster in torch, runs it)."""
-    if (triton and dtype in kernel_check.DTYPES and kernel_check.runs_triton(device)
+    device = torch.device(device)
+    # The device test first, as in `_use_triton`: on a CPU (without the interpreter) nothing is asked.
+    if (triton and (device.type == "cuda" or kernel_check.INTERPRETED) and dtype in kernel_check.DTYPES
+            and kernel_check.runs_triton(device)
             and any(v.passed for v in kernel_check.verdicts(kernel_check.device_name(device), dtype).values())):
         return ("triton", "torch")
     return ("torch",)

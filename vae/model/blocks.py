@@ -10,11 +10,10 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .conv_buffer import PADDING_MODES, Fill, interior, pad_border, padded_buffer
 from .execution import StreamState
 
 from ..kernels import conv3d
-from ..kernels.layout import empty_video
+from ..kernels.layout import PADDING_MODES, Fill, empty_video, interior, pad_border, padded_buffer
 
 
 def _triple(v) -> tuple[int, int, int]:
@@ -51,7 +50,7 @@ class CausalConv3d(Conv3d):
     call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
 
     Spatial padding (left, right, top, bottom) is `padding_mode` "zeros", "reflect" (LTX-2) or
-    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`conv_buffer.py`);
+    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`kernels.layout`);
     symmetric zero padding is done by the conv itself, asymmetric, reflected or replicated padding
     inside the input buffer (the downsamplers' right/bottom pad; every other mode's pad), after the
     frames are written, only at the frame border: a tile's halo inside the frame is the frame's pixels.

@@ -390,4 +390,4 @@ class Wan21VAE(WanVAEBase):
 
     def memory_calibration(self, op):
         """The released Wan2.1's coefficients, scaled by the width (dim 96 released)."""
-        return "wan21", wan_layout.scale((self.config.dim,), (Wan21Config.dim,))
+        return "wan21", self.config.dim / Wan21Config.dim

@@ -239,4 +239,4 @@ class Wan22VAE(WanVAEBase):
         """The released model's coefficients, scaled by the width of the half that runs."""
         width, released = (self.config.dec_dim, self.config_class.dec_dim) if op == "decode" else \
             (self.config.dim, self.config_class.dim)
-        return self.family, wan_layout.scale((width,), (released,))
+        return self.family, width / released

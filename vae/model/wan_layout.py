@@ -115,12 +115,6 @@ def with_frame_axis(sd: dict) -> dict:
             for k, v in sd.items()}
 
 
-def scale(widths: tuple[int, ...], released: tuple[int, ...]) -> float:
-    """How much wider (>1) or narrower a variant's activations are than the released model's: the
-    largest ratio of its widths to the released ones (activations are channels x pixels)."""
-    return max(w / r for w, r in zip(widths, released))
-
-
 # --- diffusers key names --------------------------------------------------------------------------
 
 _DIFFUSERS_TOP = {"quant_conv": "conv1", "post_quant_conv": "conv2"}

@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from ..kernels.devices import host_available
+from ..kernels.backend import host_available
 from ..kernels.layout import dense_copy, empty_video, is_ndhwc
 from .kv_cache import KeyValueCache
 
@@ -320,11 +320,12 @@ class CausalCache:
     entry a band of rows at a time: the bands of the new entry are written while the old one is still
     read, and replace it on `commit`. `fallback` is the offload an out-of-memory retry may switch to
     (None: the user chose where the caches live). `host_budget` caps the RAM that "host" offloading
-    takes (default: `devices.host_available()`, what the OS has free minus a margin); past it the
+    takes (default: `backend.host_available()`, what the OS has free minus a margin); past it the
     caches go to disk. `advance` counts frames per key (what a module has given so far in this run).
     """
 
-    def __init__(self, offload: str = "none", device=None, fallback: str | None = None, host_budget: int | None = None):
+    def __init__(self, offload: str = "none", device=None, fallback: str | None = None, host_budget: int | None = None,
+                 attention_frames: int | None = None):
         if offload not in CACHE_OFFLOADS:
             raise ValueError(f"cache_offload must be one of {CACHE_OFFLOADS}, got {offload!r}")
         self.device = torch.device(device if device is not None else "cpu")
@@ -334,9 +335,18 @@ class CausalCache:
         self.fallback = fallback if fallback != offload else None
         self._host_budget = host_budget
         self._store = self._offload_store() if offload != "none" else _DeviceStore()
-        # The keys and values of the frames each frame-causal attention has seen, where these caches live.
-        self.keys_values = KeyValueCache(offload, self.device, self._offload_store)
+        self._attention_frames = attention_frames
+        self._keys_values: KeyValueCache | None = None
         self._counts: dict[object, int] = {}
+
+    @property
+    def keys_values(self) -> KeyValueCache:
+        """The keys and values of the frames each frame-causal attention has seen, where these caches
+        live: made on first use (a model without such an attention never has one), its on-device
+        buffers sized for `attention_frames` latent frames (None: grown as frames come)."""
+        if self._keys_values is None:
+            self._keys_values = KeyValueCache(self.offload, self.device, self._offload_store, self._attention_frames)
+        return self._keys_values
 
     def advance(self, key, frames: int) -> int:
         """The frames counted under `key` so far in this run, before adding `frames`: where a module's
@@ -410,5 +420,6 @@ class CausalCache:
     def close(self) -> None:
         """Drop everything (and the disk file, if any)."""
         self._store.close()
-        self.keys_values.close()
+        if self._keys_values is not None:
+            self._keys_values.close()
         self._counts.clear()

@@ -28,11 +28,10 @@ from . import geometry, planning, recovery
 from ..model.blocks import CausalConv3d, FrameConv2d
 from .causal_cache import CausalCache
 from .stream_context import StreamContext
-from ..kernels.devices import is_oom, same_device
-from .input_checks import check_pixels, checked_latent
+from ..kernels.backend import is_oom, same_device
 from ..model.video_vae import run_stages
 from ..kernels import KernelLog, Optimizations, layout
-from .planning import Plan, Settings
+from .planning import Plan, Settings, check_pixels, checked_latent
 from .progress import CancelFn, ProgressFn, Steps
 from .strategies import WHOLE_FRAME, Bands, Partition
 from .strategies.exact_tiles import ExactTiles
@@ -131,8 +130,8 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
-    ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback)
-    ctx.cache.keys_values.reserve(plan.clip.latent_frames)
+    ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
+                            attention_frames=plan.clip.latent_frames)
     ctx.first_chunk, ctx.last_chunk = True, False
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.streamed else None

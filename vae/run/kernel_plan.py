@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from ..kernels import Optimizations, attention, conv, conv_check, kernel_choice, norm_act
+from ..kernels import Optimizations, attention, backend, conv, conv_check, kernel_choice, norm_act
 from ..kernels.layout import FORMATS
 
 
@@ -29,7 +29,7 @@ def _auto(device, dtype: torch.dtype) -> tuple[str, str]:
     if device.type == "cuda":
         return "ndhwc", "cuDNN's conv3d kernels are channels-last"
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-        if conv.cpu_has_native(dtype):
+        if backend.cpu_has_native(dtype):
             return "ndhwc", "this CPU has native half-precision convs, faster channels-last"
         return "ncdhw", "this CPU has no native half-precision convs: computed in float32, where the layouts tie"
     return "ncdhw", f"float32 on {device.type}: the layouts tie"

@@ -80,17 +80,15 @@ class KeyValueCache:
     """The keys and values of the frames each frame-causal attention module has seen in one run.
 
     `offload` and `device` as in `CausalCache`; `new_store()` makes the offload store ("host"/"disk")
-    on first use. Tokens are B,N,C; a call appends the keys and values of whole frames."""
+    on first use; `capacity`: the clip's latent frames, which the on-device buffers are sized for (no
+    growth, no copies; None: grown as frames come). Tokens are B,N,C; a call appends the keys and
+    values of whole frames."""
 
-    def __init__(self, offload: str, device: torch.device, new_store: Callable[[], object]):
+    def __init__(self, offload: str, device: torch.device, new_store: Callable[[], object], capacity: int | None = None):
         self.offload, self.device, self._new_store = offload, device, new_store
         self._store = None
-        self._capacity: int | None = None
+        self._capacity = capacity
         self._modules: dict[object, _DeviceFrames | _StoredFrames] = {}
-
-    def reserve(self, frames: int) -> None:
-        """Size the on-device buffers for a clip of `frames` latent frames (no growth, no copies)."""
-        self._capacity = frames
 
     def frames(self, module) -> int:
         """How many frames of `module` are kept."""

@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from . import geometry
-from ..kernels.devices import OOM, native_bf16
+from ..kernels.backend import OOM, native_bf16
 from .planning import Plan, grid
 
 log = logging.getLogger("streamvae")
