@@ -21,14 +21,13 @@ import dataclasses
 import logging
 import math
 
+import comfy.sd
 import torch
 from comfy_api.latest import io
 
-import comfy.sd
-
 from .. import vae
-from . import core_api, execution
 from ..vae import Settings, latent_frames, pixel_frames
+from . import core_api, execution
 from .images import check_image
 from .latents import latent_layout, read_latent
 from .run_settings import check_tile_size, check_tiling, settings_from_inputs, tiling_inputs

@@ -12,13 +12,11 @@ from typing import Callable
 import torch
 
 from .. import vae
-from ..vae import doctor
-from ..vae.kernels.backend import same_device
+from ..vae import Settings, budget_from_free, collected_warnings, doctor, dynamo_limits, run_with_fallback
 from ..vae.kernels import KernelLog, backend, kernel_choice
-from ..vae import budget_from_free, collected_warnings, dynamo_limits, run_with_fallback
+from ..vae.kernels.backend import same_device
 from . import core_api, multi_device
 from .images import Clips, clip_video, finish_image, image_view
-from ..vae import Settings
 from .latents import CORE_LAYOUT, LatentClips
 
 try:

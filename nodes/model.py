@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 
 from .. import vae
-from ..vae.kernels.backend import DTYPES, dtype_name
-from ..vae.kernels import BackendFlags, Optimizations, attention, backend, kernel_choice
 from ..vae import CompileSettings, compile_blocks
+from ..vae.kernels import BackendFlags, Optimizations, attention, backend, kernel_choice
+from ..vae.kernels.backend import DTYPES, dtype_name
 
 try:  # ComfyUI services; the pack imports without them (e.g. in tools), it just cannot be managed
     import comfy.model_management as mm

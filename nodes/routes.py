@@ -17,10 +17,10 @@ import torch
 from .. import vae
 from ..vae import TILING_MODES, input_shape
 from . import checkpoints
-from .loader import vae_path
-from .run_settings import check_tiling, settings_from_inputs
 from .execution import plan_placement
+from .loader import vae_path
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
+from .run_settings import check_tiling, settings_from_inputs
 
 log = logging.getLogger("streamvae")
 _registered = False

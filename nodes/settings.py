@@ -1,8 +1,8 @@
 """The two settings nodes that feed StreamVAE Load VAE: torch.compile and GPU backend switches."""
 from comfy_api.latest import io
 
-from ..vae.kernels.attention import KERNELS
 from ..vae import COMPILE_MODES, CompileSettings
+from ..vae.kernels.attention import KERNELS
 from . import core_api
 from .model import GpuOptions
 from .types import COMPILE, GPU_OPTIONS

@@ -14,6 +14,7 @@ import vae.kernels.conv as conv
 import vae.kernels.kernel_choice as kernel_choice
 from vae.kernels import Optimizations
 from vae.kernels.kernel_choice import KernelChoices
+from vae.kernels.layout import FORMATS, layout_of
 from vae.kernels import winograd
 from vae.kernels.winograd import filter_cache
 from tests.reference import assert_exact, load_tiny
@@ -173,6 +174,26 @@ def test_every_cpu_candidate_equals_the_straightforward_conv(shape, padding):
         expected = F.conv3d(x, weight, bias, 1, padding)
         for name, run in candidates.items():
             assert_exact(run(x), expected, atol=5e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["ncdhw", "ndhwc"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_large_cpu_weight_runs_in_slices_of_output_channels_with_the_whole_result(monkeypatch, layout, dtype):
+    """A weight above conv.CPU_WEIGHT_SLICE_BYTES (here lowered to 16 output channels' worth) runs as
+    slices of output channels (oneDNN's per-call weight copy is then a slice's size): three calls for
+    40 channels, the output in the input's layout, equal to the whole conv (each channel is the same
+    sum)."""
+    x, weight, bias = (t.to(dtype) for t in layer(64, 40, 3, 4, 9, 7))
+    x = x.contiguous(memory_format=FORMATS[layout])
+    with torch.inference_mode():
+        whole = conv._cpu_direct(x, weight, bias, (1, 1, 1), (0, 1, 1))
+        monkeypatch.setattr(conv, "CPU_WEIGHT_SLICE_BYTES", weight[0].numel() * 4 * 16)
+        calls = []
+        run_whole = conv._cpu_direct_whole
+        monkeypatch.setattr(conv, "_cpu_direct_whole", lambda *args: calls.append(args[1].shape[0]) or run_whole(*args))
+        sliced = conv._cpu_direct(x, weight, bias, (1, 1, 1), (0, 1, 1))
+    assert calls == [16, 16, 8] and layout_of(sliced) == layout
+    assert_exact(sliced, whole, atol=1e-6 if dtype == torch.float32 else 1e-2)
 
 
 def test_ineligible_convs_have_one_candidate_and_are_never_measured(cache_folder):

@@ -41,7 +41,7 @@ from .distributed.workers import RankWorkers
 from .kernels import Optimizations
 from .loading import CheckpointError, detect_family, load, read_checkpoint, save_checkpoint
 from .model.hv15 import Hv15Config, Hv15VAE
-from .model.ltx2 import LTX2Config, LTX2VAE
+from .model.ltx2 import LTX2VAE, LTX2Config
 from .model.qwen21 import Qwen21Config, Qwen21VAE
 from .model.seedvr2 import SeedVR2Config, SeedVR2VAE
 from .model.video_vae import VideoVAE

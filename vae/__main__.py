@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from .run import engine
 from . import load
 from .kernels.backend import DTYPES
+from .run import engine
 from .run.geometry import latent_frames
 from .run.planning import BudgetTooSmall, Settings
 from .run.run_warnings import collected

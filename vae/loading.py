@@ -18,9 +18,9 @@ from safetensors.torch import save_file
 
 from .model.hv15 import Hv15VAE
 from .model.ltx2 import LTX2VAE
-from .model.video_vae import LayoutError, VideoVAE
 from .model.qwen21 import Qwen21VAE
 from .model.seedvr2 import SeedVR2VAE
+from .model.video_vae import LayoutError, VideoVAE
 from .model.wan21 import Wan21VAE
 from .model.wan22 import Wan22VAE
 

@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..run import planning
+from ..kernels.layout import empty_video
 from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.layers import residual_sequence
-from ..kernels.layout import empty_video
+from ..run import planning
 from ..run.strategies import ConvWindow
 
 log = logging.getLogger("streamvae")

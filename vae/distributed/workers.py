@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..run.geometry import pixel_frames
 from ..kernels import Optimizations
+from ..run.geometry import pixel_frames
 from ..run.progress import Cancelled
 
 POLL_S = 0.1

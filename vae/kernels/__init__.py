@@ -24,10 +24,15 @@ from .attention import sdpa
 from .backend import BackendFlags, cpu_has_native
 from .conv import conv3d
 from .kernel_log import KernelLog
-from .settings import Optimizations
 from .norm_act import (
-    group_norm_act, group_norm_apply, group_norm_moments, group_norm_stats, merge_group_moments, rms_norm_act,
+    group_norm_act,
+    group_norm_apply,
+    group_norm_moments,
+    group_norm_stats,
+    merge_group_moments,
+    rms_norm_act,
 )
+from .settings import Optimizations
 
 __all__ = [
     "BackendFlags",

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import backend, kernel_choice
 from .backend import cpu_has_native
 from .kernel_log import KernelLog
-from .layout import dense_copy, is_ndhwc, layout_of
+from .layout import dense_copy, empty_video, is_ndhwc, layout_of
 from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
@@ -42,6 +42,11 @@ WINOGRAD_MIN_CHANNEL_TAPS = 128  # kt * min(Cin, Cout)
 # 128x128 each of 2 threads gets two), and a 256x256 frame of 256 channels would take 10-25 s to
 # time on 2 cores instead of 2-5.
 PROBE_SIDE = 128
+# oneDNN reorders a conv's weight into its blocked format on every call: a transient copy as large as
+# the weight (0.9 GB for HunyuanVideo 1.5's 1024 -> 8192 channel upsampler conv in float32, most of a
+# small decode's peak). Larger weights run in slices of output channels of at most this many bytes in
+# float32 (each output channel is the same sum either way); measured no slower.
+CPU_WEIGHT_SLICE_BYTES = 128 * 2**20
 # Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
 # channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
 WINOGRAD_MIN_FRAME_PIXELS = 64
@@ -186,7 +191,21 @@ def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def _cpu_direct(x, weight, bias, stride, padding):
-    """oneDNN's direct conv; half precision in float32 where this CPU has no native kernels for it."""
+    """oneDNN's direct conv; half precision in float32 where this CPU has no native kernels for it.
+    A weight of more than CPU_WEIGHT_SLICE_BYTES runs in slices of output channels (see there)."""
+    step = max(1, CPU_WEIGHT_SLICE_BYTES // (weight[0].numel() * 4))  # output channels per slice (float32 copies)
+    if weight.shape[0] <= step or torch.compiler.is_compiling():
+        return _cpu_direct_whole(x, weight, bias, stride, padding)
+    out = None
+    for i in range(0, weight.shape[0], step):
+        part = _cpu_direct_whole(x, weight[i:i + step], None if bias is None else bias[i:i + step], stride, padding)
+        if out is None:  # B,Cout,T',H',W' in the layout of the parts (B,step,T',H',W' each)
+            out = empty_video(part, (part.shape[0], weight.shape[0], *part.shape[2:]))
+        out[:, i:i + part.shape[1]] = part
+    return out
+
+
+def _cpu_direct_whole(x, weight, bias, stride, padding):
     if x.dtype in (torch.bfloat16, torch.float16) and not cpu_has_native(x.dtype):
         out = _cpu_conv3d(x.float(), weight.float(), None if bias is None else bias.float(), stride, padding)
         return out.to(x.dtype)

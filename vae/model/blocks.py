@@ -10,10 +10,9 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from .execution import StreamState
-
 from ..kernels import conv3d
 from ..kernels.layout import PADDING_MODES, Fill, empty_video, interior, pad_border, padded_buffer
+from .execution import StreamState
 
 
 def _triple(v) -> tuple[int, int, int]:

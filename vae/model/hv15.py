@@ -25,11 +25,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels.layout import empty_video
 from .blocks import CausalConv3d, Conv3d
 from .execution import StreamState
 from .layers import FrameCausalAttention, RMSNorm, residual_convs
 from .video_vae import Stage, VideoVAE
-from ..kernels.layout import empty_video
 
 # ComfyUI's latent format `HunyuanVideo15` (and diffusers' config): the diffusion model sees raw * 1.03682.
 HV15_SCALING_FACTOR = 1.03682

@@ -11,8 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .execution import StreamState
-from ..kernels.layout import empty_video
 from ..kernels import (
     group_norm_act,
     group_norm_apply,
@@ -22,6 +20,8 @@ from ..kernels import (
     rms_norm_act,
     sdpa,
 )
+from ..kernels.layout import empty_video
+from .execution import StreamState
 
 
 class FrameGroupNorm(nn.GroupNorm):

@@ -36,9 +36,9 @@ from . import ltx2_layout
 from .execution import StreamState
 from .layers import patchify, unpatchify
 from .ltx2_blocks import (
-    LTX2Config,
     PIXEL_NORM,
     ConvKind,
+    LTX2Config,
     LTXConv,
     LTXDepthToSpace,
     LTXResGroup,
@@ -49,6 +49,7 @@ from .ltx2_blocks import (
     seeded_normal,
 )
 from .video_vae import Stage, VideoVAE, run_stages
+
 
 class LTXEncoder(nn.Module):
     """B,Cin*p*p,T,H/p,W/p patchified pixels -> B,moment channels,T',H/32,W/32."""

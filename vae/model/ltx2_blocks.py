@@ -16,12 +16,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels.layout import empty_video
+from ..kernels.norm_act import pixel_norm_act
 from .blocks import CausalConv3d, Conv3d
 from .execution import StreamState
 from .layers import lagged, residual_add
 from .video_vae import Stage
-from ..kernels.layout import empty_video
-from ..kernels.norm_act import pixel_norm_act
 
 STRIDES = {"time": (2, 1, 1), "space": (1, 2, 2), "all": (2, 2, 2)}
 PIXEL_NORM_EPS = 1e-8

@@ -22,12 +22,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels.layout import empty_video
+from . import wan_layout
 from .blocks import CausalConv3d, FrameConv2d
 from .execution import StreamState
 from .layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
 from .video_vae import Stage, VideoVAE, run_stages
-from ..kernels.layout import empty_video
-from . import wan_layout
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI
 # `latent_formats.Wan21`); not stored in the checkpoint. Model space = (raw - mean) / std.

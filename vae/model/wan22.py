@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..kernels.layout import empty_video
+from . import wan_layout
 from .execution import StreamState
 from .layers import residual_add
 from .video_vae import Stage
-from ..kernels.layout import empty_video
-from . import wan_layout
 from .wan21 import (
     WanDecoderStages,
     WanEncoderStages,

@@ -24,19 +24,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import geometry, planning, recovery
-from ..model.blocks import CausalConv3d, FrameConv2d
-from .causal_cache import CausalCache
-from .stream_context import StreamContext
-from ..kernels.backend import is_oom, same_device
-from ..model.video_vae import run_stages
 from ..kernels import KernelLog, Optimizations, layout
+from ..kernels.backend import is_oom, same_device
+from ..model.blocks import CausalConv3d, FrameConv2d
+from ..model.video_vae import run_stages
+from . import geometry, planning, recovery
+from .causal_cache import CausalCache
 from .planning import Plan, Settings, check_pixels, checked_latent
 from .progress import CancelFn, ProgressFn, Steps
 from .strategies import WHOLE_FRAME, Bands, Partition
 from .strategies.exact_tiles import ExactTiles
 from .strategies.fast_tiles import decode_fast, encode_fast
 from .strategies.frame_stream import FrameStream
+from .stream_context import StreamContext
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
 log = logging.getLogger("streamvae")
@@ -110,7 +110,7 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
             fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
     with torch.inference_mode():
-        _with_half_fallback(model, plan.op, run)
+        recovery.with_half_fallback(model, plan.op, run)
 
 
 def _stream_plan(model, plan: Plan, input_shape) -> Plan:
@@ -246,19 +246,6 @@ def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> 
         emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
 
 
-def _with_half_fallback(model, op: str, run):
-    """run(), rerun in bf16/fp32 if fp16 compute overflowed (see recovery.fall_back_from_half)."""
-    try:
-        return run()
-    except recovery.HalfOverflow:
-        recovery.fall_back_from_half(model, op)
-        return run()
-
-
-def _overflowed(y: torch.Tensor) -> bool:
-    return y.dtype == torch.float16 and not bool(torch.isfinite(y).all())
-
-
 def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
            return_logvar: bool = False, out_device: torch.device | str | None = None, bands: Bands | None = None,
            progress: ProgressFn | None = None, cancel: CancelFn | None = None, kernel_log: KernelLog | None = None):
@@ -280,13 +267,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     ran, for a run report.
     """
     video, image = _as_video(video, "encode input") if isinstance(video, torch.Tensor) else (video, False)
+    check_pixels(model, video)
     b, c, t, h, w = video.shape
-    if c != model.in_channels:
-        raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
-    if t < 1 or h < 1 or w < 1:
-        raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
-    if isinstance(video, torch.Tensor):  # a frame source (a video file) gives [-1, 1] by construction
-        check_pixels(video)
     opts = opts or Optimizations()
     sf = model.spatial_factor
     out_device = video.device if out_device is None else torch.device(out_device)
@@ -350,8 +332,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
 
         def emit(h):
             moments = model.moments(h)
-            if _overflowed(moments[0]):
-                raise recovery.HalfOverflow("fp16 encode produced Inf/NaN")
+            recovery.check_half(moments[0], "encode")
             if not write:
                 return
             for i, part in enumerate(moments[:n_moments]):
@@ -448,8 +429,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
 
     def emit(y, write):
         nonlocal pos
-        if _overflowed(y):
-            raise recovery.HalfOverflow("fp16 decode produced Inf/NaN")
+        recovery.check_half(y, "decode")
         if not write:
             return
         k = max(0, min(y.shape[2], t_out - pos))

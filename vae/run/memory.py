@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .stream_context import StreamContext
+from ..kernels import Optimizations, winograd
+from ..kernels import conv as opt_conv
 from .geometry import Clip, as_pair, pixel_frames
-from ..kernels import Optimizations, conv as opt_conv, winograd
+from .stream_context import StreamContext
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
 # CPU coefficients on a GPU underestimate its peaks, by less than this margin on the one GPU measured

@@ -27,13 +27,13 @@ from typing import Iterator
 
 import torch
 
+from ..kernels import Optimizations, kernel_choice
+from ..kernels.backend import host_free
+from ..kernels.layout import weights_in
 from . import geometry, kernel_plan, memory
 from .causal_cache import check_offload
 from .geometry import Clip
 from .kernel_plan import KernelPlan
-from ..kernels.backend import host_free
-from ..kernels import Optimizations, kernel_choice
-from ..kernels.layout import weights_in
 
 OPS = ("encode", "decode")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
@@ -380,11 +380,18 @@ def frame_list(frames: list[int]) -> str:
     return ", ".join(map(str, frames[:10])) + (f", ... ({len(frames)} frames)" if len(frames) > 10 else "")
 
 
-def check_pixels(video: torch.Tensor) -> None:
-    """ValueError for pixels `encode` would silently turn into a wrong latent (video B,C,T,H,W, read a
-    frame at a time: a whole-video mask would double its memory): NaN/Inf, naming the frames, and
-    values outside [-1, 1] by more than rounding (0..255 or 0..1 conventions), saying the range."""
-    if video.device.type == "meta":
+def check_pixels(model, video) -> None:
+    """ValueError for pixels `encode` of `model` cannot take (video B,C,T,H,W, or a frame source): other
+    colour channels, an empty video; and, in a tensor (a frame source, a video file, gives [-1, 1]
+    by construction), what it would silently turn into a wrong latent, read a frame at a time (a
+    whole-video mask would double its memory): NaN/Inf, naming the frames, and values outside
+    [-1, 1] by more than rounding (0..255 or 0..1 conventions), saying the range."""
+    b, c, t, h, w = video.shape
+    if c != model.in_channels:
+        raise ValueError(f"encode expects {model.in_channels} colour channels on dim 1, got {c} (shape {tuple(video.shape)})")
+    if t < 1 or h < 1 or w < 1:
+        raise ValueError(f"encode got an empty video of shape {tuple(video.shape)}")
+    if not isinstance(video, torch.Tensor) or video.device.type == "meta":
         return
     lows, highs = zip(*(video[:, :, i].aminmax() for i in range(video.shape[2])))  # NaN propagates, Inf stays
     low, high = torch.stack(lows).double(), torch.stack(highs).double()

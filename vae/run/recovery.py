@@ -16,8 +16,8 @@ import warnings
 
 import torch
 
-from . import geometry
 from ..kernels.backend import OOM, native_bf16
+from . import geometry
 from .planning import Plan, grid
 
 log = logging.getLogger("streamvae")
@@ -86,3 +86,18 @@ def fall_back_from_half(model, op: str) -> torch.dtype:
     log.warning(message)
     warnings.warn(message, RuntimeWarning, stacklevel=3)
     return dtype
+
+
+def check_half(y: torch.Tensor, op: str) -> None:
+    """HalfOverflow where an fp16 output `y` of `op` has Inf/NaN (from a finite input: checked before)."""
+    if y.dtype == torch.float16 and not bool(torch.isfinite(y).all()):
+        raise HalfOverflow(f"fp16 {op} produced Inf/NaN")
+
+
+def with_half_fallback(model, op: str, run):
+    """run(), rerun in bf16/fp32 if fp16 compute overflowed (`fall_back_from_half`)."""
+    try:
+        return run()
+    except HalfOverflow:
+        fall_back_from_half(model, op)
+        return run()

@@ -22,8 +22,8 @@ from typing import Protocol
 
 import torch
 
-from ...model.execution import Execution
 from ...kernels.layout import empty_video, pad_border, zero_border
+from ...model.execution import Execution
 
 
 class Partition(Protocol):

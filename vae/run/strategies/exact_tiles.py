@@ -18,10 +18,10 @@ first conv costs twice, and a residual block holds its input and its output inst
 """
 import torch
 
-from ...model.blocks import norm_fill
-from ..geometry import exact_cuts, layer_spans
-from ...model.layers import residual_sequence
 from ...kernels.layout import empty_video
+from ...model.blocks import norm_fill
+from ...model.layers import residual_sequence
+from ..geometry import exact_cuts, layer_spans
 from . import ConvWindow
 
 
