@@ -11,7 +11,9 @@ are timed around its decode stages (`VideoVAE.decode_stages`), core's by forward
 blocks" is the rest of the decode (the engine, the latent normalisation, unpatchify, the output
 buffer). The released decoder (seeded random weights), fp32, StreamVAE's default optimizations.
 `--threads 1` takes thread scheduling out of the picture on a shared machine; the default runs on
-torch's threads.
+torch's threads. `--profile N`: then the N ops of one more StreamVAE decode and one more core decode
+that took the most time of their own (torch.profiler, ops of the calling thread: run it with
+`--threads 1`, else the Winograd convs' worker threads are not seen).
 """
 import argparse
 import time
@@ -83,6 +85,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--core", default="0.33.0", choices=[v for v, t in TREES.items() if "ltx2" in t.modules])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--profile", type=int, default=0, help="also list this many ops of each side's decode")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,6 +122,13 @@ def main():
           f"{torch.get_num_threads()}, median round of {args.rounds} interleaved rounds (core {args.core})\n")
     print_table(rows, [("block", "block", "s"), ("what", "what", "s"), ("ours", "StreamVAE s", ".3f"),
                        ("core", f"core {args.core} s", ".3f"), ("ratio", "core / StreamVAE", ".2f")])
+    for name, run in runs.items() if args.profile else ():
+        with torch.inference_mode(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run()
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:args.profile]
+        print(f"\n{'StreamVAE' if name == 'ours' else 'core ' + args.core}: the ops with the most time of their own")
+        print_table([dict(op=e.key, s=e.self_cpu_time_total / 1e6, calls=e.count) for e in events],
+                    [("op", "op", "s"), ("s", "own s", ".3f"), ("calls", "calls", "d")])
 
 
 if __name__ == "__main__":
