@@ -147,8 +147,8 @@ def vae_part(prompt: dict, object_info: dict) -> dict:
     """The API prompt without its diffusion part: each sampler's consumers take the sampler's latent
     input instead (both outputs of SamplerCustomAdvanced), each text encoder is an empty conditioning
     (the StreamVAETestEmptyConditioning probe), CLIP vision outputs are dropped (WanImageToVideo takes
-    them optionally), LTX-2's audio VAE decode is a tone (StreamVAETestTone: the tiny checkpoint has no
-    audio VAE), an LTXVSeparateAVLatent that now splits an LTXVConcatAVLatent's output gives the
+    them optionally), LTX-2's audio VAE decode is a tone (StreamVAETestTone: the tiny checkpoint's audio
+    VAE is a stand-in tensor), an LTXVSeparateAVLatent that now splits an LTXVConcatAVLatent's output gives the
     concat's inputs, and every node that then feeds nothing is dropped, but output nodes and those a node
     reads from the prompt (READ_FROM_PROMPT)."""
     prompt = copy.deepcopy(prompt)
