@@ -6,11 +6,12 @@ snapping, tile-grid/peak prediction) and the pictures: the README screenshot (do
 template thumbnails (example_workflows/<name>.jpg).
 
 The examples are real tasks (Wan2.1/2.2 text and image to video, SeedVR2 upscale, ...) that name the
-released files. The test installs the tiny VAE fixtures under the released VAE names and empty
-placeholders under the diffusion-model and text-encoder names, so the frontend finds every file; what
-runs is the VAE part (`vae_part`): each sampler is taken out (its latent input goes straight on), each
-text encoder gives an empty conditioning (a test probe node), and what only fed them is dropped. Frame
-sizes are shrunk for the CPU (`cpu_sized`).
+released files. The test installs the tiny VAE fixtures under the released VAE names (LTX-2's: a full
+checkpoint, tests/ltx2_fixtures.py) and empty placeholders under the diffusion-model and text-encoder
+names, so the frontend finds every file; what runs is the VAE part (`vae_part`): each sampler is taken
+out (its latent input goes straight on), each text encoder gives an empty conditioning and LTX-2's audio
+VAE decode a tone (test probe nodes), and what only fed them is dropped. Frame sizes are shrunk for the
+CPU (`cpu_sized`).
 """
 import copy
 import io
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -26,6 +28,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from comfy_support.environment import REPO
+from ltx2_fixtures import model as ltx2_model, save_full_checkpoint
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
 
@@ -37,12 +40,22 @@ RELEASED_VAES = {
     "wan_2.1_vae.safetensors": "streamvae_tiny_wan21.safetensors",
     "wan2.2_vae.safetensors": "streamvae_tiny_wan22.safetensors",
 }
+RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fixtures.save_full_checkpoint
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
-NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"}}
-SAMPLERS = {"KSampler", "KSamplerAdvanced"}
-MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "CLIPVisionLoader"}
+# 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents).
+NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"},
+              "ltx2_text_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
+                                     "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode"}}
+SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
+MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
+                 "LTXVAudioVAELoader"}
+# Nodes kept though they then feed nothing: StreamVAE Decode to Video reads LTXVConditioning's frame_rate
+# from the prompt.
+READ_FROM_PROMPT = {"LTXVConditioning"}
+AUDIO_TONE = {"hz": 440.0, "seconds": 2.0, "sample_rate": 44100}  # StreamVAETestTone for LTX-2's audio VAE decode
 CPU_SIZES = {
     "EmptyHunyuanLatentVideo": {"width": 64, "height": 48, "length": 9},
+    "EmptyLTXVLatentVideo": {"width": 96, "height": 64, "length": 9},
     "WanImageToVideo": {"width": 64, "height": 48, "length": 5},
     "Wan22ImageToVideoLatent": {"width": 64, "height": 64, "length": 9},
     "ImageScale": {"width": 96, "height": 64},
@@ -104,11 +117,14 @@ def models_of(workflow: dict) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(comfy_server, comfy_browser):
     """The frontend, reloaded after every file the examples name was put in place: the tiny VAEs under
-    the released names, empty placeholders for the diffusion models and text encoders (never loaded:
-    `vae_part` takes them out), and small input files."""
+    the released names (LTX-2's inside a full checkpoint), empty placeholders for the diffusion models
+    and text encoders (never loaded: `vae_part` takes them out), and small input files."""
     models = comfy_server.base / "models"
     for released, tiny in RELEASED_VAES.items():
         shutil.copyfile(models / "vae" / tiny, models / "vae" / released)
+    for released, variant in RELEASED_CHECKPOINTS.items():
+        (models / "checkpoints").mkdir(parents=True, exist_ok=True)
+        save_full_checkpoint(ltx2_model(variant), models / "checkpoints" / released)
     for model in (m for path in EXAMPLES for m in models_of(json.loads(path.read_text()))):
         target = models / model["directory"] / model["name"]
         if not target.exists():
@@ -129,9 +145,12 @@ def page(comfy_server, comfy_browser):
 
 def vae_part(prompt: dict, object_info: dict) -> dict:
     """The API prompt without its diffusion part: each sampler's consumers take the sampler's latent
-    input instead, each text encoder is an empty conditioning (the StreamVAETestEmptyConditioning
-    probe), CLIP vision outputs are dropped (WanImageToVideo takes them optionally), and so is every
-    node that then feeds nothing but is no output node."""
+    input instead (both outputs of SamplerCustomAdvanced), each text encoder is an empty conditioning
+    (the StreamVAETestEmptyConditioning probe), CLIP vision outputs are dropped (WanImageToVideo takes
+    them optionally), LTX-2's audio VAE decode is a tone (StreamVAETestTone: the tiny checkpoint's audio
+    VAE is a stand-in tensor), an LTXVSeparateAVLatent that now splits an LTXVConcatAVLatent's output gives the
+    concat's inputs, and every node that then feeds nothing is dropped, but output nodes and those a node
+    reads from the prompt (READ_FROM_PROMPT)."""
     prompt = copy.deepcopy(prompt)
 
     def replace_links(old, new):
@@ -145,17 +164,27 @@ def vae_part(prompt: dict, object_info: dict) -> dict:
 
     for node_id, node in list(prompt.items()):
         if node["class_type"] in SAMPLERS:
-            replace_links([node_id, 0], node["inputs"]["latent_image"])
+            for output in (0, 1):  # SamplerCustomAdvanced: output, denoised_output
+                replace_links([node_id, output], node["inputs"]["latent_image"])
             del prompt[node_id]
+        elif node["class_type"] == "LTXVAudioVAEDecode":
+            prompt[node_id] = {"class_type": "StreamVAETestTone", "inputs": dict(AUDIO_TONE)}
         elif node["class_type"] == "CLIPTextEncode":
             prompt[node_id] = {"class_type": "StreamVAETestEmptyConditioning", "inputs": {}}
         elif node["class_type"] == "CLIPVisionEncode":
             replace_links([node_id, 0], None)
             del prompt[node_id]
+    for node_id, node in list(prompt.items()):
+        joined = prompt.get(node["inputs"].get("av_latent", [None])[0], {})
+        if node["class_type"] == "LTXVSeparateAVLatent" and joined.get("class_type") == "LTXVConcatAVLatent":
+            replace_links([node_id, 0], joined["inputs"]["video_latent"])
+            replace_links([node_id, 1], joined["inputs"]["audio_latent"])
+            del prompt[node_id]
     while True:
         used = {value[0] for node in prompt.values() for value in node["inputs"].values() if isinstance(value, list)}
         unused = [node_id for node_id, node in prompt.items()
-                  if node_id not in used and not object_info[node["class_type"]].get("output_node")]
+                  if node_id not in used and not object_info[node["class_type"]].get("output_node")
+                  and node["class_type"] not in READ_FROM_PROMPT]
         if not unused:
             break
         for node_id in unused:
@@ -244,6 +273,10 @@ def test_example_loads_validates_and_runs(path, page, comfy_server, comfy_client
         assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 15.0, 96, 64)]
     if path.stem == "wan22_5b_text_image_to_video":
         assert [w["fps"] for w in written] == [24.0]  # Wan2.2-5B's rate
+    if path.stem == "ltx2_text_to_video":  # the LTXVConditioning's 25 fps (fps 0; LTX-2's own is 24), with sound
+        assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 25.0, 96, 64)]
+        with av.open(str(comfy_server.base / "output" / written[0]["subfolder"] / written[0]["filename"])) as container:
+            assert len(container.streams.audio) == 1 and container.streams.audio[0].codec_context.sample_rate > 0
 
 
 def test_extension_snaps_to_4n1_and_shows_the_plan(page):
