@@ -26,6 +26,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from comfy_support.environment import REPO
+from hv15_fixtures import save_small_checkpoint
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
 
@@ -37,13 +38,16 @@ RELEASED_VAES = {
     "wan_2.1_vae.safetensors": "streamvae_tiny_wan21.safetensors",
     "wan2.2_vae.safetensors": "streamvae_tiny_wan22.safetensors",
 }
+# Released VAE names with no shared fixture: a small seeded checkpoint is written under the name instead.
+WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_checkpoint}
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced"}
-MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "CLIPVisionLoader"}
+MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "CLIPVisionLoader"}
 CPU_SIZES = {
     "EmptyHunyuanLatentVideo": {"width": 64, "height": 48, "length": 9},
     "WanImageToVideo": {"width": 64, "height": 48, "length": 5},
+    "HunyuanVideo15ImageToVideo": {"width": 96, "height": 64, "length": 5},
     "Wan22ImageToVideoLatent": {"width": 64, "height": 64, "length": 9},
     "ImageScale": {"width": 96, "height": 64},
     "StreamVAEEncodeFromVideo": {"width": 96, "height": 64},
@@ -104,11 +108,13 @@ def models_of(workflow: dict) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(comfy_server, comfy_browser):
     """The frontend, reloaded after every file the examples name was put in place: the tiny VAEs under
-    the released names, empty placeholders for the diffusion models and text encoders (never loaded:
-    `vae_part` takes them out), and small input files."""
+    the released names (HunyuanVideo 1.5's written here), empty placeholders for the diffusion models and
+    text encoders (never loaded: `vae_part` takes them out), and small input files."""
     models = comfy_server.base / "models"
     for released, tiny in RELEASED_VAES.items():
         shutil.copyfile(models / "vae" / tiny, models / "vae" / released)
+    for released, write in WRITTEN_VAES.items():
+        write(models / "vae" / released)
     for model in (m for path in EXAMPLES for m in models_of(json.loads(path.read_text()))):
         target = models / model["directory"] / model["name"]
         if not target.exists():
