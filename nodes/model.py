@@ -137,7 +137,7 @@ class StreamVAEHandle:
         handle = cls(model, name, load_device, offload, compile_settings, gpu, devices, kernels)
         for field, value in (config or {}).items():
             if value != type(model).load_choices[field][0]:
-                handle.note(f"{field} {value}")
+                handle.note(f"{field} {value} (chosen at load; the default is {type(model).load_choices[field][0]})")
         if device == "gpu" and load_device.type == "cpu":
             handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from hv15_fixtures import save_small_checkpoint
 from reference import assert_exact
-from test_nodes_server import node, object_info, saved_latent, upload_frames  # noqa: F401
+from test_nodes_server import node, object_info, saved_latent, upload_frames, vae_file  # noqa: F401
 
 pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
 
@@ -61,6 +61,10 @@ def entry(comfy_server, object_info):
         "core_of_full": node(object_info, "VAEDecode", samples=["enc_full", 0], vae=["core", 0]),
         "video": node(object_info, "StreamVAEDecodeToVideo", vae=["ours", 0], samples=["lat", 0], fps=0.0,
                       filename_prefix="hv15/auto_fps"),
+        # the attention choice on a family without it
+        "wan_full": node(object_info, "StreamVAELoader", vae_name=vae_file("wan21"), clip_attention="full"),
+        "wan_enc": node(object_info, "StreamVAEEncode", image=["img", 0], vae=["wan_full", 0]),
+        "wan_save": node(object_info, "SaveLatent", samples=["wan_enc", 0], filename_prefix="hv15_wan"),
     }
     for key in ("core", "full"):  # image to video: its start image encoded by each VAE
         prompt[f"i2v_{key}"] = node(object_info, "HunyuanVideo15ImageToVideo", positive=["cond", 0],
@@ -131,6 +135,15 @@ def test_the_trained_attention_differs_from_cores(comfy_server, entry):
     print(f"masked vs core's unmasked decode: max difference {difference:.4f} of the IMAGE range "
           f"({difference * 255:.1f} levels of 255)")
     assert difference > ONE_LEVEL, difference
+
+
+def test_the_attention_choice_is_shown_on_the_node(entry):
+    """Load VAE says which attention a HunyuanVideo 1.5 VAE runs when it is not the default, and that the
+    choice does nothing on a Wan VAE."""
+    notes = {key: entry["outputs"][key]["streamvae_model"][0]["notes"] for key in ("full", "ours", "wan_full")}
+    assert any(note.startswith("attention full") for note in notes["full"]), notes
+    assert not any("attention" in note for note in notes["ours"]), notes
+    assert any("clip_attention full: no effect on wan21" in note for note in notes["wan_full"]), notes
 
 
 def test_decode_to_video_takes_24_fps(comfy_server, entry):
