@@ -56,6 +56,12 @@ def entry(comfy_server, object_info):
         "enc_core": node(object_info, "VAEEncode", pixels=["img", 0], vae=["core", 0]),
         "enc_full": node(object_info, "VAEEncode", pixels=["img", 0], vae=["full", 1]),
         "stream_enc_full": node(object_info, "StreamVAEEncode", image=["img", 0], vae=["full", 0]),
+        # 6 frames of 90 x 56: no 4n+1 frames, no multiple of 16 (core drops the 6th frame, crops centred to 80 x 48)
+        "odd_size": node(object_info, "ImageScale", image=["img", 0], upscale_method="bilinear", width=90, height=56,
+                         crop="disabled"),
+        "odd": node(object_info, "ImageFromBatch", image=["odd_size", 0], batch_index=0, length=6),
+        "enc_odd_core": node(object_info, "VAEEncode", pixels=["odd", 0], vae=["core", 0]),
+        "enc_odd_full": node(object_info, "VAEEncode", pixels=["odd", 0], vae=["full", 1]),
         "core_of_core": node(object_info, "VAEDecode", samples=["enc_core", 0], vae=["core", 0]),
         "full_of_core": node(object_info, "VAEDecode", samples=["enc_core", 0], vae=["full", 1]),
         "core_of_full": node(object_info, "VAEDecode", samples=["enc_full", 0], vae=["core", 0]),
@@ -105,11 +111,15 @@ def test_core_decode_equals_ours_with_full_attention(comfy_server, entry):
 
 def test_latents_cross_both_ways(comfy_server, entry):
     """(b) Core's VAE Encode and ours (through core's VAE Encode and StreamVAE Encode) give the same LATENT
-    of 9 frames; core's LATENT decoded by ours and ours decoded by core give core's round trip."""
+    of 9 frames, and through VAE Encode of 6 frames of 90 x 56 (core's frame count and crop); core's LATENT
+    decoded by ours and ours decoded by core give core's round trip."""
     core = saved_latent(comfy_server, entry, "save_enc_core")
     assert core.shape == (1, 32, 3, HEIGHT // 16, WIDTH // 16)
     for name in ("enc_full", "stream_enc_full"):
         assert_exact(saved_latent(comfy_server, entry, f"save_{name}"), core, 1e-4, msg=name)
+    odd = saved_latent(comfy_server, entry, "save_enc_odd_core")
+    assert odd.shape == (1, 32, 2, 3, 5)
+    assert_exact(saved_latent(comfy_server, entry, "save_enc_odd_full"), odd, 1e-4)
     round_trip = image(comfy_server, entry, "core_of_core")
     for name in ("full_of_core", "core_of_full"):
         assert_exact(image(comfy_server, entry, name), round_trip, 1e-4, msg=name)
