@@ -10,10 +10,10 @@ prompt look inside core's conditioning nodes without a text encoder or a diffusi
   VAE decode hands a video saver, without an audio model.
 - StreamVAETestImageLatent: an IMAGE as a LATENT, so Save Latent stores its float values (a preview's PNG
   rounds them to 8 bits).
-- StreamVAETestCoreVAEAtFileWidths: core's own Load VAE (its node class VAELoader) on a HunyuanVideo 1.5 file of
-  reduced stage widths. Core builds that VAE at the released widths (128..1024) whatever the file holds,
-  so a small test file could not load; here its `vae_refiner` Encoder and Decoder get the file's widths
-  (`encoder.down.<i>` conv widths) while core's loader runs, and nothing else of core changes.
+- StreamVAETestCoreVAEAtFileWidths: core's own Load VAE (its node class VAELoader) on a HunyuanVideo 1.5
+  file of reduced stage widths. Core builds that VAE at the released widths (128..1024) whatever the file
+  holds, so a small test file could not load; here its `vae_refiner` Encoder and Decoder get the file's
+  widths (`encoder.down.<i>` conv widths) while core's loader runs, and nothing else of core changes.
 """
 import contextlib
 import math
@@ -119,7 +119,6 @@ class CoreVAEAtFileWidths:
 
     def load(self, vae_name):
         import folder_paths
-
         import nodes
 
         with built_at(file_widths(folder_paths.get_full_path_or_raise("vae", vae_name))):
