@@ -112,7 +112,7 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
         raise ValueError(
             f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel latents. "
             f"Load the VAE that made it: 16 channels = Wan2.1 / Wan2.2-A14B / SeedVR2, 48 channels = Wan2.2-TI2V-5B, "
-            "128 channels = LTX-2 / LTX-Video.")
+            "32 channels = HunyuanVideo 1.5, 128 channels = LTX-2 / LTX-Video.")
     b, _, t, h, w = z.shape
     if min(b, t, h, w) == 0:
         raise ValueError(f"this LATENT is empty (shape {tuple(z.shape)}: batch, channels, frames, height, width); "

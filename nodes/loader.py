@@ -1,12 +1,17 @@
 """StreamVAE Load VAE: a checkpoint from ComfyUI's models/vae folder, or a full model checkpoint from
 models/checkpoints whose VAE is inside it (LTX-2's, under `vae.`; only those tensors are read) ->
 STREAMVAE, and the same model as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo,
-LTXVImgToVideo, SeedVR2 nodes then run StreamVAE).
+LTXVImgToVideo, HunyuanVideo15ImageToVideo, SeedVR2 nodes then run StreamVAE).
+
+Choices a family declares for its loading (`VideoVAE.load_choices`, no weight says them) are advanced
+inputs: `clip_attention` is HunyuanVideo 1.5's mid-block attention (`attention`: the trained frame-causal
+mask, or the unmasked attention core computes).
 """
 import logging
 
 from comfy_api.latest import io
 
+from .. import vae
 from . import checkpoints, core_api
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .run_settings import settings_from_inputs
@@ -22,6 +27,10 @@ log = logging.getLogger("streamvae")
 
 # The folders a VAE is listed from, in the order a name found in both is resolved.
 FOLDERS = ("vae", "checkpoints")
+# The node's inputs for load choices a family declares (`VideoVAE.load_choices`): input -> (config field,
+# its values, the default first).
+ATTENTION_CHOICES = vae.Hv15VAE.load_choices["attention"]  # HunyuanVideo 1.5's, the only family with it
+CHOICE_INPUTS = {"clip_attention": ("attention", ATTENTION_CHOICES)}
 
 
 def vae_files() -> list[str]:
@@ -37,6 +46,21 @@ def vae_files() -> list[str]:
 def vae_path(name: str) -> str | None:
     """The file behind a listed name: models/vae first, then models/checkpoints (None: in neither)."""
     return next((path for folder in FOLDERS if (path := folder_paths.get_full_path(folder, name))), None)
+
+
+def load_config(path: str, chosen: dict[str, str]) -> tuple[dict, list[str]]:
+    """The config (field -> value) of the node's choice inputs (`chosen`: input -> value) that the file's
+    family declares, and a warning for each other one set away from its default (no effect there)."""
+    info = checkpoints.inspect_checkpoint(path)
+    declared = type(info.model).load_choices
+    config, ignored = {}, []
+    for name, value in chosen.items():
+        field, values = CHOICE_INPUTS[name]
+        if field in declared:
+            config[field] = value
+        elif value != values[0]:
+            ignored.append(f"{name} {value}: no effect on {info.family} (it has no such choice)")
+    return config, ignored
 
 
 def core_vae(handle: StreamVAEHandle):
@@ -57,15 +81,16 @@ class LoadVAE(io.ComfyNode):
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
             category="StreamVAE",
-            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "LTX-2", "LTXV", "video VAE"],
-            description="Loads a SeedVR2, Wan2.1, Wan2.2 or LTX-2 video VAE (the family is detected from the file), "
-                        "also the VAE inside a full LTX-2 checkpoint. STREAMVAE feeds the StreamVAE nodes; VAE replaces "
-                        "core's Load VAE for VAE Decode, WanImageToVideo, the LTXV nodes and SeedVR2 nodes, which then "
-                        "run StreamVAE.",
+            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "LTX-2", "LTXV", "HunyuanVideo 1.5",
+                            "video VAE"],
+            description="Loads a SeedVR2, Wan2.1, Wan2.2, LTX-2 or HunyuanVideo 1.5 video VAE (the family is detected "
+                        "from the file), also the VAE inside a full LTX-2 checkpoint. STREAMVAE feeds the StreamVAE "
+                        "nodes; VAE replaces core's Load VAE for VAE Decode, WanImageToVideo, the LTXV, HunyuanVideo "
+                        "1.5 and SeedVR2 nodes, which then run StreamVAE.",
             inputs=[
                 io.Combo.Input("vae_name", options=vae_files(), tooltip=(
-                    "A SeedVR2, Wan2.1, Wan2.2 or LTX-2 VAE in models/vae, or a full LTX-2 checkpoint in "
-                    "models/checkpoints (only its VAE is read); the family is detected from the file.")),
+                    "A SeedVR2, Wan2.1, Wan2.2, LTX-2 or HunyuanVideo 1.5 VAE in models/vae, or a full LTX-2 "
+                    "checkpoint in models/checkpoints (only its VAE is read); the family is detected.")),
                 io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", **core_api.advanced(),
                                tooltip="Encoder precision. auto = fp32 (bf16 encode hurts image-to-video); bf16 and "
                                        "fp16 halve the memory."),
@@ -82,6 +107,10 @@ class LoadVAE(io.ComfyNode):
                                **core_api.advanced(), tooltip=(
                     "measure = the fastest exact kernels on this machine, timed once per layer shape and remembered; "
                     "defaults = fixed rules, for reproducible timings.")),
+                io.Combo.Input("clip_attention", options=list(ATTENTION_CHOICES), default=ATTENTION_CHOICES[0],
+                               optional=True, **core_api.advanced(), tooltip=(
+                    "HunyuanVideo 1.5's attention across frames. causal = the trained model (exact); full = "
+                    "unmasked, as ComfyUI core computes it, to match core's output. Other families: no effect.")),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
                     "Optional torch.compile settings from StreamVAE Torch Compile Settings; unconnected: eager.")),
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
@@ -92,9 +121,9 @@ class LoadVAE(io.ComfyNode):
             outputs=[io.Custom(STREAMVAE).Output(display_name="STREAMVAE",
                                                  tooltip="The loaded video VAE, for the StreamVAE nodes."),
                      io.Vae.Output(display_name="VAE", tooltip=(
-                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, LTXVImgToVideo, SeedVR2): they then "
-                         "run StreamVAE, "
-                         "with automatic tiles. The weights are loaded once."))],
+                         "The same VAE for core nodes (VAE Decode, WanImageToVideo, LTXVImgToVideo, "
+                         "HunyuanVideo15ImageToVideo, SeedVR2): they then run StreamVAE, with automatic tiles. The "
+                         "weights are loaded once."))],
         )
 
     @classmethod
@@ -122,11 +151,16 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
-                kernels="measure", compile=None, gpu_options=None, devices=None) -> io.NodeOutput:
+                kernels="measure", clip_attention=ATTENTION_CHOICES[0], compile=None, gpu_options=None,
+                devices=None) -> io.NodeOutput:
         path = vae_path(vae_name)
         if path is None:
             raise FileNotFoundError(f"{vae_name!r} is in neither models/vae nor models/checkpoints; put the file there "
                                     "and press R to refresh the list.")
+        config, ignored = load_config(path, {"clip_attention": clip_attention})
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
-                                      kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices)
+                                      kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices,
+                                      config=config)
+        for warning in ignored:
+            handle.warn(warning)
         return io.NodeOutput(handle, core_vae(handle), ui={"streamvae_model": [handle.info()]})

@@ -123,15 +123,20 @@ class StreamVAEHandle:
     @classmethod
     def load(cls, path: str, name: str, encode_dtype="auto", decode_dtype="auto", device="auto",
              offload_device="auto", kernels="measure", compile_settings=None, gpu=None,
-             devices=None) -> "StreamVAEHandle":
+             devices=None, config: dict | None = None) -> "StreamVAEHandle":
+        """`config`: the family's load choices (`VideoVAE.load_choices`), e.g. {"attention": "full"}; a
+        choice away from its default is shown on the node."""
         load_device = resolve_device(device)
         offload = resolve_offload(offload_device, load_device)
         enc, dec = resolve_dtype(encode_dtype, load_device, "encode"), resolve_dtype(decode_dtype, load_device, "decode")
         # ComfyUI runs nodes under torch.inference_mode(); weights made there would be inference
         # tensors, which have no version counter for the library's weight-derived caches.
         with torch.inference_mode(False):
-            model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec)
+            model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec, config=config or None)
         handle = cls(model, name, load_device, offload, compile_settings, gpu, devices, kernels)
+        for field, value in (config or {}).items():
+            if value != type(model).load_choices[field][0]:
+                handle.note(f"{field} {value} (chosen at load; the default is {type(model).load_choices[field][0]})")
         if device == "gpu" and load_device.type == "cpu":
             handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())

@@ -241,6 +241,16 @@ def test_shapes_that_fit_no_rule_are_refused(models):
         vae.load(models["released"].state_dict(), config={"attention": "sliding"})
 
 
+def test_load_choices_are_config_values_the_default_first(models):
+    """What a front end offers (`load_choices`: Load VAE's clip_attention) is what `vae.load(config=)` takes,
+    its first value the config's default."""
+    assert set(vae.Hv15VAE.load_choices) == {"attention"}
+    for field, values in vae.Hv15VAE.load_choices.items():
+        assert getattr(vae.Hv15Config(), field) == values[0]
+        for value in values:
+            assert getattr(vae.load(models["released"].state_dict(), config={field: value}).config, field) == value
+
+
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
 def test_the_memory_model_counts_the_attention_keys_of_the_clip():
     """On the device the keys and values of every latent frame add to the predicted peak (2 x 45 x 80

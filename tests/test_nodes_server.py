@@ -163,7 +163,7 @@ def test_object_info_lists_every_node_with_tooltips(comfy_server, object_info):
                 assert any(word in tooltip for word in UNIT_WORDS), f"{name}.{input_name}: no unit in {tooltip!r}"
     loader = object_info["StreamVAELoader"]["input"]
     assert {vae_file(f) for f in FAMILIES} <= set(loader["required"]["vae_name"][1]["options"])
-    assert set(loader["optional"]) == {"kernels", "compile", "gpu_options", "devices"}
+    assert set(loader["optional"]) == {"kernels", "clip_attention", "compile", "gpu_options", "devices"}
     assert object_info["StreamVAEEncode"]["input_order"]["required"][:3] == ["vae", "image", "batch_size"]
     assert object_info["StreamVAELoader"]["output"] == ["STREAMVAE", "VAE"]  # the one-node swap
     decode = object_info["StreamVAEDecode"]

@@ -28,6 +28,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from comfy_support.environment import REPO
+from hv15_fixtures import save_small_checkpoint
 from ltx2_fixtures import model as ltx2_model, save_full_checkpoint
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
@@ -40,6 +41,8 @@ RELEASED_VAES = {
     "wan_2.1_vae.safetensors": "streamvae_tiny_wan21.safetensors",
     "wan2.2_vae.safetensors": "streamvae_tiny_wan22.safetensors",
 }
+# Released VAE names with no shared fixture: a small seeded checkpoint is written under the name instead.
+WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_checkpoint}
 RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fixtures.save_full_checkpoint
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 # 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents).
@@ -47,8 +50,8 @@ NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcess
               "ltx2_text_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
                                      "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
-MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple", "LTXAVTextEncoderLoader",
-                 "LTXVAudioVAELoader"}
+MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple",
+                 "LTXAVTextEncoderLoader", "LTXVAudioVAELoader"}
 # Nodes kept though they then feed nothing: StreamVAE Decode to Video reads LTXVConditioning's frame_rate
 # from the prompt.
 READ_FROM_PROMPT = {"LTXVConditioning"}
@@ -57,6 +60,7 @@ CPU_SIZES = {
     "EmptyHunyuanLatentVideo": {"width": 64, "height": 48, "length": 9},
     "EmptyLTXVLatentVideo": {"width": 96, "height": 64, "length": 9},
     "WanImageToVideo": {"width": 64, "height": 48, "length": 5},
+    "HunyuanVideo15ImageToVideo": {"width": 96, "height": 64, "length": 5},
     "Wan22ImageToVideoLatent": {"width": 64, "height": 64, "length": 9},
     "ImageScale": {"width": 96, "height": 64},
     "StreamVAEEncodeFromVideo": {"width": 96, "height": 64},
@@ -117,11 +121,14 @@ def models_of(workflow: dict) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(comfy_server, comfy_browser):
     """The frontend, reloaded after every file the examples name was put in place: the tiny VAEs under
-    the released names (LTX-2's inside a full checkpoint), empty placeholders for the diffusion models
-    and text encoders (never loaded: `vae_part` takes them out), and small input files."""
+    the released names (HunyuanVideo 1.5's written here, LTX-2's inside a full checkpoint), empty
+    placeholders for the diffusion models and text encoders (never loaded: `vae_part` takes them out),
+    and small input files."""
     models = comfy_server.base / "models"
     for released, tiny in RELEASED_VAES.items():
         shutil.copyfile(models / "vae" / tiny, models / "vae" / released)
+    for released, write in WRITTEN_VAES.items():
+        write(models / "vae" / released)
     for released, variant in RELEASED_CHECKPOINTS.items():
         (models / "checkpoints").mkdir(parents=True, exist_ok=True)
         save_full_checkpoint(ltx2_model(variant), models / "checkpoints" / released)

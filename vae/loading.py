@@ -286,7 +286,8 @@ def load(
 
     `dtype` is the compute dtype of the weights, whatever the file stores (fp32, bf16, fp16 or fp8);
     `encode_dtype` / `decode_dtype` override it for one half. `config` overrides config fields that
-    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`). A weight with NaN/Inf values is a
+    the tensor shapes cannot tell (SeedVR2's `norm_num_groups`; the family's `load_choices`, such as
+    HunyuanVideo 1.5's `attention`, are the ones a front end offers). A weight with NaN/Inf values is a
     CheckpointError naming it (one such value blanks a colour channel or the whole latent), unless
     `allow_nonfinite`.
     """

@@ -8,7 +8,14 @@ prompt look inside core's conditioning nodes without a text encoder or a diffusi
   `keyframe_idxs`, computed from its VAE's frame ratios), as a LATENT for Save Latent.
 - StreamVAETestTone: an AUDIO (core's {"waveform": 1,2,S, "sample_rate"}) of a sine tone, what LTX-2's audio
   VAE decode hands a video saver, without an audio model.
+- StreamVAETestImageLatent: an IMAGE as a LATENT, so Save Latent stores its float values (a preview's PNG
+  rounds them to 8 bits).
+- StreamVAETestCoreVAEAtFileWidths: core's own Load VAE (its node class VAELoader) on a HunyuanVideo 1.5
+  file of reduced stage widths. Core builds that VAE at the released widths (128..1024) whatever the file
+  holds, so a small test file could not load; here its `vae_refiner` Encoder and Decoder get the file's
+  widths (`encoder.down.<i>` conv widths) while core's loader runs, and nothing else of core changes.
 """
+import contextlib
 import math
 
 import torch
@@ -56,5 +63,68 @@ class Tone:
         return ({"waveform": torch.stack([wave, wave])[None], "sample_rate": sample_rate},)
 
 
+class ImageLatent:
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "wrap"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"image": ("IMAGE",)}}
+
+    def wrap(self, image):
+        return ({"samples": image.float()},)
+
+
+def file_widths(path: str) -> list[int]:
+    """The stage widths of a HunyuanVideo 1.5 checkpoint in core's key names (its encoder's order)."""
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as file:
+        keys, widths = set(file.keys()), []
+        while (key := f"encoder.down.{len(widths)}.block.0.conv1.conv.weight") in keys:
+            widths.append(file.get_slice(key).get_shape()[0])
+    return widths
+
+
+@contextlib.contextmanager
+def built_at(widths: list[int]):
+    """Core's HunyuanVideo 1.5 Encoder and Decoder made with `widths` as `block_out_channels` meanwhile."""
+    from comfy.ldm.hunyuan_video import vae_refiner
+
+    originals = {cls: cls.__init__ for cls in (vae_refiner.Encoder, vae_refiner.Decoder)}
+
+    def at_widths(init):
+        def init_at_widths(self, *args, **kwargs):
+            init(self, *args, **{**kwargs, "block_out_channels": list(widths)})
+        return init_at_widths
+
+    for cls, init in originals.items():
+        cls.__init__ = at_widths(init)
+    try:
+        yield
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init
+
+
+class CoreVAEAtFileWidths:
+    RETURN_TYPES = ("VAE",)
+    FUNCTION = "load"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae_name": ("STRING", {"default": ""})}}
+
+    def load(self, vae_name):
+        import folder_paths
+        import nodes
+
+        with built_at(file_widths(folder_paths.get_full_path_or_raise("vae", vae_name))):
+            return nodes.VAELoader().load_vae(vae_name)
+
+
 NODE_CLASS_MAPPINGS = {"StreamVAETestEmptyConditioning": EmptyConditioning, "StreamVAETestConcatLatent": ConcatLatent,
-                       "StreamVAETestTone": Tone}
+                       "StreamVAETestTone": Tone, "StreamVAETestImageLatent": ImageLatent,
+                       "StreamVAETestCoreVAEAtFileWidths": CoreVAEAtFileWidths}
