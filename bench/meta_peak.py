@@ -109,6 +109,9 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
     vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)  # flash attention: O(tokens)
     ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
+    # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
+    # the causal caches' store is replaced by one that keeps shapes only.
+    assert ctx.cache.keys_values.offload == "none"
     ctx.cache._store, ctx.cache.offload = ShapeStore(), "host"
     ctx.execution = ExactTiles((height, width), (tile, tile), lambda: None, chain=chain)
     stream = FrameStream(model.decode_stages() if op == "decode" else model.encode_stages())

@@ -1,7 +1,7 @@
 """Exact at any resolution within a budget: what the planner picks at 1080p and 4K against the CUDA
 memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin
-until a GPU measures them), real full-config SeedVR2 and LTX-2 decodes under a RAM budget below a
-quarter of the untiled activations (measured peak RSS within it, output equal to untiled), and a
+until a GPU measures them), real full-config SeedVR2, LTX-2 and HunyuanVideo 1.5 decodes under a RAM
+budget below a quarter of the untiled activations (measured peak RSS within it, output equal to untiled), and a
 budget below the floor refused with the floor in GiB."""
 import pytest
 import torch
@@ -101,3 +101,15 @@ def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, 
     the whole clip untiled (about a minute)."""
     monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
     run_within_a_quarter(dict(family="ltx2", frames=17, height=256, width=384), untiled_chunk=None)
+
+
+@pytest.mark.measurement
+@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+def test_full_hv15_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
+    """The same for HunyuanVideo 1.5's released decoder (its mid-block attends over every earlier frame:
+    keys and values kept for the clip) on 9 frames of 176 x 176 against one latent frame per chunk
+    untiled. Its 1024 -> 8192 channel upsampler conv runs in slices of output channels on the CPU
+    (`kernels.conv.CPU_WEIGHT_SLICE_BYTES`); with the whole weight, oneDNN's per-call copy of it (0.9 GB)
+    alone is above such a budget."""
+    monkeypatch.setenv("STREAMVAE_KERNEL_CACHE", str(tmp_path))
+    run_within_a_quarter(dict(family="hv15", frames=9, height=176, width=176), untiled_chunk=1)

@@ -37,11 +37,13 @@ def planned_kernels(device, dtype: torch.dtype, triton: bool) -> tuple[str, ...]
     one measured faster in torch, runs it)."""
     device = torch.device(device)
     # The device test first, as in `_use_triton`: on a CPU (without the interpreter) nothing is asked.
-    if (triton and (device.type == "cuda" or kernel_check.INTERPRETED) and dtype in kernel_check.DTYPES
-            and kernel_check.runs_triton(device)
-            and any(v.passed for v in kernel_check.verdicts(kernel_check.device_name(device), dtype).values())):
-        return ("triton", "torch")
-    return ("torch",)
+    if not (triton and (device.type == "cuda" or kernel_check.INTERPRETED) and dtype in kernel_check.DTYPES
+            and kernel_check.runs_triton(device)):
+        return ("torch",)
+    if device.type == "cuda" and not torch.cuda.is_available():  # a plan for a GPU this process has not: its
+        return ("triton", "torch")                              # kernels are checked there, on first use
+    found = kernel_check.verdicts(kernel_check.device_name(device), dtype).values()
+    return ("triton", "torch") if any(v.passed for v in found) else ("torch",)
 
 
 def _logged(log: KernelLog | None, step: str, triton: bool, x: torch.Tensor) -> bool:
