@@ -269,3 +269,38 @@ def test_capped_cache_still_gives_exact_convs():
     none_kept = winograd.FilterCache(0)
     assert torch.equal(winograd_conv3d(x, weight, bias, none_kept), expected)
     assert none_kept.bytes == 0
+
+
+def test_a_large_transform_not_in_the_cache_runs_a_group_of_output_channels_at_a_time(monkeypatch):
+    """Above winograd.GROUP_TRANSFORM_BYTES (here lowered to 16 output channels' transform) a transform
+    the cache does not hold is computed and used a group at a time (the transient is a group's): 3
+    groups of 40 channels, each computed once, equal to F.conv3d; a cached one runs whole."""
+    x, weight, bias = make(1, 96, 40, 3, 4, 9, 9)
+    monkeypatch.setattr(winograd, "GROUP_TRANSFORM_BYTES", winograd.transform_nbytes((16, 96, 3)))
+    computed = []
+    real = winograd.filter_transform
+    monkeypatch.setattr(winograd, "filter_transform", lambda w, *a, **k: computed.append(w.shape[0]) or real(w, *a, **k))
+    none_kept = winograd.FilterCache(0)
+    assert_exact(winograd_conv3d(x, weight, bias, none_kept).double(), reference(x, weight, bias), atol=5e-5)
+    assert computed == [16, 16, 8]
+    roomy = winograd.FilterCache(1 << 30)
+    roomy.get(weight, winograd._transform_key(weight, winograd.DEFAULT_TILE), lambda: real(weight, CACHE))
+    computed.clear()
+    assert_exact(winograd_conv3d(x, weight, bias, roomy).double(), reference(x, weight, bias), atol=5e-5)
+    assert computed == [40]  # the whole transform, from the cache
+
+
+def test_a_full_cache_drops_what_a_new_transform_displaces_before_computing_it():
+    """cache.get with the value's size: the cache and the value being computed never exceed the cap."""
+    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(3)]
+    one = filter_transform(weights[0], CACHE).nbytes
+    cache = winograd.FilterCache(2 * one)
+    held_while_computing = []
+
+    def compute(w):
+        held_while_computing.append(cache.bytes)
+        return filter_transform(w, CACHE).clone()
+
+    for w, priority in zip(weights, (16, 64, 256)):  # the third displaces the first
+        cache.get(w, ("u",), lambda w=w: compute(w), priority, nbytes=one)
+    assert held_while_computing == [0, one, one] and cache.bytes == 2 * one

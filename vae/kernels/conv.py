@@ -45,8 +45,8 @@ PROBE_SIDE = 128
 # oneDNN reorders a conv's weight into its blocked format on every call: a transient copy as large as
 # the weight (0.9 GB for HunyuanVideo 1.5's 1024 -> 8192 channel upsampler conv in float32, most of a
 # small decode's peak). Larger weights run in slices of output channels of at most this many bytes in
-# float32 (each output channel is the same sum either way); measured no slower.
-CPU_WEIGHT_SLICE_BYTES = 128 * 2**20
+# float32 (each output channel is the same sum either way; bench/RESULTS.md section 15).
+CPU_WEIGHT_SLICE_BYTES = 64 * 2**20
 # Smaller frames give GEMMs too narrow to outrun oneDNN, even with the transform cached (1024
 # channels, 8x8 pixels: 1.1x oneDNN's time; 16x16: 0.38x).
 WINOGRAD_MIN_FRAME_PIXELS = 64

@@ -73,6 +73,11 @@ MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
 # itself: measured on a 2-core AVX2 CPU in fp32, transform + Winograd beat oneDNN at 32x32 x 4 output
 # frames (512 and 1024 channels) and lost at 16x16 x 2 frames.
 UNCACHED_MIN_OUTPUT_PIXELS = 4096
+# A conv whose filter transform is not cached computes it for the call: 4x the weight in fresh float32
+# memory (0.45 GB for a 1024-channel 3x3x3 conv), on top of a cache that may be full. A transform above
+# this size is computed, cached and used a group of output channels at a time, so the transient is a
+# group's.
+GROUP_TRANSFORM_BYTES = 64 * 2**20
 
 
 def physical_memory_bytes() -> int | None:
@@ -133,8 +138,17 @@ class FilterCache:
         with self._lock:
             return (id(anchor), key) in self._entries or self._victims(nbytes, priority) is not None
 
-    def get(self, weight: torch.Tensor, key: tuple, compute, priority: float = 0) -> torch.Tensor:
-        """The cached value for (weight, key), else compute(), kept if the cap allows."""
+    def has(self, weight: torch.Tensor, key: tuple) -> bool:
+        """Whether the value for (weight, key) is cached now."""
+        with self._lock:
+            aid = self._live_anchor(weight)
+            return aid is not None and (aid, key) in self._entries
+
+    def get(self, weight: torch.Tensor, key: tuple, compute, priority: float = 0, nbytes: int | None = None) -> torch.Tensor:
+        """The cached value for (weight, key), else compute(), kept if the cap allows. `nbytes`: the size
+        of compute()'s value, when known: what it displaces is dropped before it is computed, so the
+        cache and the new value together stay within the cap (otherwise a full cache's peak is the cap
+        plus a transform: 0.45 GB for a 1024-channel 3x3x3 conv)."""
         anchor = weight if weight._base is None else weight._base
         version = -1 if weight.is_inference() else weight._version  # inference tensors have no counter
         aid = id(anchor)
@@ -157,6 +171,8 @@ class FilterCache:
             if entry is not None:
                 self._entries.move_to_end((aid, key))
                 return entry[0]
+            for victim in (self._victims(nbytes, priority) or []) if nbytes is not None else []:
+                self._evict(victim)
         value = compute()
         with self._lock:
             victims = self._victims(value.nbytes, priority)
@@ -326,7 +342,7 @@ def filter_transform(weight: torch.Tensor, cache: FilterCache, m: int = DEFAULT_
             taps = weight.detach().to("cpu", torch.float32).permute(2, 3, 4, 0, 1).reshape(kt, 9, cout * cin)
             return torch.bmm(_filter_matrix(m).expand(kt, -1, -1), taps).view(kt, -1, cout, cin)
 
-    return cache.get(weight, key, compute, priority)
+    return cache.get(weight, key, compute, priority, transform_nbytes(weight.shape, m))
 
 
 def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cache: FilterCache,
@@ -344,6 +360,14 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     b, cin, t_in, h, w = x.shape
     cout, _, kt = weight.shape[:3]
     h_out, w_out = h + 2 * padding - 2, w + 2 * padding - 2
+    group = cout if cache.has(weight, _transform_key(weight, m)) else \
+        max(1, cout * GROUP_TRANSFORM_BYTES // transform_nbytes(weight.shape, m))
+    if group < cout:  # a large transform not in the cache: output channels a group at a time
+        out = empty_video(x, (b, cout, t_in - kt + 1, h_out, w_out))
+        for c in range(0, cout, group):
+            out[:, c:c + group] = winograd_conv3d(x, weight[c:c + group], None if bias is None else bias[c:c + group],
+                                                  cache, m, padding, gemm)
+        return out
     n_h, n_w = -(-h_out // m), -(-w_out // m)
     u = filter_transform(weight, cache, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)

@@ -123,10 +123,11 @@ class KernelPlan:
         return f"conv3d {' or '.join(self.conv)}; norms {' or '.join(self.norm)}; attention {heads}"
 
 
-def conv_weights(model: torch.nn.Module) -> list[tuple[tuple[int, ...], tuple[int, int, int]]]:
-    """(B,C,T,H,W weight shape, stride) of every conv of `model`; a frame conv as the 1-frame 3-D conv it runs as."""
+def conv_weights(modules) -> list[tuple[tuple[int, ...], tuple[int, int, int]]]:
+    """(B,C,T,H,W weight shape, stride) of every conv in `modules`; a frame conv as the 1-frame 3-D conv
+    it runs as."""
     found = []
-    for module in model.modules():
+    for module in (m for root in modules for m in root.modules()):
         if isinstance(module, torch.nn.Conv3d):
             found.append((tuple(module.weight.shape), tuple(module.stride)))
         elif isinstance(module, torch.nn.Conv2d):
@@ -135,9 +136,11 @@ def conv_weights(model: torch.nn.Module) -> list[tuple[tuple[int, ...], tuple[in
     return found
 
 
-def kernels_for(model, device, dtype: torch.dtype, layout: str, opts: Optimizations) -> KernelPlan:
-    """The `KernelPlan` of a run of `model` on `device` in `dtype` with `layout` activations, under `opts`."""
-    convs = conv.planned_kernels(device, dtype, conv_weights(model), layout, opts.winograd_conv,
+def kernels_for(model, op: str, device, dtype: torch.dtype, layout: str, opts: Optimizations) -> KernelPlan:
+    """The `KernelPlan` of `model`'s `op` ("encode"/"decode") on `device` in `dtype` with `layout`
+    activations, under `opts`."""
+    modules = model.decode_modules() if op == "decode" else model.encode_modules()
+    convs = conv.planned_kernels(device, dtype, conv_weights(modules), layout, opts.winograd_conv,
                                  opts.conv3d_workaround, opts.kernel_choice)
     norms = norm_act.planned_kernels(device, dtype, opts.triton_norm)
     heads = tuple((width, attention.choose(opts.attention, width, dtype, device)[0])

@@ -275,7 +275,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     run_layout = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
     weights_in(model, run_layout)
-    kernels = kernel_plan.kernels_for(model, device, dtype, run_layout, opts)
+    kernels = kernel_plan.kernels_for(model, op, device, dtype, run_layout, opts)
 
     def make(candidate: Candidate, peak=None) -> Plan:
         chunk, tile, offload, streamed = candidate
