@@ -3,6 +3,7 @@ precision: full released configs, decode, timed in interleaved rounds in one pro
 
     python -m bench.bench_kernels --families seedvr2 wan21 wan22 --frames 5 --size 256x256 --rounds 3
     python -m bench.bench_kernels --families ltx2 --core 0.33.0 --frames 17 --size 512x512
+    python -m bench.bench_kernels --families hv15 --core 0.33.0 --variants optimized   # against core only
 
 On a shared, loaded machine, rows timed minutes apart in separate processes (bench.bench_vae) see
 different load; here every round runs each variant once, one after another, so load changes hit all
@@ -58,7 +59,7 @@ def bench_family(family: str, args) -> dict:
     z = models.make_input(family, dict(op="decode", frames=args.frames, height=args.height, width=args.width))
     auto = backend.auto_dtype("cpu", "decode")
     fp32 = models.drop_other_half(models.build(family, torch.float32), "decode")
-    runs = {name: decoder(fp32, name, z) for name in VARIANTS}
+    runs = {name: decoder(fp32, name, z) for name in args.variants}
     if auto != torch.float32:  # else `auto` is "optimized"
         runs[f"{backend.dtype_name(auto)}-optimized"] = decoder(
             models.drop_other_half(models.build(family, auto), "decode"), "optimized", z)
@@ -84,13 +85,16 @@ def bench_family(family: str, args) -> dict:
                 times[name].append(seconds)
                 print(f"  {family} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    reference = outputs["straightforward"].float()
+    first = next(iter(runs))  # the errors' reference: "straightforward" unless --variants leaves it out
+    reference = outputs[first].float()
+
+    def ratio(base: str, name: str) -> float | None:
+        return medians[base] / medians[name] if base in medians else None
+
     rows = [dict(family=family, variant=name, time=medians[name], times=times[name],
-                 vs_straight=medians["straightforward"] / medians[name],
-                 vs_defaults=medians["kernels_defaults"] / medians[name], vs_measured=medians["optimized"] / medians[name],
-                 max_err=(outputs[name].float() - reference).abs().max().item(),
-                 psnr=psnr(outputs[name].float(), reference) if name != "straightforward" else None,
-                 dtype=parse_row(name)[0])
+                 vs_straight=ratio("straightforward", name), vs_defaults=ratio("kernels_defaults", name),
+                 vs_measured=ratio("optimized", name), max_err=(outputs[name].float() - reference).abs().max().item(),
+                 psnr=psnr(outputs[name].float(), reference) if name != first else None, dtype=parse_row(name)[0])
             for name in runs]
     if f"core_{args.core}" in medians:
         for row in rows:
@@ -106,9 +110,12 @@ def main():
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--core", default="0.3.75", choices=list(TREES), help="the ComfyUI core whose VAE gets a row")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                        help="StreamVAE's rows (always with optimized, whose first runs give the tuning overhead)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     args.height, args.width = (int(v) for v in args.size.lower().split("x"))
+    args.variants = [v for v in VARIANTS if v in args.variants or v == "optimized"]
     # A fresh kernel cache: the first measured decode pays for all its tuning.
     cache = tempfile.mkdtemp(prefix="streamvae-kernels-")
     os.environ[kernel_choice.CACHE_ENV] = cache

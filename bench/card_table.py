@@ -30,6 +30,8 @@ WORKLOADS = [
     ("LTX-2 720p, 241 frames, decode", "ltx2", "decode", 241, 720, 1280),
     ("LTX-2 1088p, 241 frames, decode", "ltx2", "decode", 241, 1088, 1920),
     ("LTX-2 4K, 121 frames, decode", "ltx2", "decode", 121, 2176, 3840),
+    ("HunyuanVideo 1.5 720p, 121 frames, decode", "hv15", "decode", 121, 720, 1280),
+    ("HunyuanVideo 1.5 1080p, 121 frames, decode", "hv15", "decode", 121, 1080, 1920),
 ]
 
 

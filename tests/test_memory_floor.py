@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import vae
-from bench import models
+from bench import card_table, models
 from bench.common import run_worker
-from tests.reference import load_tiny
+from tests.reference import REPO, load_tiny
 from vae.run import memory
 
 GIB = 2**30
@@ -40,6 +40,14 @@ def test_the_planner_fits_the_targets_on_the_cuda_calibration(family, op, frames
     plan = vae.plan(model, op, shape, vae.Settings(memory_budget=budget * GIB), **placement)
     assert plan.fits and plan.tiling == "exact" and plan.peak_bytes <= budget * GIB, plan.describe()
     assert vae.plan(model, op, shape, **placement).peak_bytes > budget * GIB
+
+
+def test_the_readme_card_table_is_what_the_planner_predicts(capsys):
+    """README's "What fits on your card" rows are `python -m bench.card_table`'s (a new calibration or
+    planner changes them: regenerate the table)."""
+    card_table.main()
+    readme = (REPO / "README.md").read_text()
+    assert [row for row in capsys.readouterr().out.strip().splitlines() if row not in readme] == []
 
 
 def test_a_budget_below_the_floor_is_refused_with_the_floor_in_gib():
