@@ -85,8 +85,8 @@ def bench_family(family: str, args) -> dict:
                 times[name].append(seconds)
                 print(f"  {family} {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
     medians = {name: statistics.median(t) for name, t in times.items()}
-    first = next(iter(runs))  # the errors' reference: "straightforward" unless --variants leaves it out
-    reference = outputs[first].float()
+    reference_row = next(iter(runs))  # the errors' reference: "straightforward" unless --variants leaves it out
+    reference = outputs[reference_row].float()
 
     def ratio(base: str, name: str) -> float | None:
         return medians[base] / medians[name] if base in medians else None
@@ -94,7 +94,7 @@ def bench_family(family: str, args) -> dict:
     rows = [dict(family=family, variant=name, time=medians[name], times=times[name],
                  vs_straight=ratio("straightforward", name), vs_defaults=ratio("kernels_defaults", name),
                  vs_measured=ratio("optimized", name), max_err=(outputs[name].float() - reference).abs().max().item(),
-                 psnr=psnr(outputs[name].float(), reference) if name != first else None, dtype=parse_row(name)[0])
+                 psnr=psnr(outputs[name].float(), reference) if name != reference_row else None, dtype=parse_row(name)[0])
             for name in runs]
     if f"core_{args.core}" in medians:
         for row in rows:
