@@ -304,3 +304,19 @@ def test_a_full_cache_drops_what_a_new_transform_displaces_before_computing_it()
     for w, priority in zip(weights, (16, 64, 256)):  # the third displaces the first
         cache.get(w, ("u",), lambda w=w: compute(w), priority, nbytes=one)
     assert held_while_computing == [0, one, one] and cache.bytes == 2 * one
+
+
+def test_the_cache_admits_what_it_said_it_would():
+    """holds_or_admits (what transform_pays and the grouping ask before computing) agrees with what get
+    then keeps, over cycles of convs that do not all fit, at mixed priorities."""
+    weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(4)]
+    one = filter_transform(weights[0], CACHE).nbytes
+    cache = winograd.FilterCache(2 * one)
+    disagreements = []
+    for cycle in range(4):
+        for i, (w, priority) in enumerate(zip(weights, (16, 64, 16, 256))):
+            said = cache.holds_or_admits(w, ("u",), one, priority)
+            cache.get(w, ("u",), lambda w=w: filter_transform(w, CACHE).clone(), priority, nbytes=one)
+            if said != cache.has(w, ("u",)):
+                disagreements.append((cycle, i, said))
+    assert disagreements == []

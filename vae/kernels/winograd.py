@@ -73,10 +73,10 @@ MIN_CACHE_BYTES, MAX_CACHE_BYTES = 1 << 30, 4 << 30
 # itself: measured on a 2-core AVX2 CPU in fp32, transform + Winograd beat oneDNN at 32x32 x 4 output
 # frames (512 and 1024 channels) and lost at 16x16 x 2 frames.
 UNCACHED_MIN_OUTPUT_PIXELS = 4096
-# A conv whose filter transform is not cached computes it for the call: 4x the weight in fresh float32
-# memory (0.45 GB for a 1024-channel 3x3x3 conv), on top of a cache that may be full. A transform above
-# this size is computed, cached and used a group of output channels at a time, so the transient is a
-# group's.
+# A conv whose filter transform the cache will not keep computes it for the call: 4x the weight in
+# fresh float32 memory (0.45 GB for a 1024-channel 3x3x3 conv), on top of a full cache. Such a transform
+# above this size is computed and used a group of output channels at a time, so the transient is a
+# group's (each group repeats the input transform: transforms the cache keeps run whole).
 GROUP_TRANSFORM_BYTES = 64 * 2**20
 
 
@@ -133,10 +133,17 @@ class FilterCache:
         return set(self._anchors)
 
     def holds_or_admits(self, weight: torch.Tensor, key: tuple, nbytes: int, priority: float = 0) -> bool:
-        """Whether (weight, key) is cached, or a transform of `nbytes` at `priority` would be kept now."""
+        """Whether (weight, key) is cached, or a transform of `nbytes` at `priority` computed now would be
+        kept: as `get` decides, which first counts this use of the key (a key seen a cycle ago makes the
+        cycle that long, and the entries used within it stay)."""
         anchor = weight if weight._base is None else weight._base
         with self._lock:
-            return (id(anchor), key) in self._entries or self._victims(nbytes, priority) is not None
+            if (id(anchor), key) in self._entries:
+                return True
+            record = self._anchors.get(id(anchor))
+            last = record[2].get(key) if record is not None and record[0]() is anchor else None
+            reuse = self._reuse if last is None else max(self._reuse, self._tick + 1 - last)
+            return self._victims(nbytes, priority, self._tick + 1, reuse) is not None
 
     def has(self, weight: torch.Tensor, key: tuple) -> bool:
         """Whether the value for (weight, key) is cached now."""
@@ -215,17 +222,20 @@ class FilterCache:
             if record is not None and record[0]() is None:
                 self._drop_anchor(aid)
 
-    def _victims(self, nbytes: int, priority: float) -> list | None:
+    def _victims(self, nbytes: int, priority: float, tick: int | None = None, reuse: int | None = None) -> list | None:
         """The entries to evict so that `nbytes` at `priority` fit (lowest priority, then least recently
         used, first), or None when it cannot be kept: larger than the cap, or only entries of the current
-        cycle with at least its priority stand in the way."""
+        cycle with at least its priority stand in the way (`tick` and `reuse`: the cache's, unless
+        given)."""
         if nbytes > self.limit_bytes:
             return None
         need = self.bytes + nbytes - self.limit_bytes
         if need <= 0:
             return []
+        tick = self._tick if tick is None else tick
+        reuse = self._reuse if reuse is None else reuse
         evictable = [(entry[1], key) for key, entry in self._entries.items()
-                     if entry[1] < priority or self._tick - self._anchors[key[0]][2][key[1]] > self._reuse]
+                     if entry[1] < priority or tick - self._anchors[key[0]][2][key[1]] > reuse]
         victims = []
         for _, key in sorted(evictable, key=lambda item: item[0]):  # stable: least recent first within a priority
             if need <= 0:
@@ -360,9 +370,10 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     b, cin, t_in, h, w = x.shape
     cout, _, kt = weight.shape[:3]
     h_out, w_out = h + 2 * padding - 2, w + 2 * padding - 2
-    group = cout if cache.has(weight, _transform_key(weight, m)) else \
-        max(1, cout * GROUP_TRANSFORM_BYTES // transform_nbytes(weight.shape, m))
-    if group < cout:  # a large transform not in the cache: output channels a group at a time
+    key, nbytes = _transform_key(weight, m), transform_nbytes(weight.shape, m)
+    group = cout if nbytes <= GROUP_TRANSFORM_BYTES or cache.holds_or_admits(weight, key, nbytes, priority=h * w) else \
+        max(1, cout * GROUP_TRANSFORM_BYTES // nbytes)
+    if group < cout:  # a large transform the cache will not keep: output channels a group at a time
         out = empty_video(x, (b, cout, t_in - kt + 1, h_out, w_out))
         for c in range(0, cout, group):
             out[:, c:c + group] = winograd_conv3d(x, weight[c:c + group], None if bias is None else bias[c:c + group],
