@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import backend, kernel_choice
 from .backend import cpu_has_native
 from .kernel_log import KernelLog
-from .layout import dense_copy, empty_video, is_ndhwc, layout_of
+from .layout import by_output_channels, dense_copy, is_ndhwc, layout_of
 from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
@@ -196,13 +196,7 @@ def _cpu_direct(x, weight, bias, stride, padding):
     step = max(1, CPU_WEIGHT_SLICE_BYTES // (weight[0].numel() * 4))  # output channels per slice (float32 copies)
     if weight.shape[0] <= step or torch.compiler.is_compiling():
         return _cpu_direct_whole(x, weight, bias, stride, padding)
-    out = None
-    for i in range(0, weight.shape[0], step):
-        part = _cpu_direct_whole(x, weight[i:i + step], None if bias is None else bias[i:i + step], stride, padding)
-        if out is None:  # B,Cout,T',H',W' in the layout of the parts (B,step,T',H',W' each)
-            out = empty_video(part, (part.shape[0], weight.shape[0], *part.shape[2:]))
-        out[:, i:i + part.shape[1]] = part
-    return out
+    return by_output_channels(lambda w, b: _cpu_direct_whole(x, w, b, stride, padding), weight, bias, step)
 
 
 def _cpu_direct_whole(x, weight, bias, stride, padding):

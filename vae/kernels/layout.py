@@ -154,3 +154,16 @@ def interior(buf: torch.Tensor, pad) -> torch.Tensor:
     """The unpadded frame region of a padded conv buffer (what caches store)."""
     left, right, top, bottom = pad
     return buf[..., top:buf.shape[3] - bottom, left:buf.shape[4] - right]
+
+
+def by_output_channels(conv: Callable, weight: torch.Tensor, bias: torch.Tensor | None, group: int) -> torch.Tensor:
+    """conv(weight, bias) (B,Cout,T',H',W') computed `group` output channels at a time, conv(weight[g], bias[g])
+    for each group, written into one output in the layout of the parts: what a conv whose per-call work
+    grows with the whole weight bounds that work by (each output channel is the same sum either way)."""
+    out = None
+    for c in range(0, weight.shape[0], group):
+        part = conv(weight[c:c + group], None if bias is None else bias[c:c + group])  # B,group,T',H',W'
+        if out is None:
+            out = empty_video(part, (part.shape[0], weight.shape[0], *part.shape[2:]))
+        out[:, c:c + part.shape[1]] = part
+    return out

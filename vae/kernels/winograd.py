@@ -38,7 +38,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .layout import empty_video
+from .layout import by_output_channels, empty_video
 from .winograd_gemm import GEMM_ROUTES
 
 # Interpolation points (plus the point at infinity) of each tile size. For m = 4 the asymmetric set
@@ -374,11 +374,7 @@ def winograd_conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     group = cout if nbytes <= GROUP_TRANSFORM_BYTES or cache.holds_or_admits(weight, key, nbytes, priority=h * w) else \
         max(1, cout * GROUP_TRANSFORM_BYTES // nbytes)
     if group < cout:  # a large transform the cache will not keep: output channels a group at a time
-        out = empty_video(x, (b, cout, t_in - kt + 1, h_out, w_out))
-        for c in range(0, cout, group):
-            out[:, c:c + group] = winograd_conv3d(x, weight[c:c + group], None if bias is None else bias[c:c + group],
-                                                  cache, m, padding, gemm)
-        return out
+        return by_output_channels(lambda w, b: winograd_conv3d(x, w, b, cache, m, padding, gemm), weight, bias, group)
     n_h, n_w = -(-h_out // m), -(-w_out // m)
     u = filter_transform(weight, cache, m, priority=h * w)
     bias32 = None if bias is None else bias.detach().float().view(cout, 1, 1, 1, 1)
