@@ -4,6 +4,7 @@ Benchmarks print ratio tables; they are never tests. Each measured variant runs 
 subprocess so that its peak memory is its own (Linux VmHWM, reset after the model is built), and
 timings are medians of several runs after a warm-up, so side-by-side ratios survive a noisy machine.
 """
+import faulthandler
 import json
 import os
 import platform
@@ -104,6 +105,17 @@ def rate(fn, flops: int, seconds: float, sync=lambda: None) -> float:
         elapsed = time.perf_counter() - start
         if elapsed > seconds or n >= 50:
             return flops * n / elapsed
+
+
+STACKS_EVERY = "STREAMVAE_STACKS_EVERY"  # seconds; a worker started with it set prints its Python stacks that often
+
+
+def dump_stacks_when_asked() -> None:
+    """A worker's Python stacks on stderr every $STREAMVAE_STACKS_EVERY seconds, when set: where a run that
+    is stopped at its time limit spent that time shows in the log (a GPU window has no debugger)."""
+    every = float(os.environ.get(STACKS_EVERY, 0) or 0)
+    if every > 0:
+        faulthandler.dump_traceback_later(every, repeat=True, file=sys.stderr)
 
 
 def run_worker(module: str, spec: dict, timeout: float | None = None, show_stderr: bool = False) -> dict:

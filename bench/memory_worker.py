@@ -22,7 +22,7 @@ import torch
 import vae
 
 from bench import models
-from bench.common import peak_rss_bytes, reset_peak_rss, rss_bytes
+from bench.common import dump_stacks_when_asked, peak_rss_bytes, reset_peak_rss, rss_bytes
 from vae.kernels.backend import DTYPES
 from vae.kernels.conv import WINOGRAD_MIN_FRAME_PIXELS
 
@@ -156,5 +156,6 @@ class Phases:
 
 
 if __name__ == "__main__":
+    dump_stacks_when_asked()
     fixed_mmap_threshold()
     print(json.dumps(run(json.loads(sys.argv[1]))))

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from bench import models
-from bench.common import count_flops, peak_rss_bytes, reset_peak_rss, rss_bytes, timed_runs
+from bench.common import count_flops, dump_stacks_when_asked, peak_rss_bytes, reset_peak_rss, rss_bytes, timed_runs
 from bench.variants import prepared, variant
 
 from vae.kernels.backend import DTYPES
@@ -72,5 +72,6 @@ def run(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    dump_stacks_when_asked()
     torch.manual_seed(0)
     print(json.dumps(run(json.loads(sys.argv[1]))))
