@@ -89,10 +89,14 @@ def test_the_conv_probe_sees_a_conv_whichever_way_torch_dispatches_it(route):
 
 @pytest.mark.parametrize("op", ["decode", "encode"])
 @pytest.mark.parametrize("layout_name", ["ndhwc", "ncdhw"])
-def test_every_conv_reads_and_writes_the_run_layout(model, op, layout_name):
+@pytest.mark.parametrize("tiled", [False, True])
+def test_every_conv_reads_and_writes_the_run_layout(model, op, layout_name, tiled):
+    """Chunks of 2 latent frames, or of 1 with tiles (the first chunk of an encode is one frame, and a
+    temporal downsampler yields no frame from it: joining nothing must keep the layout)."""
     z, video = clip_of(model)
+    settings = vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor) if tiled else vae.Settings(temporal_chunk=2)
     with ConvLayouts() as probe:
-        run(model, op, z if op == "decode" else video, vae.Settings(temporal_chunk=2), layout_name)
+        run(model, op, z if op == "decode" else video, settings, layout_name)
     assert len(probe.seen) > 5, probe.no_conv_message()
     wanted = layout_name == "ndhwc"
     fell = [i for i, (inp, out) in enumerate(probe.seen) if inp != wanted or out != wanted]

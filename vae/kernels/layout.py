@@ -36,11 +36,11 @@ def is_ndhwc(x: torch.Tensor) -> bool:
     return x.dim() == 5 and x.shape[1] > 1 and x.stride(1) == 1
 
 
-def empty_video(like: torch.Tensor, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An uninitialised B,C,T,H,W tensor of `shape` on like's device, in like's dtype (or `dtype`) and
-    layout: what a block allocates for activations made from `like`."""
+def empty_video(like: torch.Tensor, shape, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+    """An uninitialised B,C,T,H,W tensor of `shape` on like's device (or `device`), in like's dtype (or
+    `dtype`) and layout: what a block allocates for activations made from `like`."""
     fmt = torch.channels_last_3d if is_ndhwc(like) else torch.contiguous_format
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=fmt)
+    return torch.empty(shape, dtype=dtype or like.dtype, device=device or like.device, memory_format=fmt)
 
 
 def layout_of(x: torch.Tensor) -> str:
@@ -51,6 +51,16 @@ def layout_of(x: torch.Tensor) -> str:
 def dense_copy(x: torch.Tensor) -> torch.Tensor:
     """A dense copy of x (a view such as a tile) in x's layout (`.contiguous()` would make it NCDHW)."""
     return empty_video(x, x.shape).copy_(x)
+
+
+def cat_frames(parts: list[torch.Tensor]) -> torch.Tensor:
+    """parts (each B,C,T_i,H,W) joined along T, in the first non-empty part's layout. torch.cat falls back
+    to NCDHW when the parts' layouts look different, as an empty part's does (a chunk that yields no
+    frame yet), so an NDHWC run would feed its next conv NCDHW activations."""
+    full = [part for part in parts if part.shape[2]] or parts[:1]
+    like = full[0]
+    out = empty_video(like, (*like.shape[:2], sum(part.shape[2] for part in full), *like.shape[3:]))  # B,C,sum T_i,H,W
+    return torch.cat(full, dim=2, out=out)
 
 
 def to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..kernels import conv3d
-from ..kernels.layout import PADDING_MODES, Fill, empty_video, interior, pad_border, padded_buffer
+from ..kernels.layout import PADDING_MODES, Fill, cat_frames, empty_video, interior, pad_border, padded_buffer
 from .execution import StreamState
 
 
@@ -190,7 +190,7 @@ class CausalConv3d(Conv3d):
         missing = keep - tail.shape[2]
         if missing:
             zeros = empty_video(tail, tail.shape[:2] + (missing,) + tail.shape[3:]).zero_()  # B,C,missing,H,W
-            ctx.cache.put(self, torch.cat([zeros, tail], 2), owned=True)
+            ctx.cache.put(self, cat_frames([zeros, tail]), owned=True)
         else:
             ctx.cache.put(self, tail)
         outs = []
@@ -199,7 +199,7 @@ class CausalConv3d(Conv3d):
             outs.append(conv3d(buf[:, :, :kt - n_head + j], taps, self.bias, self.stride, self.padding, **ctx.conv_options))
         if t >= kt:
             outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
-        return torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+        return cat_frames(outs) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         n = buf.shape[2]

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import empty_video
+from ..kernels.layout import cat_frames, empty_video
 from .blocks import CausalConv3d, Conv3d
 from .execution import StreamState
 from .layers import FrameCausalAttention, RMSNorm, residual_convs
@@ -205,7 +205,7 @@ class Hv15Downsample(nn.Module):
         if self.r1 == 1:
             return x, 0
         held = ctx.cache.pop(self)
-        frames = x if held is None else torch.cat([held, x], dim=2)
+        frames = x if held is None else cat_frames([held, x])
         lead = 1 if ctx.first_chunk else 0
         usable = lead + (frames.shape[2] - lead) // 2 * 2
         if usable < frames.shape[2]:

@@ -20,7 +20,7 @@ from ..kernels import (
     rms_norm_act,
     sdpa,
 )
-from ..kernels.layout import empty_video
+from ..kernels.layout import cat_frames, empty_video
 from .execution import StreamState
 
 
@@ -135,7 +135,7 @@ def lagged(ctx: StreamState, key, frames: torch.Tensor, count: int) -> torch.Ten
     in `ctx.cache`: a residual's shortcut waits there for a branch that gives its frames later (its
     convs look ahead in time), so the two meet frame by frame over the clip however it is chunked."""
     held = ctx.cache.pop(key)
-    queue = frames if held is None else torch.cat([held, frames], dim=2)
+    queue = frames if held is None else cat_frames([held, frames])
     if queue.shape[2] > count:
         ctx.cache.put(key, queue[:, :, count:])
     return queue[:, :, :count]

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import empty_video
+from ..kernels.layout import cat_frames, empty_video
 from ..kernels.norm_act import pixel_norm_act
 from .blocks import CausalConv3d, Conv3d
 from .execution import StreamState
@@ -251,7 +251,7 @@ class LTXSpaceToDepth(nn.Module):
         p = self.stride[0]
         if p > 1:
             held = ctx.cache.pop(self)
-            x = torch.cat(([x[:, :, :1]] if ctx.first_chunk else []) + ([held] if held is not None else []) + [x], dim=2)
+            x = cat_frames(([x[:, :, :1]] if ctx.first_chunk else []) + ([held] if held is not None else []) + [x])
             usable = x.shape[2] - x.shape[2] % p
             if usable < x.shape[2]:
                 ctx.cache.put(self, x[:, :, usable:])

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import empty_video
+from ..kernels.layout import cat_frames, empty_video
 from . import wan_layout
 from .blocks import CausalConv3d, FrameConv2d
 from .execution import StreamState
@@ -198,7 +198,7 @@ class WanResample(nn.Module):
         # No head padding: the windows start at frame 0, and the cache keeps the frames the next
         # window still reads, so chunks of any length (even ones yielding no frame) stay exact.
         y = self.time_conv(x, ctx)
-        return torch.cat([x[:, :, :1], y], dim=2) if ctx.first_chunk else y
+        return cat_frames([x[:, :, :1], y]) if ctx.first_chunk else y
 
     def _up(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         conv = self.resample[1]

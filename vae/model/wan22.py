@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..kernels.layout import empty_video
+from ..kernels.layout import cat_frames, empty_video
 from . import wan_layout
 from .execution import StreamState
 from .layers import residual_add
@@ -82,7 +82,7 @@ class WanAvgDown3D(nn.Module):
         if ft > 1:
             parts = [empty_video(x, x.shape[:2] + (ft - 1,) + x.shape[3:]).zero_()] if ctx.first_chunk else []
             held = ctx.cache.pop(self)
-            x = torch.cat(parts + ([held] if held is not None else []) + [x], dim=2)
+            x = cat_frames(parts + ([held] if held is not None else []) + [x])
             usable = x.shape[2] - x.shape[2] % ft
             if usable < x.shape[2]:
                 ctx.cache.put(self, x[:, :, usable:])
