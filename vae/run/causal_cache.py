@@ -60,6 +60,33 @@ def _whole(shape, height: int) -> torch.Size:
     return torch.Size((*shape[:3], height, shape[4]))
 
 
+def _frames_dense(x: torch.Tensor) -> bool:
+    """Whether each frame of x (B,C,T,rows,W, NDHWC) is one dense block of rows x W x C elements, as a band
+    of rows of a dense NDHWC tensor is."""
+    c, w = x.shape[1], x.shape[4]
+    return is_ndhwc(x) and (x.shape[4] == 1 or x.stride(4) == c) and (x.shape[3] == 1 or x.stride(3) == w * c)
+
+
+def _copy_across(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) -> None:
+    """dst.copy_(src) between the host and a GPU (B,C,T,rows,W), one memcpy per frame where both are NDHWC.
+    torch copies a view that is not wholly dense (a band of rows of a cache) between devices through
+    temporaries made NCDHW-contiguous and a transposing copy on the CPU: seconds per chunk for a 1080p
+    cache. A band's frames are dense blocks; a view that is not even that (a block's input without its
+    padding, on the device) is made dense first where it is."""
+    if not (is_ndhwc(dst) and is_ndhwc(src)):
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    if not _frames_dense(src):
+        src = dense_copy(src)
+    whole = all(x.is_contiguous(memory_format=torch.channels_last_3d) for x in (dst, src))
+    if whole or not _frames_dense(dst):
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    for b in range(dst.shape[0]):
+        for t in range(dst.shape[2]):
+            dst[b:b + 1, :, t:t + 1].copy_(src[b:b + 1, :, t:t + 1], non_blocking=non_blocking)  # 1,C,1,rows,W
+
+
 class _DiskStore:
     """Tensors B,C,T,H,W in one temporary file, rows first. A key keeps its slot (also when popped)
     and reuses it while its tensor fits, so the file stays as large as one set of caches, however
@@ -245,7 +272,7 @@ class _HostStore:
         if self.disk is not None:
             self.disk.discard(key)
         self.held[key] = held
-        held.copy_(frames, non_blocking=held.is_pinned())
+        _copy_across(held, frames, non_blocking=held.is_pinned())
 
     def get(self, key, device) -> torch.Tensor:
         held = self.held.get(key)
@@ -257,7 +284,10 @@ class _HostStore:
         held = self.held.get(key)
         if held is None:
             return self.disk.rows(key, first, stop, device)
-        return held[..., first:stop, :].to(device)
+        band = held[..., first:stop, :]  # B,C,T,rows,W
+        out = empty_video(band, band.shape, device=device)
+        _copy_across(out, band, non_blocking=held.is_pinned())
+        return out
 
     def put_rows(self, key, band: torch.Tensor, first: int, height: int) -> None:
         to_disk = self.disk is not None and key in self.disk.next  # an entry goes wholly to one place
@@ -269,7 +299,8 @@ class _HostStore:
         if to_disk:
             self._on_disk().put_rows(key, band, first, height)
         else:
-            self.next[key][..., first:first + band.shape[3], :] = band
+            held = self.next[key]
+            _copy_across(held[..., first:first + band.shape[3], :], band, non_blocking=held.is_pinned())
 
     def commit(self, key) -> None:
         if key not in self.next:  # its bands went to disk
