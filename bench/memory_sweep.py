@@ -65,12 +65,15 @@ def main() -> None:
     # Each row is written as it finishes: a run stopped at its time limit keeps the rows it measured.
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"header": header}) + "\n")
+    failed = 0
     for size in args.sizes:
         height, width = (int(v) for v in size.lower().split("x"))
         base = dict(family=args.family, op=args.op, frames=args.frames, height=height, width=width,
                     device=args.device, dtype=args.dtype, temporal_chunk=1)
         untiled = None if args.no_untiled else worker(base, args.row_timeout)
         if untiled is not None and "error" in untiled:
+            failed += 1
+            print(f"| {size} | none | {untiled['error']} | | | | |", flush=True)
             untiled = None  # no reference: the budgets must be given in GiB, and no error column
         budgets = [g * GIB for g in args.budgets_gib] or [f * untiled["peak_bytes"] for f in args.fractions]
         runs = ([(None, lambda: untiled)] if untiled else []) + [
@@ -83,6 +86,7 @@ def main() -> None:
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if "error" in result:
+                failed += 1
                 print(f"| {size} | {budget / GIB:.3f} | {result['error']} | | | | |", flush=True)
                 continue
             predicted = "-" if result["predicted_bytes"] is None else f"{result['predicted_bytes'] / GIB:.3f}"
@@ -90,6 +94,8 @@ def main() -> None:
             print(f"| {size} | {'none' if budget is None else f'{budget / GIB:.3f}'} | {result['plan']} | {predicted} | "
                   f"{result['peak_bytes'] / GIB:.3f} | {result['seconds']:.1f} | {error} |", flush=True)
     print(f"wrote {out}")
+    if failed:  # a sweep with a row missing has not measured what it was run for (gpu_session does not record it)
+        raise SystemExit(f"{failed} row(s) failed or were stopped")
 
 
 if __name__ == "__main__":

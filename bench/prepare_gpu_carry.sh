@@ -4,20 +4,22 @@
 #
 #   reference/       the shared fixtures (tiny checkpoints) that the CUDA tests load       ~18 MB
 #   comfyui-0.3.75/  ComfyUI 0.3.75's `comfy` package: its Wan VAEs                         ~1.4 MB
-#   comfyui-0.33.0/  ComfyUI 0.33.0's `comfy` package: its Wan VAEs and native SeedVR2 VAE  ~2.2 MB
+#   comfyui-0.33.0/  ComfyUI 0.33.0's `comfy` package: its Wan, SeedVR2, LTX and HV1.5 VAEs ~2.7 MB
 #   wheels/          comfy-kitchen 0.2.40 (its 68 MB wheel repacked without backends/hip,  ~37 MB
 #                    ROCm's kernels) and comfy-aimdo 0.6.0, as core's users install them, for
 #                    the GPU image's Python 3.12 on x86-64
 #
-# The trees keep comfy/*.py, comfy/ldm/*.py and the ldm folders the VAEs use (modules, wan, seedvr);
+# The trees keep comfy/*.py, comfy/ldm/*.py and the ldm folders the VAEs use (modules, wan, seedvr,
+# lightricks for LTX-2, hunyuan_video and models for HV1.5);
 # the text encoders, tokenizers and other models' networks stay behind. gpu_session.sh installs the
 # wheels offline (pip --no-index --no-deps --target) and points bench/core_vae.py at all of it.
 #
 #   bash bench/prepare_gpu_carry.sh            # from the repository root, with PyPI reachable
+#   STREAMVAE_CARRY=DIR bash bench/prepare_gpu_carry.sh --trees-only   # the two trees into DIR (tests)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-CARRY=.gpu-carry
+CARRY=${STREAMVAE_CARRY:-.gpu-carry}
 SHARED=${STREAMVAE_SHARED:-../shared}
 KITCHEN=comfy-kitchen==0.2.40
 AIMDO=comfy-aimdo==0.6.0
@@ -36,19 +38,22 @@ rm -rf "$CARRY" && mkdir -p "$CARRY/wheels"
 log "reference fixtures from $SHARED/reference"
 cp -r "$SHARED/reference" "$CARRY/reference"
 
-# copy_tree SRC DEST: the part of a ComfyUI tree that imports comfy.ldm.wan / comfy.ldm.seedvr.
+# copy_tree SRC DEST: the part of a ComfyUI tree that imports the VAEs of comfy.ldm (wan, seedvr, lightricks, hunyuan_video).
 copy_tree() {
-    local src=$1 dest=$2
+    local src=$1 dest
+    dest=$(cd "$2" && pwd)  # absolute: the copy runs from inside src
     [[ -d $src/comfy ]] || { echo "no ComfyUI tree at $src (run .ci/setup)" >&2; exit 1; }
     log "ComfyUI tree $src -> $dest"
     (cd "$src" && find comfy -name '*.py' -not -path 'comfy/text_encoders/*' -not -path 'comfy/sd1_tokenizer/*' \
         \( -not -path 'comfy/ldm/*' -o -path 'comfy/ldm/modules/*' -o -path 'comfy/ldm/wan/*' \
-           -o -path 'comfy/ldm/seedvr/*' -o -regex 'comfy/ldm/[^/]*\.py' \) -print0) |
-        (cd "$src" && xargs -0 cp --parents -t "$OLDPWD/$dest")
+           -o -path 'comfy/ldm/seedvr/*' \
+           -o -path 'comfy/ldm/lightricks/*' -o -path 'comfy/ldm/hunyuan_video/*' -o -path 'comfy/ldm/models/*' -o -regex 'comfy/ldm/[^/]*\.py' \) -print0) |
+        (cd "$src" && xargs -0 cp --parents -t "$dest")
 }
 mkdir -p "$CARRY/comfyui-0.3.75" "$CARRY/comfyui-0.33.0"
 copy_tree "$TREE_075" "$CARRY/comfyui-0.3.75"
 copy_tree "$TREE_033" "$CARRY/comfyui-0.33.0"
+[[ ${1:-} == --trees-only ]] && exit 0
 
 log "wheels $KITCHEN $AIMDO (Python 3.12, manylinux x86-64)"
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
