@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_map
 import vae
 import vae.model.layers
 from bench import models
+from vae.run import memory
 from vae.run.stream_context import StreamContext
 from vae.run.strategies.exact_tiles import ExactTiles
 from vae.run.strategies.frame_stream import FrameStream
@@ -116,15 +117,21 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     ctx.execution = ExactTiles((height, width), (tile, tile), lambda: None, chain=chain)
     stream = FrameStream(model.decode_stages() if op == "decode" else model.encode_stages())
     sf = model.spatial_factor
-    chunks = ([torch.empty(1, model.latent_channels, 1, height // sf, width // sf, dtype=torch.bfloat16, device="meta")
-               for _ in range(2)] if op == "decode" else
-              [torch.empty(1, model.in_channels, n, height, width, device="meta") for n in (1, 4)])
+    first, steady = ([torch.empty(1, model.latent_channels, 1, height // sf, width // sf, dtype=torch.bfloat16,
+                                  device="meta")] * 2 if op == "decode" else
+                     [torch.empty(1, model.in_channels, n, height, width, device="meta") for n in (1, 4)])
+    # A causal network is steady from its second chunk; one whose convs look ahead once every layer has had
+    # frames (each one frame behind the one before it): until a chunk leaves the caches' shapes as they were.
+    chunks_max = memory.STEADY_CHUNKS_MAX if model.looks_ahead(op) else 1
     with torch.inference_mode(), LiveBytes() as live:
-        for i, x in enumerate(chunks):
-            ctx.first_chunk = i == 0
-            if i:  # the steady chunk's peak
-                live.peak = live.live
-            stream.run(x, ctx, lambda y: None)
+        stream.run(first, ctx, lambda y: None)
+        ctx.first_chunk, shapes = False, None
+        for _ in range(chunks_max):
+            live.peak = live.live  # the steady chunk's peak
+            stream.run(steady, ctx, lambda y: None)
+            shapes, before = sorted(map(str, ctx.cache._store.live.values())), shapes
+            if shapes == before:
+                break
     return live
 
 

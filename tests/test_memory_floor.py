@@ -1,6 +1,6 @@
 """Exact at any resolution within a budget: what the planner picks at 1080p and 4K against the CUDA
-memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin
-until a GPU measures them), real full-config SeedVR2, LTX-2 and HunyuanVideo 1.5 decodes under a RAM
+memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin and,
+frames streamed, the meta-device count, until a GPU measures them), real full-config SeedVR2, LTX-2 and HunyuanVideo 1.5 decodes under a RAM
 budget below a quarter of the untiled activations (measured peak RSS within it, output equal to untiled), and a
 budget below the floor refused with the floor in GiB."""
 import pytest
@@ -13,18 +13,12 @@ from tests.reference import REPO, load_tiny
 from vae.run import memory
 
 GIB = 2**30
-# LTX-2's 1088p and 4K targets and its quarter-budget CPU decode need frames streamed (one frame at a time instead
-# of a latent frame's 8): they wait for that mode's CPU calibration (`python -m bench.calibrate_memory
-# --families ltx2 --ops decode --modes streamed`, about an hour on the loaded 2 cores; not in the file yet).
-LTX2_STREAMED = pytest.mark.skipif(memory.calibration_source("ltx2", "decode", "streamed", "cpu") == "none",
-                                   reason="LTX-2's streamed mode is not calibrated yet (bench.calibrate_memory)")
 # (family, op, frames, height, width, budget GiB): the targets of the "fits every GPU" work, bf16 decode
 # and fp32 encode (the GPU defaults), frames to host memory as the nodes run them.
 TARGETS = [("seedvr2", "decode", 21, 1080, 1920, 6), ("seedvr2", "decode", 21, 2160, 3840, 10),
            ("seedvr2", "encode", 21, 1080, 1920, 6), ("wan21", "decode", 81, 720, 1280, 6),
            ("wan21", "decode", 21, 1080, 1920, 8), ("ltx2", "decode", 241, 720, 1280, 6),
-           *(pytest.param("ltx2", "decode", *target, marks=LTX2_STREAMED)
-             for target in [(241, 1088, 1920, 8), (121, 2176, 3840, 12)]),
+           ("ltx2", "decode", 241, 1088, 1920, 8), ("ltx2", "decode", 121, 2176, 3840, 12),
            ("hv15", "decode", 121, 720, 1280, 6), ("hv15", "decode", 121, 1080, 1920, 8)]  # issue 41
 
 
@@ -60,7 +54,9 @@ def test_a_budget_below_the_floor_is_refused_with_the_floor_in_gib():
 
 
 def test_ltx2_cuda_plans_rest_on_the_cpus_coefficients_with_the_margin():
-    """No GPU has measured LTX-2 yet: its CUDA targets above are planned with derived coefficients."""
+    """No GPU has measured LTX-2's memory yet: its CUDA targets above are planned with derived coefficients
+    (untiled and tiled) and the meta-device count of the GPU code path (frames streamed)."""
+    assert memory.calibration_source("ltx2", "decode", "streamed", "cuda") == "meta"
     for mode in ("untiled", "exact"):
         assert memory.calibration_source("ltx2", "decode", mode, "cuda") == "derived"
         cpu = memory.coefficients("ltx2", "decode", mode, "cpu")
@@ -103,7 +99,7 @@ def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_pat
 
 
 @pytest.mark.measurement
-@LTX2_STREAMED
+@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
 def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The same for LTX-2's released decoder (its convs look ahead) on 17 frames of 256 x 384 against
     the whole clip untiled (about a minute)."""

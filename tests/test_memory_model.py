@@ -27,3 +27,14 @@ def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, of
     assert result["predicted_bytes"] is not None
     error = result["predicted_bytes"] / result["peak_bytes"] - 1
     assert abs(error) <= 0.15, (result, f"{100 * error:+.1f}%")
+
+
+def test_the_meta_count_of_a_decoder_that_looks_ahead_reaches_its_last_stage():
+    """`bench.meta_peak.count` (the CUDA streamed coefficients of LTX-2 and HV1.5) counts a steady chunk: for
+    LTX-2, whose every layer gives a frame one frame late, only after about 22 latent frames does a chunk
+    run the last stage (pixels of a quarter of the output's side, before the unpatchify). Two chunks, as a
+    causal decoder needs, counted only the latent stages."""
+    from bench.meta_peak import count
+
+    live = count("ltx2", "decode", 128, 128, 128, chain=False)
+    assert max(shape[-1] for _, shape in live.at_peak) >= 128 // 4, live.at_peak
