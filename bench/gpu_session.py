@@ -8,7 +8,8 @@ this code and this GPU, most important first, so that several short GPU windows 
 A part is recorded in the ledger (bench/results/gpu/ledger.jsonl, committed) once it ran to its end on a
 GPU for a code fingerprint (a hash of vae/, bench/ and tests/ sources: committing results does not change
 it, a code change does). A part that ran out of time or crashed is logged but not recorded, so the next
-window runs it again. The device tool brings back at most 8 files, so everything a run writes goes into one
+window runs it again. Code changes every session, so a part that older code recorded on this GPU runs after
+the parts never recorded there (the CUDA tests excepted: they run first for new code). The device tool brings back at most 8 files, so everything a run writes goes into one
 archive, `$OUT/gpu-results.tar.gz` (rewritten after each part, so a run stopped at its limit keeps what it
 finished), beside `$OUT/ledger.jsonl` (this run's new ledger lines, to append to the committed ledger).
 
@@ -43,6 +44,7 @@ class Part:
     why: str
     args: tuple[str, ...]  # `python -m` arguments; {out} is the results folder, {budget} the part's seconds
     keeps: tuple[str, ...] = ()  # files of the checkout the part writes, copied into the results after it
+    first: bool = False  # runs first for new code even if older code's run recorded it (correctness)
 
 
 def _decode(name: str, workload: str, seconds: int, why: str, op: str = "decode", rows=SPEED_ROWS) -> Part:
@@ -60,7 +62,7 @@ def _sweep(name: str, size: str, budgets: list[str], seconds: int, why: str, unt
 # In the order of issue 39: correctness, the 6 GiB promise, speed against core, calibration, the rest.
 PARTS = [
     Part("tests", 90, "the CUDA tests: both layouts and every Triton kernel natively",
-         ("bench.gpu_check", "--parts", "tests", "--part-budget", "{budget}", "--out", "{out}")),
+         ("bench.gpu_check", "--parts", "tests", "--part-budget", "{budget}", "--out", "{out}"), first=True),
     _sweep("seedvr2-1080p-6gib", "1080x1920", ["6"], 240,
            "SeedVR2 21x1080x1920 bf16 decode within a 6 GiB card: measured against predicted, exact against untiled"),
     _decode("decode-wan21-480p", "wan21:81x480x832", 100, "Wan2.1 decode: the default, NCDHW and core 0.33.0"),
@@ -101,12 +103,20 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
 
-def recorded(ledger: Path, gpu: str, code: str) -> set[str]:
-    """The parts that ran to their end on this GPU for this code."""
+def recorded(ledger: Path, gpu: str, code: str | None) -> set[str]:
+    """The parts that ran to their end on this GPU for this code (None: for any code)."""
     if not ledger.is_file():
         return set()
     lines = (json.loads(line) for line in ledger.read_text().splitlines() if line.strip())
-    return {r["part"] for r in lines if r["gpu"] == gpu and r["code"] == code and r["status"] == "recorded"}
+    return {r["part"] for r in lines
+            if r["gpu"] == gpu and code in (None, r["code"]) and r["status"] == "recorded"}
+
+
+def in_order(todo: list[Part], measured_before: set[str]) -> list[Part]:
+    """The parts to run, most needed first: a part some older code recorded on this GPU goes after those
+    never recorded there (unless it is a `first` part), so that windows add up although every session
+    changes the code; otherwise the order of PARTS."""
+    return sorted(todo, key=lambda p: not p.first and p.name in measured_before)
 
 
 def dry_run_args(args: list[str]) -> list[str]:
@@ -156,7 +166,8 @@ def main() -> None:
     deadline = time.monotonic() + args.seconds
     code, gpu = code_fingerprint(), device_name(args.device)
     done = recorded(args.ledger, gpu, code)
-    todo = [p for p in PARTS if (not args.parts or p.name in args.parts) and p.name not in done]
+    todo = in_order([p for p in PARTS if (not args.parts or p.name in args.parts) and p.name not in done],
+                    recorded(args.ledger, gpu, None))
     print(f"[gpu_session] {gpu}, code {code}: recorded {sorted(done) or 'none'}; to run {[p.name for p in todo]}",
           flush=True)
     if args.list:

@@ -66,6 +66,16 @@ def test_a_sweep_part_with_a_row_stopped_is_not_recorded(tmp_path):
     assert "stopped after" in (tmp_path / "log").read_text()
 
 
+def test_parts_older_code_recorded_run_after_those_never_recorded(tmp_path):
+    """Windows add up across code changes: what an older fingerprint recorded on this device waits behind
+    what was never recorded there, except the tests, which new code runs first."""
+    old = dict(gpu="cpu", code="older code", status="recorded")
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(dict(old, part=name)) + "\n" for name in ("tests", "decode-wan21-480p")))
+    listed = session(tmp_path, "--list", "--parts", "tests", "decode-wan21-480p", "decode-seedvr2-720p")
+    assert "to run ['tests', 'decode-seedvr2-720p', 'decode-wan21-480p']" in listed
+
+
 def test_a_window_too_short_for_a_part_skips_it(tmp_path):
     out = session(tmp_path, "--seconds", "5", "--parts", "tests")
     assert "tests: skipped, needs about" in out
