@@ -113,7 +113,8 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
     assert ctx.cache.keys_values.offload == "none"
-    ctx.cache._store, ctx.cache.offload = ShapeStore(), "host"
+    store = ShapeStore()
+    ctx.cache._store, ctx.cache.offload = store, "host"
     ctx.execution = ExactTiles((height, width), (tile, tile), lambda: None, chain=chain)
     stream = FrameStream(model.decode_stages() if op == "decode" else model.encode_stages())
     sf = model.spatial_factor
@@ -129,7 +130,7 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
         for _ in range(chunks_max):
             live.peak = live.live  # the steady chunk's peak
             stream.run(steady, ctx, lambda y: None)
-            shapes, before = sorted(map(str, ctx.cache._store.live.values())), shapes
+            shapes, before = sorted(map(str, store.live.values())), shapes
             if shapes == before:
                 break
     return live
