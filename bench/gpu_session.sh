@@ -14,6 +14,8 @@ py=${PYTHON:-python3}
 carry=$PWD/.gpu-carry
 export STREAMVAE_SHARED=$carry STREAMVAE_COMFYUI=$carry/comfyui-0.3.75 STREAMVAE_COMFYUI_033=$carry/comfyui-0.33.0
 export STREAMVAE_CORE_SITE=/tmp/streamvae-core-site PYTHONUNBUFFERED=1
+# A worker still running after 30 s prints its Python stacks into the part's log, every 30 s (bench/common.py).
+export STREAMVAE_STACKS_EVERY=${STREAMVAE_STACKS_EVERY:-30}
 # comfy-kitchen 0.2.40 and comfy-aimdo 0.6.0 as core's users have them, for core 0.33.0's rows only.
 if compgen -G "$carry/wheels/*.whl" > /dev/null; then
     $py -m pip install -q --no-index --no-deps --no-compile --target "$STREAMVAE_CORE_SITE" "$carry"/wheels/*.whl
