@@ -13,7 +13,7 @@ the parts never recorded there (the CUDA tests excepted: they run first for new 
 brings back at most 8 files, so everything a run writes goes into one archive, `$OUT/gpu-results.tar.gz`
 (rewritten after each part, so a run stopped at its limit keeps what it finished), beside `$OUT/ledger.jsonl` (this run's new ledger lines, to append to the committed ledger).
 
-Each part's estimate is what it took on an H100 (bench/RESULTS.md sections 0 and 12), process starts and
+Each part's estimate is what it took on an H100 (bench/RESULTS.md sections 0, 12 and 16), process starts and
 the fp32 reference rows included; a part starts only when its estimate fits the time left, and is stopped
 after 1.5x its estimate (or at the time left), so one part that hangs leaves the others their window.
 """
@@ -61,15 +61,14 @@ def _sweep(name: str, size: str, budgets: list[str], seconds: int, why: str, unt
 
 # In the order of issue 39: correctness, the 6 GiB promise, speed against core, calibration, the rest.
 PARTS = [
-    Part("tests", 90, "the CUDA tests: both layouts and every Triton kernel natively",
+    Part("tests", 110, "the CUDA tests: both layouts and every Triton kernel natively",
          ("bench.gpu_check", "--parts", "tests", "--part-budget", "{budget}", "--out", "{out}"), first=True),
     _sweep("seedvr2-1080p-6gib", "1080x1920", ["6"], 240,
            "SeedVR2 21x1080x1920 bf16 decode within a 6 GiB card: measured against predicted, exact against untiled"),
     _decode("decode-wan21-480p", "wan21:81x480x832", 100, "Wan2.1 decode: the default, NCDHW and core 0.33.0"),
     _decode("decode-seedvr2-720p", "seedvr2:81x720x1248", 240, "SeedVR2 decode: the default, NCDHW and core 0.33.0"),
     _decode("decode-wan22-704p", "wan22:81x704x1280", 200, "Wan2.2 decode: the default, NCDHW and core 0.33.0"),
-    _decode("decode-ltx2-720p", "ltx2:121x720x1280", 150, "LTX-2 decode: the default, NCDHW and core 0.33.0 "
-            "(issue 38; an estimate, never run on a GPU)"),
+    _decode("decode-ltx2-720p", "ltx2:121x720x1280", 110, "LTX-2 decode: the default, NCDHW and core 0.33.0 (issue 38)"),
     _decode("encode-wan21-480p", "wan21:81x480x832", 90, "Wan2.1 encode: NDHWC against NCDHW", op="encode",
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",
