@@ -5,13 +5,14 @@ this code and this GPU, most important first, so that several short GPU windows 
     python -m bench.gpu_session --list                        # what is recorded, what is left
     python -m bench.gpu_session --seconds 300 --device cpu    # dry run with the tiny models (CI)
 
-A part is recorded in the ledger (bench/results/gpu/ledger.jsonl, committed) once it ran to its end on a
-GPU for a code fingerprint (a hash of vae/, bench/ and tests/ sources: committing results does not change
-it, a code change does). A part that ran out of time or crashed is logged but not recorded, so the next
-window runs it again. Code changes every session, so a part that older code recorded on this GPU runs after
-the parts never recorded there (the CUDA tests excepted: they run first for new code). The device tool
-brings back at most 8 files, so everything a run writes goes into one archive, `$OUT/gpu-results.tar.gz`
-(rewritten after each part, so a run stopped at its limit keeps what it finished), beside `$OUT/ledger.jsonl` (this run's new ledger lines, to append to the committed ledger).
+A part is recorded in the ledger (bench/results/gpu/ledger.jsonl, committed) once it ran to its end on a GPU
+for a code fingerprint (a hash of vae/, bench/ and tests/ sources: committing results does not change it, a
+code change does). A part that ran out of time or crashed is logged but not recorded, so the next window runs
+it again. Code changes every session, so a part that older code recorded on this GPU runs after the parts
+never recorded there (the CUDA tests excepted: they run first for new code). The device tool brings back at
+most 8 files, so everything a run writes goes into one archive, `$OUT/gpu-results.tar.gz` (rewritten after
+each part, so a run stopped at its limit keeps what it finished), beside `$OUT/ledger.jsonl` (this run's new
+ledger lines, to append to the committed ledger).
 
 Each part's estimate is what it took on an H100 (bench/RESULTS.md sections 0, 12 and 16), process starts and
 the fp32 reference rows included; a part starts only when its estimate fits the time left, and is stopped
