@@ -12,6 +12,7 @@ O(tokens) (flash attention; the meta device would build the full score matrix). 
 loop over tiles).
 """
 import argparse
+import contextlib
 import weakref
 
 import torch
@@ -105,10 +106,21 @@ class ShapeStore:
         self.live.clear()
 
 
+@contextlib.contextmanager
+def flash_attention_counted():
+    """The blocks' attention as flash attention's memory (O(tokens)) while counting: the meta device would
+    build the full score matrix. Restored afterwards, so a process that counts (a test) computes again."""
+    real = vae.model.layers.sdpa
+    vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)
+    try:
+        yield
+    finally:
+        vae.model.layers.sdpa = real
+
+
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)  # flash attention: O(tokens)
     ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
@@ -124,7 +136,7 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     # A causal network is steady from its second chunk; one whose convs look ahead once every layer has had
     # frames (each one frame behind the one before it): until a chunk leaves the caches' shapes as they were.
     chunks_max = memory.STEADY_CHUNKS_MAX if model.looks_ahead(op) else 1
-    with torch.inference_mode(), LiveBytes() as live:
+    with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
         stream.run(first, ctx, lambda y: None)
         ctx.first_chunk, shapes = False, None
         for _ in range(chunks_max):

@@ -97,11 +97,12 @@ def test_offloaded_entries_come_back_in_their_layout(where):
 
 
 class Copies(TorchDispatchMode):
-    """Every copy_ a run makes: whether dst and src are both dense NDHWC, their storages, shape and strides."""
+    """Every copy_ a run makes: whether dst and src are both dense NDHWC, their storages, shape and strides.
+    It holds on to both tensors, so no storage a copy saw is freed and its address given to another."""
 
     def __init__(self):
         super().__init__()
-        self.seen = []
+        self.seen, self.held = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.copy_.default:
@@ -109,6 +110,7 @@ class Copies(TorchDispatchMode):
             dense = all(x.is_contiguous(memory_format=torch.channels_last_3d) for x in (dst, src))
             self.seen.append((dense, dst.untyped_storage().data_ptr(), src.untyped_storage().data_ptr(),
                               tuple(dst.shape), dst.stride(), src.stride()))
+            self.held.append((dst, src))
         return func(*args, **(kwargs or {}))
 
 

@@ -56,7 +56,7 @@ def test_a_budget_below_the_floor_is_refused_with_the_floor_in_gib():
 def test_ltx2_cuda_plans_rest_on_the_cpus_coefficients_with_the_margin():
     """No GPU has measured LTX-2's memory yet: its CUDA targets above are planned with derived coefficients
     (untiled and tiled) and the meta-device count of the GPU code path (frames streamed)."""
-    assert memory.calibration_source("ltx2", "decode", "streamed", "cuda") == "meta"
+    assert memory.calibration_source("ltx2", "decode", "streamed", "cuda") == "meta-device count"
     for mode in ("untiled", "exact"):
         assert memory.calibration_source("ltx2", "decode", mode, "cuda") == "derived"
         cpu = memory.coefficients("ltx2", "decode", mode, "cpu")

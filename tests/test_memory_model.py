@@ -36,5 +36,9 @@ def test_the_meta_count_of_a_decoder_that_looks_ahead_reaches_its_last_stage():
     causal decoder needs, counted only the latent stages."""
     from bench.meta_peak import count
 
+    import vae.model.layers
+
+    sdpa = vae.model.layers.sdpa
     live = count("ltx2", "decode", 128, 128, 128, chain=False)
     assert max(shape[-1] for _, shape in live.at_peak) >= 128 // 4, live.at_peak
+    assert vae.model.layers.sdpa is sdpa  # the count's stand-in attention is gone: this process computes again

@@ -67,11 +67,13 @@ def calibration_mode(tile_size, tiling: str, streamed: bool) -> str:
 
 def calibration_source(family: str, op: str, mode: str, device_type: str) -> str:
     """Where `coefficients(family, op, mode, device_type)` come from: "measured" on that device type,
-    "the CPU's" (an entry that says so), "derived" (the CPU's times UNCALIBRATED_MARGIN) or "none"."""
+    "the CPU's" or "meta-device count" (an entry that says so: `bench.calibrate_memory --meta` counts the
+    tensors the device's code path holds, without the device), "derived" (the CPU's times
+    UNCALIBRATED_MARGIN) or "none"."""
     table = _calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:
-        return "the CPU's" if entry.get("source") == "cpu" else "measured"
+        return {"cpu": "the CPU's", "meta": "meta-device count"}.get(entry.get("source"), "measured")
     return "derived" if table.get("cpu", {}).get(family, {}).get(op, {}).get(mode) else "none"
 
 
