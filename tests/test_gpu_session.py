@@ -103,10 +103,10 @@ def test_the_carry_holds_every_core_vae_the_rows_import(tmp_path):
     env = {**os.environ, "STREAMVAE_CARRY": str(tmp_path)}
     subprocess.run(["bash", "bench/prepare_gpu_carry.sh", "--trees-only"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=300)
-    for version, tree in TREES.items():
+    for version, tree in TREES.items():  # one core per process
         env[tree.env] = str(tmp_path / f"comfyui-{version}")
-        for module in sorted(set(tree.modules.values())):
-            code = f"from bench.core_vae import _import_core; _import_core({version!r}, {module!r}, cpu=True)"
-            result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                                    timeout=300)
-            assert result.returncode == 0, f"{version} {module}: {result.stderr[-1500:]}"
+        code = (f"from bench.core_vae import _import_core\nfor module in {sorted(set(tree.modules.values()))!r}:\n"
+                f"    _import_core({version!r}, module, cpu=True)")
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"{version}: {result.stderr[-1500:]}"
