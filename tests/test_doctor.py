@@ -65,7 +65,8 @@ def test_the_memory_calibration_source_is_what_the_model_uses():
                     else:
                         own = table[device_type][family][op][mode]
                         assert got == {k: v for k, v in own.items() if k != "source"}
-                        assert source == {"cpu": "the CPU's", "meta": "meta-device count"}.get(own.get("source"), "measured")
+                        named = {"cpu": "the CPU's", "meta": "meta-device count"}
+                        assert source == named.get(own.get("source"), "measured")
     assert "derived" in memory.calibration_summary("mps") and "measured" in memory.calibration_summary("cpu")
 
 

@@ -94,7 +94,8 @@ def test_every_conv_reads_and_writes_the_run_layout(model, op, layout_name, tile
     """Chunks of 2 latent frames, or of 1 with tiles (the first chunk of an encode is one frame, and a
     temporal downsampler yields no frame from it: joining nothing must keep the layout)."""
     z, video = clip_of(model)
-    settings = vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor) if tiled else vae.Settings(temporal_chunk=2)
+    settings = vae.Settings(temporal_chunk=1, tile_size=2 * model.spatial_factor) if tiled else \
+        vae.Settings(temporal_chunk=2)
     with ConvLayouts() as probe:
         run(model, op, z if op == "decode" else video, settings, layout_name)
     assert len(probe.seen) > 5, probe.no_conv_message()

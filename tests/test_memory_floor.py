@@ -1,8 +1,9 @@
 """Exact at any resolution within a budget: what the planner picks at 1080p and 4K against the CUDA
-memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin and,
-frames streamed, the meta-device count, until a GPU measures them), real full-config SeedVR2, LTX-2 and HunyuanVideo 1.5 decodes under a RAM
-budget below a quarter of the untiled activations (measured peak RSS within it, output equal to untiled), and a
-budget below the floor refused with the floor in GiB."""
+memory calibration (shapes only, no GPU; LTX-2's, issue 38: the CPU's coefficients times the margin
+and, frames streamed, the meta-device count, until a GPU measures them), real full-config SeedVR2,
+LTX-2 and HunyuanVideo 1.5 decodes under a RAM budget below a quarter of the untiled activations
+(measured peak RSS within it, output equal to untiled), and a budget below the floor refused with the
+floor in GiB."""
 import pytest
 import torch
 

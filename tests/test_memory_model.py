@@ -1,9 +1,12 @@
 """The memory model (vae/run/memory.py, calibrated by bench/calibrate_memory.py) predicts the peak of a
 real full-size decode within 15%: each measurement is a fresh process's peak RSS (bench/memory_worker.py),
-at sizes the calibration did not use."""
+at sizes the calibration did not use; and the meta-device count behind its CUDA streamed coefficients
+counts a steady chunk."""
 import pytest
 
+import vae.model.layers
 from bench.common import run_worker
+from bench.meta_peak import count
 from vae.run import memory
 
 # (size in pixels, tile in pixels or None, where the causal caches wait, kernel choice): untiled and
@@ -34,10 +37,6 @@ def test_the_meta_count_of_a_decoder_that_looks_ahead_reaches_its_last_stage():
     LTX-2, whose every layer gives a frame one frame late, only after about 22 latent frames does a chunk
     run the last stage (pixels of a quarter of the output's side, before the unpatchify). Two chunks, as a
     causal decoder needs, counted only the latent stages."""
-    from bench.meta_peak import count
-
-    import vae.model.layers
-
     sdpa = vae.model.layers.sdpa
     live = count("ltx2", "decode", 128, 128, 128, chain=False)
     assert max(shape[-1] for _, shape in live.at_peak) >= 128 // 4, live.at_peak
