@@ -330,6 +330,9 @@ def main():
             rows += run_workloads(part, args, out_file)
     if rows:
         print_table(rows, COLUMNS)
+    failed = [f"{row['key']} {row['variant']}" for row in rows if "error" in row]
+    if failed:  # a part missing a row has not measured what it was run for (gpu_session does not record it)
+        sys.exit(f"{len(failed)} row(s) failed or were skipped: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -89,3 +89,13 @@ def test_hv15_rows_and_the_core_attention_row_decode_like_core(tmp_path):
     assert not any("error" in row for row in rows) and all(row["finite"] and row["median_s"] > 0 for row in rows), rows
     assert by_variant["core_attention"]["max_err"] < 1e-4, rows  # fp32 rounding of the same network
     assert by_variant["fp32"]["max_err"] > 2 / 255, rows  # the masked attention: visibly not core's output
+
+
+def test_a_part_with_a_failed_row_exits_non_zero(tmp_path):
+    """A row that fails (here: a budget too short for the second row) leaves the part unrecorded by
+    gpu_session, so the next window measures it again: LTX-2's core row failed to import on an H100 once."""
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--families", "wan21",
+           "--variants", "reference", "bf16", "--repeats", "1", "--part-budget", "21", "--out", str(tmp_path),
+           "--scratch", str(tmp_path / "scratch")]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and "row(s) failed or were skipped" in result.stderr, result.stderr[-2000:]
