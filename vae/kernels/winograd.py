@@ -136,12 +136,11 @@ class FilterCache:
         """Whether (weight, key) is cached, or a transform of `nbytes` at `priority` computed now would be
         kept: as `get` decides, which first counts this use of the key (a key seen a cycle ago makes the
         cycle that long, and the entries used within it stay)."""
-        anchor = weight if weight._base is None else weight._base
         with self._lock:
-            if (id(anchor), key) in self._entries:
+            aid = self._live_anchor(weight)
+            if aid is not None and (aid, key) in self._entries:
                 return True
-            record = self._anchors.get(id(anchor))
-            last = record[2].get(key) if record is not None and record[0]() is anchor else None
+            last = None if aid is None else self._anchors[aid][2].get(key)
             reuse = self._reuse if last is None else max(self._reuse, self._tick + 1 - last)
             return self._victims(nbytes, priority, self._tick + 1, reuse) is not None
 
