@@ -39,7 +39,7 @@ from bench.common import machine_summary, print_table, psnr
 from bench.core_vae import TREES
 from bench.variants import options, parse_row
 from vae.kernels import backend
-from vae.kernels import kernel_choice, winograd
+from vae.kernels import filter_cache, kernel_choice
 
 VARIANTS = ("straightforward", "kernels_defaults", "optimized")
 
@@ -74,7 +74,7 @@ def bench_family(family: str, args) -> dict:
         first, _ = timed(runs["optimized"])
         tuning = kernel_choice.choices_for("cpu").summary()
         kernel_choice._choices_for.cache_clear()
-        winograd.filter_cache().clear()
+        filter_cache.filter_cache().clear()
         cached_first, _ = timed(runs["optimized"])
         for name, run in runs.items():  # warm-up: every variant's transforms and oneDNN primitives
             run()

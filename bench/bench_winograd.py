@@ -3,9 +3,12 @@
     python -m bench.bench_winograd                 # decoder layers + channel sweep, F(2), F(4), F(6)
     python -m bench.bench_winograd --layers quick  # a few smaller layers
     python -m bench.bench_winograd --threads 1     # per-core efficiency (a noisy machine hurts less)
+    python -m bench.bench_winograd --layers ltx2 --tiles 4 --gemm onednn --layout ndhwc
+                                                   # LTX-2's 720p decoder convs as a run takes them
 
-Per layer (x B,Cin,T,H,W -> Cout, kernel kt x 3 x 3, stride 1, padding (0, 1, 1)): median time of
-oneDNN (the dispatch's path with the switch off) and of each Winograd tile size, timed in
+Per layer (x B,Cin,T,H,W -> Cout, kernel kt x 3 x 3, stride 1, padding (0, 1, 1)), activations and
+weights in --layout: median time of oneDNN (the dispatch's path with the switch off) and of each
+Winograd tile size (its GEMMs on --gemm), timed in
 interleaved rounds after a warm-up (which also fills the filter-transform cache, as in a decode),
 speed-up, max abs difference to oneDNN and throughput counted as direct-conv FLOPs. The accuracy
 table compares every float32 kernel, oneDNN included, with a float64 reference.
@@ -20,7 +23,10 @@ import torch.nn.functional as F
 
 from bench.common import print_table
 from vae.kernels.conv import conv3d
-from vae.kernels.winograd import FilterCache, winograd_conv3d
+from vae.kernels.filter_cache import FilterCache
+from vae.kernels.layout import FORMATS
+from vae.kernels.winograd import winograd_conv3d
+from vae.kernels.winograd_gemm import GEMM_ROUTES
 
 CACHE = FilterCache(1 << 34)  # every transform stays: the timings compare kernels, not cache misses
 
@@ -33,6 +39,8 @@ DECODER = [
     (128, 128, 3, 6, 256, 256), (16, 512, 3, 3, 16, 16), (128, 3, 3, 6, 128, 128),
 ]
 SWEEP = [(c, c, 3, 6, 64, 64) for c in (16, 32, 64, 128, 256, 512)] + [(c, c, 1, 3, 64, 64) for c in (32, 64, 128, 256)]
+# LTX-2's decoder convs at 9x704x1280 (its residual groups' convs, frames with their replicated ends).
+LTX2 = [(128, 128, 3, 11, 176, 320), (256, 256, 3, 7, 88, 160), (512, 512, 3, 5, 44, 80), (1024, 1024, 3, 4, 22, 40)]
 QUICK = [(512, 512, 3, 4, 32, 32), (256, 256, 3, 6, 64, 64), (128, 128, 3, 6, 128, 128),
          (64, 64, 3, 6, 64, 64), (16, 16, 3, 6, 64, 64)]
 ACCURACY = [(256, 256, 3, 3, 32, 32), (512, 512, 3, 3, 16, 16), (128, 128, 1, 2, 33, 31)]
@@ -52,21 +60,22 @@ def interleaved_medians(fns: dict, repeats: int, warmup: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def layer_inputs(cin, cout, kt, t, h, w, seed=0):
-    """Activations ~N(0,1), weights N(0,1)/sqrt(fan_in) (outputs O(1), as in the models), bias."""
+def layer_inputs(cin, cout, kt, t, h, w, seed=0, layout="ncdhw"):
+    """Activations ~N(0,1), weights N(0,1)/sqrt(fan_in) (outputs O(1), as in the models), bias; activations
+    and weights in `layout`, as a run's plan puts them."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, cin, t, h, w, generator=g)
-    weight = torch.randn(cout, cin, kt, 3, 3, generator=g) / (cin * kt * 9) ** 0.5
+    x = torch.randn(1, cin, t, h, w, generator=g).contiguous(memory_format=FORMATS[layout])
+    weight = (torch.randn(cout, cin, kt, 3, 3, generator=g) / (cin * kt * 9) ** 0.5).contiguous(memory_format=FORMATS[layout])
     return x, weight, torch.randn(cout, generator=g) * 0.1
 
 
-def bench_layer(shape, tiles, repeats, warmup) -> dict:
+def bench_layer(shape, tiles, repeats, warmup, layout="ncdhw", gemm="mkl") -> dict:
     cin, cout, kt, t, h, w = shape
-    x, weight, bias = layer_inputs(*shape)
+    x, weight, bias = layer_inputs(*shape, layout=layout)
     onednn = lambda: conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1))  # noqa: E731
     fns = {"onednn": onednn}
     for m in tiles:  # each tile size gets its own weight tensor, hence its own cached transform
-        fns[f"F{m}"] = lambda m=m, wm=weight.clone(): winograd_conv3d(x, wm, bias, CACHE, m)
+        fns[f"F{m}"] = lambda m=m, wm=weight.clone(): winograd_conv3d(x, wm, bias, CACHE, m, gemm=gemm)
     medians = interleaved_medians(fns, repeats, warmup)
     ref = onednn()
     flops = 2 * cin * cout * kt * 9 * (t - kt + 1) * h * w
@@ -101,22 +110,25 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--layers", choices=["all", "decoder", "sweep", "quick"], default="all",
-                        help="decoder shapes, the channel sweep, both, or a few small layers")
+    parser.add_argument("--layers", choices=["all", "decoder", "sweep", "quick", "ltx2"], default="all",
+                        help="SeedVR2 decoder shapes, the channel sweep, both, a few small layers, or LTX-2's")
+    parser.add_argument("--layout", choices=list(FORMATS), default="ncdhw", help="activations' and weights' layout")
+    parser.add_argument("--gemm", choices=list(GEMM_ROUTES), default="mkl", help="the Winograd GEMM route")
     parser.add_argument("--no-accuracy", action="store_true", help="skip the float64 accuracy table")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{torch.backends.cpu.get_cpu_capability()}; times are medians of {args.repeats} interleaved runs\n")
+          f"{torch.backends.cpu.get_cpu_capability()}, {args.layout.upper()}, Winograd GEMMs on {args.gemm}; "
+          f"times are medians of {args.repeats} interleaved runs\n")
 
     columns = [("layer", "layer", ""), ("onednn_ms", "oneDNN ms", ".1f"), ("onednn_gflops", "GF/s", ".0f")]
     for m in args.tiles:
         columns += [(f"F{m}_ms", f"F({m}) ms", ".1f"), (f"F{m}_x", "speed-up", ".2f"),
                     (f"F{m}_gflops", "GF/s", ".0f"), (f"F{m}_err", "max|d|", ".1e")]
     rows = []
-    for shape in dict(all=DECODER + SWEEP, decoder=DECODER, sweep=SWEEP, quick=QUICK)[args.layers]:
-        rows.append(bench_layer(shape, args.tiles, args.repeats, args.warmup))
+    for shape in dict(all=DECODER + SWEEP, decoder=DECODER, sweep=SWEEP, quick=QUICK, ltx2=LTX2)[args.layers]:
+        rows.append(bench_layer(shape, args.tiles, args.repeats, args.warmup, args.layout, args.gemm))
         print(f"  {rows[-1]['layer']} done", file=sys.stderr, flush=True)
     print_table(rows, columns)
 

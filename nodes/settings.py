@@ -71,7 +71,7 @@ class GPUOptimizations(io.ComfyNode):
                     "mantissa. No effect in bf16/fp16.")),
                 io.Boolean.Input("channels_last_3d", default=DEFAULTS.channels_last_3d, **core_api.advanced(), tooltip=(
                     "Activations and weights channels-last (NDHWC) from the first conv to the last, on any device. "
-                    "Off: automatic (NDHWC on CUDA and for bf16/fp16 on CPUs with native kernels).")),
+                    "Off: automatic (NDHWC on CUDA and on CPUs).")),
                 io.Boolean.Input("fused_norm_silu", default=DEFAULTS.fused_norm_silu, **core_api.advanced(), tooltip=(
                     "Norm + SiLU in one pass, straight into the next conv's input. Off only to compare with the "
                     "straightforward path.")),

@@ -15,8 +15,7 @@ import vae.kernels.kernel_choice as kernel_choice
 from vae.kernels import Optimizations
 from vae.kernels.kernel_choice import KernelChoices
 from vae.kernels.layout import FORMATS, layout_of
-from vae.kernels import winograd
-from vae.kernels.winograd import filter_cache
+from vae.kernels.filter_cache import FilterCache, filter_cache
 from tests.reference import assert_exact, load_tiny
 
 MACHINE = {"cpu": "test CPU", "flags": ["avx2"], "torch": "2.13.0", "pack": "0.1.0+abc"}
@@ -164,16 +163,21 @@ def layer(cin, cout, kt, t, h, w, seed=0):
 
 @pytest.mark.parametrize("shape, padding", [((128, 128, 3, 4, 18, 20), (0, 1, 1)), ((96, 160, 3, 3, 17, 9), (0, 0, 0)),
                                             ((128, 144, 1, 2, 16, 16), (0, 1, 1))], ids=["same", "valid", "kt1"])
-def test_every_cpu_candidate_equals_the_straightforward_conv(shape, padding):
-    """oneDNN direct, Winograd with the MKL and the oneDNN GEMM route: each within the Winograd tests'
-    tolerance of F.conv3d (float32 rounding of 96-160 channel sums)."""
+@pytest.mark.parametrize("layout", ["ncdhw", "ndhwc"])
+def test_every_cpu_candidate_equals_the_straightforward_conv(shape, padding, layout):
+    """oneDNN direct, Winograd with the MKL and the oneDNN GEMM route, in either activation layout: each
+    within the Winograd tests' tolerance of F.conv3d (float32 rounding of 96-160 channel sums), in the
+    layout of its input."""
     x, weight, bias = layer(*shape)
+    expected = F.conv3d(x, weight, bias, 1, padding)
+    x = x.contiguous(memory_format=FORMATS[layout])
     with torch.inference_mode():
         candidates, default = conv.conv_candidates(x, weight, bias, (1, 1, 1), padding, winograd=filter_cache())
         assert set(candidates) == {"onednn", "winograd_mkl", "winograd_onednn"} and default == "winograd_mkl"
-        expected = F.conv3d(x, weight, bias, 1, padding)
         for name, run in candidates.items():
-            assert_exact(run(x), expected, atol=5e-5, rtol=0, msg=name)
+            out = run(x)
+            assert layout_of(out) == layout, name
+            assert_exact(out, expected, atol=5e-5, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("layout", ["ncdhw", "ndhwc"])
@@ -240,7 +244,7 @@ def test_a_measured_loser_s_filter_transform_is_not_kept(cache_folder, monkeypat
         return choice
 
     monkeypatch.setattr(kernel_choice, "pick", pick)
-    cache = winograd.FilterCache(1 << 30)
+    cache = FilterCache(1 << 30)
     with torch.inference_mode():
         conv.conv3d(x, weight, bias, (1, 1, 1), (0, 1, 1), winograd=cache, kernels="measure")
     assert cache.holds(weight) == (winner == "winograd")

@@ -15,7 +15,7 @@ from tests.reference import load_tiny
 from tests.test_kernel_choice import layer
 from tests.test_layout import CONVS
 from vae.kernels import KernelLog, conv, conv_check, kernel_choice
-from vae.kernels.winograd import filter_cache
+from vae.kernels.filter_cache import filter_cache
 
 
 class ConvCount(TorchDispatchMode):

@@ -161,7 +161,7 @@ def test_auto_on_cuda_with_measured_kernels_takes_the_measured_layout(monkeypatc
     assert kernel_plan.choose(gpu, "auto", "measure", torch.bfloat16) == "ncdhw"
     assert kernel_plan.choose(gpu, "auto", "defaults", torch.bfloat16) == "ndhwc"
     assert kernel_plan.choose(gpu, "ndhwc", "measure", torch.bfloat16) == "ndhwc"
-    assert kernel_plan.choose(cpu, "auto", "measure", torch.float32) == "ncdhw"
+    assert kernel_plan.choose(cpu, "auto", "measure", torch.float32) == "ndhwc"
 
 
 def test_the_layout_measurement_times_both_layouts_once(monkeypatch, tmp_path):
@@ -180,13 +180,12 @@ def test_the_layout_measurement_times_both_layouts_once(monkeypatch, tmp_path):
     assert kernel_plan.measured(model, "cpu", torch.float32) == chosen and not timed
 
 
-def test_auto_layout_by_device_and_dtype():
-    assert kernel_plan.resolve("auto", "cuda", torch.bfloat16) == "ndhwc"
-    assert kernel_plan.resolve("auto", "cuda", torch.float32) == "ndhwc"
-    assert kernel_plan.resolve("auto", "cpu", torch.float32) == "ncdhw"
-    native = vae.kernels.cpu_has_native(torch.bfloat16)
-    assert kernel_plan.resolve("auto", "cpu", torch.bfloat16) == ("ndhwc" if native else "ncdhw")
-    assert kernel_plan.resolve("ncdhw", "cuda", torch.bfloat16) == "ncdhw"
+def test_auto_layout_by_device():
+    assert kernel_plan.resolve("auto", "cuda") == "ndhwc"
+    assert kernel_plan.resolve("auto", "cpu") == "ndhwc"
+    assert kernel_plan.resolve("auto", "mps") == "ncdhw"
+    assert kernel_plan.resolve("ncdhw", "cuda") == "ncdhw"
+    assert kernel_plan.resolve("ncdhw", "cpu") == "ncdhw"
     with pytest.raises(ValueError, match="activation_layout"):
         vae.Optimizations(activation_layout="nhwc")
 

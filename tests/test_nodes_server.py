@@ -230,10 +230,10 @@ def test_round_trip_matches_the_library(family, comfy_server, comfy_client, obje
     run = entry["outputs"]["5"]["streamvae_run"][0]
     assert run["op"] == "decode" and run["clips"] == 1 and run["steps"] >= 1
     assert run["plan"]["kernel_choice"] == "measure" and run["kernels"].startswith("kernels: measured")
-    assert "activations NCDHW; planned: conv3d onednn;" in run["kernels"]  # float32 on a CPU: automatic layout
+    assert "activations NDHWC; planned: conv3d onednn;" in run["kernels"]  # float32 on a CPU: automatic layout
     assert "conv3d onednn" in run["kernels"].split(";")[0]  # what this run ran, not what the process had measured
     doctor = {line.split(":", 1)[0]: line for line in run["doctor"]}  # vae doctor's lines for this run
-    assert doctor["activation layout in fp32"].startswith("activation layout in fp32: NCDHW")
+    assert doctor["activation layout in fp32"].startswith("activation layout in fp32: NDHWC")
     assert doctor["memory model on cpu"].endswith(f"{family} decode untiled: measured")
     assert entry["outputs"]["2"]["streamvae_model"][0]["family"] == family
 

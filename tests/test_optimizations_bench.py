@@ -6,7 +6,7 @@ import vae
 
 from bench.core_vae import TREES, core_model
 from bench.variants import SWITCHES, options, parse_row, prepared
-from vae.kernels import Optimizations, winograd
+from vae.kernels import Optimizations, filter_cache
 from reference import assert_exact, load_tiny
 
 
@@ -41,6 +41,6 @@ def test_prepared_extras_are_applied_and_undone():
     model = load_tiny("seedvr2")
     with prepared(model, "winograd_uncapped") as setup:
         assert setup.opts.winograd_cache_bytes > 1 << 60
-        assert winograd.filter_cache(setup.opts.winograd_cache_bytes) is not winograd.filter_cache()
+        assert filter_cache.filter_cache(setup.opts.winograd_cache_bytes) is not filter_cache.filter_cache()
     with prepared(model, "ndhwc") as setup:
         assert setup.opts.activation_layout == "ndhwc"

@@ -7,14 +7,16 @@ import torch
 import torch.nn.functional as F
 
 import vae.kernels.conv as conv
+import vae.kernels.filter_cache as caches
 import vae.kernels.winograd as winograd
+import vae.kernels.winograd_job as winograd_job
 from vae.kernels import Optimizations
 from vae.kernels.winograd import filter_transform, winograd_conv3d, winograd_matrices
 
 import vae
 from reference import assert_exact
 
-CACHE = winograd.FilterCache(1 << 30)  # this file's filter transforms, apart from the process's caches
+CACHE = caches.FilterCache(1 << 30)  # this file's filter transforms, apart from the process's caches
 
 
 def make(b, cin, cout, kt, t, h, w, bias=True, seed=0):
@@ -100,10 +102,10 @@ def test_slabs_channel_parts_and_worker_threads(monkeypatch):
 def test_filter_transform_is_cached_per_weight_and_follows_changes():
     _, weight, _ = make(1, 8, 4, 3, 3, 4, 4)
     u = filter_transform(weight, CACHE)
-    assert u.shape == (3, 36, 4, 8) and filter_transform(weight, CACHE) is u
+    assert u.shape == (36, 4, 3 * 8) and filter_transform(weight, CACHE) is u  # (P, Cout, kt*Cin)
     # Views made per call (FrameConv2d's weight.unsqueeze(2), tap slices) hit the cache of their base.
     assert filter_transform(weight[:, :, 1:], CACHE) is filter_transform(weight[:, :, 1:], CACHE)
-    assert_exact(filter_transform(weight[:, :, 1:], CACHE), u[1:], rtol=1.3e-6)
+    assert_exact(filter_transform(weight[:, :, 1:], CACHE), u.view(36, 4, 3, 8)[:, :, 1:].flatten(2), rtol=1.3e-6)
     with torch.no_grad():
         weight.mul_(2)  # in place: the version counter moves, the transform is recomputed
     assert_exact(filter_transform(weight, CACHE), 2 * u, rtol=1.3e-6)
@@ -113,11 +115,36 @@ def test_filter_transform_is_cached_per_weight_and_follows_changes():
     assert key not in CACHE.anchors()  # freed with its weight
 
 
-def test_inference_mode_weights():
+def test_inference_mode_weights_and_a_workspace_kept_across_modes():
+    """A conv in inference mode, then one outside it on the same worker's kept workspace (which must not be
+    an inference tensor then)."""
     with torch.inference_mode():
         x, weight, bias = make(1, 8, 4, 3, 3, 5, 5)
-        assert_exact(winograd_conv3d(x, weight, bias, CACHE), F.conv3d(x, weight, bias, 1, (0, 1, 1)),
-                                   atol=2e-5, rtol=0)
+        inside = winograd_conv3d(x, weight, bias, CACHE)
+        assert_exact(inside, F.conv3d(x, weight, bias, 1, (0, 1, 1)), atol=2e-5, rtol=0)
+    x, weight, bias = make(1, 8, 4, 3, 3, 5, 5)
+    assert torch.equal(winograd_conv3d(x, weight, bias, CACHE), inside)
+
+
+def test_a_worker_keeps_a_small_workspace_between_convs():
+    """Reused pages instead of fresh ones for the next conv, up to KEPT_WORKSPACE_BYTES."""
+    pool = winograd_job.Workers(1)
+    first = pool.workspace(1000)
+    assert pool.workspace(500).data_ptr() == first.data_ptr()
+    large = pool.workspace(winograd_job.KEPT_WORKSPACE_BYTES // 4 + 1)  # used for one conv, not kept
+    assert large.data_ptr() != first.data_ptr() and pool.workspace(500).data_ptr() != large.data_ptr()
+
+
+@pytest.mark.parametrize("n_h, rows, per_slab, threads", [(44, 4, 1, 2), (22, 7, 1, 2), (6, 2, 2, 4), (5, 5, 1, 4),
+                                                          (3, 1, 1, 2), (1, 1, 1, 2), (7, 3, 1, 3)])
+def test_slabs_cover_the_rows_evenly_and_fill_the_threads(n_h, rows, per_slab, threads):
+    """Contiguous slabs of at most `rows` rows that differ by one row at most, as many jobs as make whole
+    rounds of the threads where there are rows enough (11 slabs of 4 rows on 2 threads become 12)."""
+    cut = winograd_job.slabs(n_h, rows, per_slab, threads)
+    assert cut[0][0] == 0 and cut[-1][1] == n_h and all(a[1] == b[0] for a, b in zip(cut, cut[1:]))
+    heights = [r1 - r0 for r0, r1 in cut]
+    assert max(heights) <= rows and max(heights) - min(heights) <= 1
+    assert len(cut) * per_slab % threads == 0 or len(cut) == n_h
 
 
 @pytest.fixture
@@ -187,7 +214,7 @@ class CountingCache:
     """A FilterCache of real filter transforms that counts how many it had to compute."""
 
     def __init__(self, limit_bytes):
-        self.cache, self.computed = winograd.FilterCache(limit_bytes), 0
+        self.cache, self.computed = caches.FilterCache(limit_bytes), 0
 
     def get(self, weight):
         def compute():
@@ -199,7 +226,7 @@ class CountingCache:
 
 def test_filter_cache_is_capped_and_scan_resistant():
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(5)]
-    one = filter_transform(weights[0], CACHE).nbytes  # 3 x 36 x 4 x 8 float32
+    one = filter_transform(weights[0], CACHE).nbytes  # 36 x 4 x 3 x 8 float32
     counting = CountingCache(2 * one)
     cache = counting.cache
     first = [counting.get(w) for w in weights[:3]]  # one cycle of three convs, room for two
@@ -228,7 +255,7 @@ def test_filter_cache_keeps_the_highest_priority_transforms():
     """When a cycle does not fit, the transforms of the largest frames (most saved per byte) stay."""
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(3)]
     one = filter_transform(weights[0], CACHE).nbytes
-    cache = winograd.FilterCache(2 * one)
+    cache = caches.FilterCache(2 * one)
     get = lambda w, priority: cache.get(w, ("u",), lambda: filter_transform(w, CACHE).clone(), priority)
     for _ in range(3):  # a cycle of three convs, frames of 16, 64 and 256 pixels; room for two
         for w, priority in zip(weights, (16, 64, 256)):
@@ -242,31 +269,31 @@ def test_filter_cache_keeps_the_highest_priority_transforms():
 def test_uncached_transform_used_only_where_it_pays(spy):
     """With no room in the cache, a small call (Wan2.2's latent-resolution convs) runs on oneDNN; one
     with enough output pixels to amortise the transform, or a cached one, runs by Winograd."""
-    full = winograd.FilterCache(0)
+    full = caches.FilterCache(0)
     small, weight, bias = make(1, 128, 128, 3, 4, 16, 16)  # 2 output frames x 256 pixels
     out = conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=full)
     assert not spy and torch.equal(out, conv._cpu_conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1)))
     large = torch.randn(1, 128, 6, 32, 32)  # 4 output frames x 1024 pixels
     conv.conv3d(large, weight, bias, (1, 1, 1), (0, 1, 1), winograd=full)
     assert spy == [(128, 128, 3, 3, 3)]
-    roomy = winograd.FilterCache(1 << 30)  # room: computed once, kept, used from then on
+    roomy = caches.FilterCache(1 << 30)  # room: computed once, kept, used from then on
     conv.conv3d(small, weight, bias, (1, 1, 1), (0, 1, 1), winograd=roomy)
     assert len(spy) == 2 and len(roomy) == 1
 
 
 def test_default_cap_follows_memory_and_the_environment(monkeypatch):
-    assert winograd.filter_cache().limit_bytes == winograd.default_cache_bytes()
+    assert caches.filter_cache().limit_bytes == caches.default_cache_bytes()
     monkeypatch.setenv("STREAMVAE_WINOGRAD_CACHE_GB", "0.5")
-    assert winograd.default_cache_bytes() == 1 << 29
+    assert caches.default_cache_bytes() == 1 << 29
     for ram, expected in ((4 << 30, 1 << 30), (24 << 30, 3 << 30), (256 << 30, 4 << 30), (None, 1 << 30)):
-        assert winograd.cache_bytes_for(ram) == expected
+        assert caches.cache_bytes_for(ram) == expected
 
 
 def test_capped_cache_still_gives_exact_convs():
     """Thrashing (cap smaller than one layer's transform) recomputes; results do not change."""
     x, weight, bias = make(1, 96, 96, 3, 4, 9, 9)
     expected = winograd_conv3d(x, weight, bias, CACHE)
-    none_kept = winograd.FilterCache(0)
+    none_kept = caches.FilterCache(0)
     assert torch.equal(winograd_conv3d(x, weight, bias, none_kept), expected)
     assert none_kept.bytes == 0
 
@@ -280,10 +307,10 @@ def test_a_large_transform_not_in_the_cache_runs_a_group_of_output_channels_at_a
     computed = []
     real = winograd.filter_transform
     monkeypatch.setattr(winograd, "filter_transform", lambda w, *a, **k: computed.append(w.shape[0]) or real(w, *a, **k))
-    none_kept = winograd.FilterCache(0)
+    none_kept = caches.FilterCache(0)
     assert_exact(winograd_conv3d(x, weight, bias, none_kept).double(), reference(x, weight, bias), atol=5e-5)
     assert computed == [16, 16, 8]
-    roomy = winograd.FilterCache(1 << 30)
+    roomy = caches.FilterCache(1 << 30)
     roomy.get(weight, winograd._transform_key(weight, winograd.DEFAULT_TILE), lambda: real(weight, CACHE))
     computed.clear()
     assert_exact(winograd_conv3d(x, weight, bias, roomy).double(), reference(x, weight, bias), atol=5e-5)
@@ -294,7 +321,7 @@ def test_a_full_cache_drops_what_a_new_transform_displaces_before_computing_it()
     """cache.get with the value's size: the cache and the value being computed never exceed the cap."""
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(3)]
     one = filter_transform(weights[0], CACHE).nbytes
-    cache = winograd.FilterCache(2 * one)
+    cache = caches.FilterCache(2 * one)
     held_while_computing = []
 
     def compute(w):
@@ -311,7 +338,7 @@ def test_the_cache_admits_what_it_said_it_would():
     then keeps, over cycles of convs that do not all fit, at mixed priorities."""
     weights = [make(1, 8, 4, 3, 3, 4, 4, seed=i)[1] for i in range(4)]
     one = filter_transform(weights[0], CACHE).nbytes
-    cache = winograd.FilterCache(2 * one)
+    cache = caches.FilterCache(2 * one)
     disagreements = []
     for cycle in range(4):
         for i, (w, priority) in enumerate(zip(weights, (16, 64, 16, 256))):

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from .kernels import Optimizations, backend, conv, kernel_check, kernel_choice, winograd
+from .kernels import Optimizations, backend, conv, filter_cache, kernel_check, kernel_choice
 from .kernels.backend import dtype_name
 from .run import kernel_plan, memory
 
@@ -88,7 +88,7 @@ def _convs(device: torch.device, dtypes, opts: Optimizations) -> str:
         parts = ["oneDNN direct" + (f" ({native})" if native else "")]
         if opts.winograd_conv:
             parts.append(f"Winograd F(4x4, 3x3) for stride-1 3x3 convs of {conv.WINOGRAD_MIN_CHANNELS}+ channels "
-                         f"(filter cache {winograd.default_cache_bytes() / 2**30:.1f} GiB)")
+                         f"(filter cache {filter_cache.default_cache_bytes() / 2**30:.1f} GiB)")
     if opts.kernel_choice == "measure":
         wins: dict[str, int] = {}
         for entry in kernel_choice.choices_for(device).recorded(f"conv3d {device.type} ").values():

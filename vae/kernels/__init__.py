@@ -6,9 +6,10 @@
 - `norm_act`: fused norm + SiLU (GroupNorm per frame, RMS norm) with float32 statistics.
 - `conv`: convolution dispatch (float32 compute for half precision on CPUs without native kernels;
   Winograd for eligible CPU convs when the caller enables it).
-- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU, filter transforms cached per weight (by
-  frame size when not all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8
-  within 1-4 GiB); its batched GEMMs on MKL or oneDNN (`winograd_gemm`).
+- `winograd`: Winograd F(4x4, 3x3) conv3d for the CPU; its jobs, one per slab of tile rows on one thread
+  per core, with the temporal taps summed in one GEMM per position (`winograd_job`), on MKL or oneDNN
+  (`winograd_gemm`); its filter transforms cached per weight (`filter_cache`: by frame size when not
+  all fit, byte-capped, scan-resistant: STREAMVAE_WINOGRAD_CACHE_GB, default RAM/8 within 1-4 GiB).
 - `kernel_choice`: which exact kernel each layer shape runs, measured once per machine and kept on disk
   (STREAMVAE_KERNEL_CACHE), or fixed defaults (`Optimizations.kernel_choice`).
 - `triton_norm`: the norm + SiLU steps as Triton kernels on GPUs (64-bit addressing, two-pass

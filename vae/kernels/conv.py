@@ -28,7 +28,9 @@ from . import backend, kernel_choice
 from .backend import cpu_has_native
 from .kernel_log import KernelLog
 from .layout import by_output_channels, dense_copy, is_ndhwc, layout_of
-from .winograd import GEMM_ROUTES, FilterCache, transform_pays, winograd_conv3d
+from .filter_cache import FilterCache
+from .winograd import transform_pays, winograd_conv3d
+from .winograd_gemm import GEMM_ROUTES
 
 # Winograd pays where its GEMMs outweigh its transforms: the transforms grow with Cin and Cout, the
 # saving with kt * Cin * Cout. Measured one thread per core (bench/bench_winograd.py --layers sweep

@@ -53,8 +53,8 @@ MIN_GAIN = 1.05
 TUNING_COST = "about 0.5-3 s on a CPU, less on a GPU"
 # Files next to the kernels whose source is part of the machine identity: a change to them can change
 # which candidate wins.
-_KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py", "kernel_choice.py",
-                   "layout.py", "kernel_check.py")
+_KERNEL_SOURCES = ("conv.py", "winograd.py", "winograd_job.py", "winograd_gemm.py", "norm_act.py", "triton_norm.py",
+                   "kernel_choice.py", "layout.py", "kernel_check.py")
 
 
 def cache_dir() -> Path:

@@ -35,7 +35,7 @@ class Optimizations:
     # Which SDPA kernel the mid-block attention asks for (attention.KERNELS): "auto" lets PyTorch
     # pick; a forced kernel that cannot take the model's head width is replaced (attention.choose).
     attention: str = "auto"
-    # Cap of the Winograd filter-transform cache in bytes (winograd.filter_cache); None: an eighth of
+    # Cap of the Winograd filter-transform cache in bytes (filter_cache.filter_cache); None: an eighth of
     # the RAM within 1-4 GiB, or STREAMVAE_WINOGRAD_CACHE_GB.
     winograd_cache_bytes: int | None = None
     # The PyTorch 2.9/2.10 cuDNN regression (backend.py): on an affected NVIDIA install, half-precision

@@ -1,5 +1,5 @@
 """Which kernels and activation layout a run takes, decided with its `Plan` (`planning.plan`) before it
-runs: the layout (NCDHW or NDHWC, `kernels.layout`) by device and dtype, or on CUDA with measured
+runs: the layout (NCDHW or NDHWC, `kernels.layout`) by device type, or on CUDA with measured
 kernels timed once on the GPU that runs; and the kernels its convs, norms and attention may take
 (`KernelPlan`), named as the run's `KernelLog` names what ran. `planning.plan` also puts the model's
 weights in the layout; a decode only reads the plan."""
@@ -8,44 +8,42 @@ from functools import lru_cache
 
 import torch
 
-from ..kernels import Optimizations, attention, backend, conv, conv_check, kernel_choice, norm_act
+from ..kernels import Optimizations, attention, conv, conv_check, kernel_choice, norm_act
 from ..kernels.layout import FORMATS
 
 
-def resolve(layout: str, device, dtype: torch.dtype) -> str:
-    """The concrete layout ("ncdhw" or "ndhwc") of a run on `device` computing in `dtype`.
+def resolve(layout: str, device) -> str:
+    """The concrete layout ("ncdhw" or "ndhwc") of a run on `device`.
 
     "auto": NDHWC on CUDA (cuDNN's conv3d kernels are NDHWC; faster and smaller than NCDHW on the one
-    GPU measured) and for half precision on a CPU with native bf16/fp16 kernels (whole decodes and
-    encodes faster than NCDHW); NCDHW for float32 on a CPU, where the two tie, and on a CPU without
-    native half precision, which computes it in float32.
+    GPU measured) and on a CPU (oneDNN's native layout, and the Winograd kernel's tiles are channels last:
+    whole decodes 1.05-1.28x and encodes up to 1.34x faster than NCDHW in float32, 1.6-1.9x in bf16;
+    bench/RESULTS.md sections 11 and 18); NCDHW elsewhere.
     """
-    return layout if layout != "auto" else _auto(device, dtype)[0]
+    return layout if layout != "auto" else _auto(device)[0]
 
 
-def _auto(device, dtype: torch.dtype) -> tuple[str, str]:
-    """("ndhwc" or "ncdhw", why) of "auto" by device and dtype (`resolve`)."""
+def _auto(device) -> tuple[str, str]:
+    """("ndhwc" or "ncdhw", why) of "auto" by device type (`resolve`)."""
     device = torch.device(device)
     if device.type == "cuda":
         return "ndhwc", "cuDNN's conv3d kernels are channels-last"
-    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-        if backend.cpu_has_native(dtype):
-            return "ndhwc", "this CPU has native half-precision convs, faster channels-last"
-        return "ncdhw", "this CPU has no native half-precision convs: computed in float32, where the layouts tie"
-    return "ncdhw", f"float32 on {device.type}: the layouts tie"
+    if device.type == "cpu":
+        return "ndhwc", "oneDNN's native layout and the Winograd kernel's tiles are channels-last"
+    return "ncdhw", f"no channels-last kernels measured on {device.type}"
 
 
 def explain(setting: str, device, dtype: torch.dtype, kernels: str, chosen: str | None = None) -> str:
     """Which layout a run on `device` in `dtype` takes and why, for `vae doctor` and run reports:
     `choose`'s decision for the `activation_layout` `setting` and `kernel_choice` mode `kernels`
     (`chosen`: what `choose` gave a model, when one ran)."""
-    if setting == "ndhwc" or (setting == "auto" and _auto(device, dtype)[0] == "ndhwc"):
+    if setting == "ndhwc" or (setting == "auto" and _auto(device)[0] == "ndhwc"):
         failed = conv_check.failure(device, dtype)
         if failed is not None:
             return f"NCDHW (NDHWC convs failed their first-use check here: {failed})"
     if setting != "auto":
         return f"{setting.upper()} (set by activation_layout)"
-    rule, why = _auto(device, dtype)
+    rule, why = _auto(device)
     if not (kernels == "measure" and torch.device(device).type == "cuda"):
         return f"{rule.upper()} (auto: {why})"
     prefix = f"activation layout cuda {str(dtype).removeprefix('torch.')} "
@@ -101,7 +99,7 @@ def choose(model: torch.nn.Module, setting: str, kernels: str, dtype: torch.dtyp
     if setting == "auto" and kernels == "measure" and torch.device(model.device).type == "cuda":
         chosen = measured(model, model.device, dtype)
     else:
-        chosen = resolve(setting, model.device, dtype)
+        chosen = resolve(setting, model.device)
     if chosen == "ndhwc" and conv_check.failure(model.device, dtype) is not None:
         return "ncdhw"
     return chosen

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels import Optimizations, winograd
+from ..kernels import Optimizations, filter_cache, winograd
 from ..kernels import conv as opt_conv
 from .geometry import Clip, as_pair, pixel_frames
 from .stream_context import StreamContext
@@ -163,7 +163,7 @@ def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
         if opts.kernel_choice == "measure" and opt_conv.uses_winograd(device, dtype, weight.shape, module.stride) is False:
             continue
         total += winograd.transform_nbytes(weight.shape)
-    return min(total, winograd.filter_cache(opts.winograd_cache_bytes).limit_bytes)
+    return min(total, filter_cache.filter_cache(opts.winograd_cache_bytes).limit_bytes)
 
 
 def _io_elements(model, clip: Clip) -> tuple[int, int]:

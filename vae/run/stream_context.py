@@ -2,7 +2,7 @@
 `model.execution.StreamState`): switches, causal caches, the execution strategy, the kernel log."""
 from ..kernels import Optimizations
 from ..kernels.kernel_log import KernelLog
-from ..kernels.winograd import filter_cache
+from ..kernels.filter_cache import filter_cache
 from .causal_cache import CausalCache
 
 
