@@ -36,7 +36,7 @@ POINTS = {
 DEFAULT_TILE = 4
 # Working-set budget of the jobs in flight: one output frame's size, but at least this per thread, so
 # small layers still run as a few large GEMMs (their memory is negligible) instead of many small ones
-# (at 128 channels a job needs 11 MB per row of 80 tiles).
+# (at 128 channels a job needs 10 MB per row of 80 tiles).
 MIN_WORKSPACE_BYTES = 24 << 20
 # GEMM columns (tiles per frame) a slab aims for: MKL needs about this many to run near its peak; more
 # only grow the working set past the caches.

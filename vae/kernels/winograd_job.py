@@ -26,8 +26,8 @@ from functools import lru_cache
 import torch
 
 # A worker keeps its workspace between convs up to this size, so the next conv reuses its pages instead
-# of mapping fresh ones (a fresh page costs a fault and a zeroing: a quarter of a small conv's time);
-# a larger workspace is dropped after the conv.
+# of mapping fresh ones (each fresh page costs a fault and a zeroing); a larger workspace is dropped after
+# the conv.
 KEPT_WORKSPACE_BYTES = 32 << 20
 
 

@@ -17,7 +17,7 @@ def resolve(layout: str, device) -> str:
 
     "auto": NDHWC on CUDA (cuDNN's conv3d kernels are NDHWC; faster and smaller than NCDHW on the one
     GPU measured) and on a CPU (oneDNN's native layout, and the Winograd kernel's tiles are channels last:
-    whole decodes 1.05-1.28x and encodes up to 1.34x faster than NCDHW in float32, 1.6-1.9x in bf16;
+    whole decodes 1.06-1.20x and encodes 1.03-1.22x faster than NCDHW in float32, 1.6-1.9x in bf16;
     bench/RESULTS.md sections 11 and 18); NCDHW elsewhere.
     """
     return layout if layout != "auto" else _auto(device)[0]
