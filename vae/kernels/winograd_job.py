@@ -118,7 +118,6 @@ class Workers:
     """
 
     def __init__(self, threads: int):
-        self.threads = threads
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="streamvae-winograd")
         self._local = threading.local()
 
