@@ -127,7 +127,8 @@ class Workers:
         if buffer is None or buffer.numel() < numel:
             with torch.inference_mode(False):  # a normal tensor: a later call may run outside inference mode
                 buffer = torch.empty(numel, dtype=torch.float32)
-            self._local.buffer = buffer if 4 * numel <= KEPT_WORKSPACE_BYTES else None
+            if 4 * numel <= KEPT_WORKSPACE_BYTES:  # a larger one is used for this conv only; the kept one stays
+                self._local.buffer = buffer
         return buffer[:numel]
 
     def run(self, work, jobs: list) -> None:
