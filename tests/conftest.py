@@ -95,6 +95,16 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.xdist_group(f"comfyui-{tree}" if tree else item.module.__name__))
 
 
+def pytest_runtest_setup(item):
+    """Fail each test of a worker whose groups did not reach the scheduler. pytest-xdist 3.8 writes the
+    group into `item._nodeid`, which pytest 9.2 no longer reads; the groups then vanish without a word,
+    and every module's fixtures (the released LTX-2 checkpoint: 2.3 GB on disk, 40 s) are built on both
+    workers."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and item.config.getvalue("loadgroup") and "@" not in item.nodeid:
+        pytest.fail(f"pytest {pytest.__version__} dropped pytest-xdist's test groups: each module's fixtures "
+                    "would be built on every worker. Install the versions requirements-dev.txt pins.", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def comfy_tree(request):
     """The ComfyUI tree (`comfy_support.environment.ComfyTree`) this test runs against."""
