@@ -100,7 +100,7 @@ def pytest_runtest_setup(item):
     group into `item._nodeid`, which pytest 9.2 no longer reads; the groups then vanish without a word,
     and every module's fixtures (the released LTX-2 checkpoint: 2.3 GB on disk, 40 s) are built on both
     workers."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and item.config.getvalue("loadgroup") and "@" not in item.nodeid:
+    if os.environ.get("PYTEST_XDIST_WORKER") and item.config.getoption("loadgroup", default=False) and "@" not in item.nodeid:
         pytest.fail(f"pytest {pytest.__version__} dropped pytest-xdist's test groups: each module's fixtures "
                     "would be built on every worker. Install the versions requirements-dev.txt pins.", pytrace=False)
 
