@@ -77,15 +77,15 @@ JS_DISMISS_BANNER = """() => {
     buttons[buttons.length - 1]?.click();
 }"""
 # Scale and move the canvas so every node is in view with a margin of `pad` CSS pixels, nodes drawn in
-# full at any scale, the menus hidden (focus mode) and no minimap: the picture is the graph.
+# full at any scale, the menus hidden (focus mode) and no minimap: the picture is the graph. Returns the
+# settings it changed, for JS_UNFIT_GRAPH: the page is shared by the session's later tests, and focus
+# mode hides the panel where the frontend reports missing nodes.
 JS_FIT_GRAPH = """async (pad) => {
     const settings = app.extensionManager.setting;
-    await settings.set("LiteGraph.Canvas.MinFontSizeForLOD", 0);
-    await settings.set("Comfy.Minimap.Visible", false);
-    if (!document.body.dataset.streamvaeFocus) {
-        await app.extensionManager.command.execute("Workspace.ToggleFocusMode");
-        document.body.dataset.streamvaeFocus = "1";
-    }
+    const changed = {"LiteGraph.Canvas.MinFontSizeForLOD": 0, "Comfy.Minimap.Visible": false};
+    const before = Object.fromEntries(Object.keys(changed).map((key) => [key, settings.get(key)]));
+    for (const [key, value] of Object.entries(changed)) await settings.set(key, value);
+    await app.extensionManager.command.execute("Workspace.ToggleFocusMode");
     await new Promise((resolve) => setTimeout(resolve, 300));
     const title = LiteGraph.NODE_TITLE_HEIGHT, rect = app.canvas.canvas.getBoundingClientRect();
     const nodes = app.graph.nodes;
@@ -95,17 +95,27 @@ JS_FIT_GRAPH = """async (pad) => {
     app.canvas.ds.scale = scale;
     app.canvas.ds.offset = [pad / scale - left, pad / scale - top];
     app.graph.setDirtyCanvas(true, true);
+    return before;
+}"""
+
+JS_UNFIT_GRAPH = """async (before) => {
+    await app.extensionManager.command.execute("Workspace.ToggleFocusMode");
+    for (const [key, value] of Object.entries(before)) await app.extensionManager.setting.set(key, value);
 }"""
 
 
 def picture(page, path, width: int, height: int):
-    """The loaded graph fitted into a `width` x `height` page (see JS_FIT_GRAPH) as a PNG at `path`."""
+    """The loaded graph fitted into a `width` x `height` page (see JS_FIT_GRAPH) as a PNG at `path`; the
+    page is left as it was."""
     page.page.set_viewport_size({"width": width, "height": height})
+    before = None
     try:
-        page.evaluate(JS_FIT_GRAPH, 16)
+        before = page.evaluate(JS_FIT_GRAPH, 16)
         page.page.wait_for_timeout(800)
         return page.screenshot(path)
     finally:
+        if before is not None:
+            page.evaluate(JS_UNFIT_GRAPH, before)
         page.page.set_viewport_size({"width": 1280, "height": 800})
 
 

@@ -31,9 +31,6 @@ CHROMIUM_ARGS = [
 ]
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 READY_TIMEOUT_MS = 90_000
-# How long a load that names unknown node types waits for the frontend's report of them: it renders the
-# dialog or panel a moment after `loadGraphData` returns, later on a busy machine.
-MISSING_NODES_REPORT_MS = 10_000
 
 # True once the app exists, node definitions are registered and the start-up workflow is loaded.
 JS_APP_READY = """() => {
@@ -237,12 +234,6 @@ class ComfyPage:
         errors_before = len(self.log.console_errors), len(self.log.page_errors)
         missing = self.evaluate(JS_MISSING_TYPES, workflow)
         self.evaluate(JS_LOAD, workflow)
-        if missing:
-            from playwright.sync_api import TimeoutError as PlaywrightTimeout  # optional dependency
-            try:
-                self.page.wait_for_function(f"() => ({JS_OPEN_DIALOGS})().length > 0", timeout=MISSING_NODES_REPORT_MS)
-            except PlaywrightTimeout:
-                pass  # no report: the LoadReport says so, and the test that expects one fails on it
         return LoadReport(
             missing_node_types=missing,
             dialogs=self.open_dialogs(),
