@@ -211,10 +211,13 @@ def main():
                 samples = []
                 for size, tile in points(family, mode, args.check, cuda):
                     result = measure(op, size, tile, mode)
-                    fitted = result["activation_bytes"] / measure.element_size(op) - known_elements(family, op, mode, size, tile)
-                    samples.append((features(mode, size, tile, models.meta_model(family).temporal_factor), fitted))
+                    if not args.check:  # "fast" is checked, never fitted
+                        fitted = result["activation_bytes"] / measure.element_size(op) - known_elements(family, op, mode, size, tile)
+                        samples.append((features(mode, size, tile, models.meta_model(family).temporal_factor), fitted))
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
-                    if args.check:
+                    if args.check and result["predicted_bytes"] is None:
+                        line += ", not calibrated (the plan predicts nothing)"
+                    elif args.check:
                         line += f", predicted total {result['predicted_bytes'] / 2**20:.1f} MiB vs measured {result['peak_bytes'] / 2**20:.1f} MiB" \
                                 f" ({100 * (result['predicted_bytes'] / result['peak_bytes'] - 1):+.1f}%)"
                     print(line, flush=True)
