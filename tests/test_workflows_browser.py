@@ -47,8 +47,9 @@ RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fix
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 # 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents).
 NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"},
-              "ltx2_text_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
-                                     "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode"}}
+              "ltx2_image_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
+                                      "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode",
+                                      "LTXVImgToVideoInplace"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
 MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple",
                  "LTXAVTextEncoderLoader", "LTXVAudioVAELoader"}
@@ -290,7 +291,7 @@ def test_example_loads_validates_and_runs(path, page, comfy_server, comfy_client
         assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 15.0, 96, 64)]
     if path.stem == "wan22_5b_text_image_to_video":
         assert [w["fps"] for w in written] == [24.0]  # Wan2.2-5B's rate
-    if path.stem == "ltx2_text_to_video":  # the LTXVConditioning's 25 fps (fps 0; LTX-2's own is 24), with sound
+    if path.stem == "ltx2_image_to_video":  # the LTXVConditioning's 25 fps (fps 0; LTX-2's own is 24), with sound
         assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 25.0, 96, 64)]
         with av.open(str(comfy_server.base / "output" / written[0]["subfolder"] / written[0]["filename"])) as container:
             assert len(container.streams.audio) == 1 and container.streams.audio[0].codec_context.sample_rate > 0
