@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 import vae
 from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from vae import Cancelled, RowBands, Settings
+from vae.distributed import row_bands
 from vae.distributed.row_bands import Bands
 from vae.distributed.workers import RankWorkers, WorkerFailed
 
@@ -53,10 +54,65 @@ def _random_latent(model) -> torch.Tensor:
     return torch.randn(1, model.latent_channels, t, h, w, generator=torch.Generator().manual_seed(20))
 
 
+# The collectives of torch.distributed that take tensors. In the ranks each is replaced by one that refuses a
+# tensor off the run's device, as an NCCL group refuses a CPU tensor ("No backend type associated with device
+# type cpu"), where gloo on the CPU takes it (isend/irecv are checked inside batch_isend_irecv: P2POp takes
+# the real ones only).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "reduce",
+               "gather", "scatter", "all_to_all_single", "send", "recv", "batch_isend_irecv")
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dist.P2POp):
+        yield value.tensor
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def check_collective_devices(device: torch.device) -> dict[str, int]:
+    """Make this process's collectives raise on a tensor that is not on `device`; returns their calls so far,
+    by name, as they are made."""
+    calls = {}
+
+    def checked(name, real):
+        def collective(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            for tensor in _tensors([*args, *kwargs.values()]):
+                if tensor.device != device:
+                    raise RuntimeError(f"dist.{name} was given a tensor on {tensor.device}; the run is on {device}: "
+                                       "an NCCL group would refuse it")
+            return real(*args, **kwargs)
+        return collective
+
+    for name in COLLECTIVES:
+        setattr(dist, name, checked(name, getattr(dist, name)))
+    return calls
+
+
+class FactoriesOnMeta:
+    """torch as vae/distributed/row_bands.py sees it in the ranks: a tensor it makes without a device is on
+    the meta device. On a CPU run such a tensor would be on the run's device by chance, unseen by the
+    collectives' check; on a GPU it is on the CPU, which an NCCL group refuses."""
+
+    FACTORIES = ("tensor", "as_tensor", "empty", "zeros", "ones", "full", "arange")
+
+    def __getattr__(self, name: str):
+        real = getattr(torch, name)
+        if name not in self.FACTORIES:
+            return real
+        return lambda *args, device=None, **kwargs: real(*args, device=device or "meta", **kwargs)
+
+
 def _rank_main(rank: int, store: str, results) -> None:
-    """Every case on this rank of a 3-process gloo world; rank 0 puts what it gathered into `results`."""
+    """Every case on this rank of a 3-process gloo world, every collective's tensors checked to be on the
+    run's device (the CPU); rank 0 puts what it gathered into `results`."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=3)
+    calls = check_collective_devices(torch.device("cpu"))
+    row_bands.torch = FactoriesOnMeta()
     pair = dist.new_group([0, 1])
     found = {}
     for family in FAMILIES:
@@ -83,13 +139,14 @@ def _rank_main(rank: int, store: str, results) -> None:
         vae.decode(model, _inputs("seedvr2")[1], Settings(temporal_chunk=1 + rank), bands=RowBands())
     except ValueError as error:
         found["disagree"] = str(error)
-    bands = [None] * 3
-    dist.all_gather_object(bands, found.pop("bands"))
+    bands, checked = [None] * 3, [None] * 3
+    dist.all_gather_object(bands, found.pop("bands"))  # not through the checked collectives (c10d's own)
+    dist.all_gather_object(checked, calls)
     if rank == 0:
         # As bytes: a queued tensor travels as a file descriptor that this process must still hand
         # over when the parent unpickles it, and by then it may have exited.
         payload = io.BytesIO()
-        torch.save({**found, "bands": bands}, payload)
+        torch.save({**found, "bands": bands, "collectives": checked}, payload)
         results.put(payload.getvalue())
     dist.destroy_process_group()
 
@@ -174,6 +231,14 @@ def test_each_rank_keeps_its_band_of_rows_when_not_gathered(gathered, single):
 
 def test_ranks_given_different_settings_all_refuse(gathered):
     assert "different" in gathered["disagree"] and "every rank must call with the same" in gathered["disagree"]
+
+
+def test_every_collective_takes_tensors_on_the_runs_device(gathered):
+    """Every rank ran every case with its collectives checked (a tensor off the run's device stops that rank
+    and fails `gathered`); here: the check saw each kind of collective the bands use, on every rank."""
+    for calls in gathered["collectives"]:
+        assert {"all_reduce", "all_gather", "batch_isend_irecv"} <= set(calls), calls
+    assert "send" in gathered["collectives"][1] and "recv" in gathered["collectives"][0]  # the output gathered
 
 
 def test_bands_reject_more_ranks_than_rows():

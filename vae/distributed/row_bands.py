@@ -96,6 +96,7 @@ class RowBands:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.peers = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.world)]
         self.bands: Bands | None = None
+        self.device: torch.device | None = None  # the run's (`agree`): every collective's tensors are there
         self.sent_bytes = 0  # halo and gather traffic this rank sent (for the scaling model in bench/)
 
     # -- the run: bands, plan, agreement ---------------------------------------------------------------
@@ -138,8 +139,11 @@ class RowBands:
                                    tile_size=None, streamed=False, grid=(1, 1, clip.chunks(chunk)))
 
     def agree(self, values: Sequence[int], device, what: str) -> None:
-        """Raise on every rank unless every rank passed the same `values` (shapes and settings)."""
-        mine = torch.tensor(list(values), dtype=torch.int64, device=device)
+        """Raise on every rank unless every rank passed the same `values` (shapes and settings). The engine
+        asks before a run's first step, with the run's `device`, kept for the collectives of its steps (an
+        NCCL group serves CUDA tensors only, and a tensor made without a device is on the CPU)."""
+        self.device = torch.device(device)
+        mine = torch.tensor(list(values), dtype=torch.int64, device=self.device)
         low, high = mine.clone(), mine.clone()
         dist.all_reduce(low, dist.ReduceOp.MIN, group=self.group)
         dist.all_reduce(high, dist.ReduceOp.MAX, group=self.group)
@@ -172,7 +176,7 @@ class RowBands:
 
     def cancelled(self, flag: bool) -> bool:
         """True on every rank when `flag` is True on any (cancellation agreed between the ranks)."""
-        value = torch.tensor([int(flag)])
+        value = torch.tensor([int(flag)], device=self.device)
         dist.all_reduce(value, dist.ReduceOp.MAX, group=self.group)
         return bool(value.item())
 
