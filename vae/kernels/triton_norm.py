@@ -43,6 +43,12 @@ TILE_ELEMENTS = 4096
 if triton is not None:
 
     @triton.jit
+    def _max(a, b):
+        """max(a, b), NaN where either is NaN, as torch's max and clamp_min (tl.maximum's default drops a NaN:
+        one NaN channel would scale a pixel's other channels by 1 / eps instead of making them NaN)."""
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
     def _frame_offsets(row, blk, T, W, BLOCK: tl.constexpr):
         """(t, h, w) of a block of pixels of frame row % T, all int64."""
         t = row % T
@@ -84,7 +90,7 @@ if triton is not None:
         tl.store(count_ptr + slot, n)
         tl.store(shift_ptr + slot, shift)
         tl.store(delta_ptr + slot, s1 / n)
-        tl.store(m2_ptr + slot, tl.maximum(tl.sum(d2, axis=0) - s1 * s1 / n, 0.0))
+        tl.store(m2_ptr + slot, _max(tl.sum(d2, axis=0) - s1 * s1 / n, 0.0))
 
     @triton.jit
     def _center_scale_act_kernel(x_ptr, out_ptr, mean_ptr, scale_ptr, shift_ptr, C, T, H, W,
@@ -120,7 +126,7 @@ if triton is not None:
             v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
             acc += v * v
             ptr += sxc
-        inv = scale / tl.maximum(tl.sqrt(acc), eps)
+        inv = scale / _max(tl.sqrt(acc), eps)
         ptr = base_x
         ptr_o = out_ptr + b * sob + t * sot + h * soh + w * sow
         for c in range(0, C):
@@ -181,7 +187,7 @@ if triton is not None:
                                   CPG_P2, BLOCK_P)
             n += tl.sum(tl.sum(mask.to(tl.float32), axis=2), axis=1)
             total += tl.sum(tl.sum(v, axis=2), axis=1)
-        shift = total / tl.maximum(n, 1.0)
+        shift = total / _max(n, 1.0)
         s1 = tl.zeros([G_P2], dtype=tl.float32)
         s2 = tl.zeros([G_P2], dtype=tl.float32)
         for i in range(0, STEPS):
@@ -195,8 +201,8 @@ if triton is not None:
         keep = g < G
         tl.store(count_ptr + slot, n, mask=keep)
         tl.store(shift_ptr + slot, shift, mask=keep)
-        tl.store(delta_ptr + slot, s1 / tl.maximum(n, 1.0), mask=keep)
-        tl.store(m2_ptr + slot, tl.maximum(s2 - s1 * s1 / tl.maximum(n, 1.0), 0.0), mask=keep)
+        tl.store(delta_ptr + slot, s1 / _max(n, 1.0), mask=keep)
+        tl.store(m2_ptr + slot, _max(s2 - s1 * s1 / _max(n, 1.0), 0.0), mask=keep)
 
     @triton.jit
     def _center_scale_act_cl_kernel(x_ptr, out_ptr, mean_ptr, scale_ptr, shift_ptr, C, T, H, W,
@@ -231,7 +237,7 @@ if triton is not None:
         c = tl.arange(0, C_P2)
         gamma = tl.load(gamma_ptr + c, mask=c < C, other=0.0).to(tl.float32)
         v = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
-        inv = scale / tl.maximum(tl.sqrt(tl.sum(v * v, axis=1)), eps)  # [BLOCK_P]
+        inv = scale / _max(tl.sqrt(tl.sum(v * v, axis=1)), eps)  # [BLOCK_P]
         y = v * inv[:, None] * gamma[None, :]
         if ACT:
             y = y * tl.sigmoid(y)
