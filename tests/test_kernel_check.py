@@ -100,6 +100,7 @@ def test_the_large_input_launches_a_1080p_grid():
 
 
 INJECTED = COMMON + """
+    import uuid
     import triton.runtime.build as build
 
     kernel_check.LARGE = ((1, 512, 1, 2, 20), 32)
@@ -108,13 +109,12 @@ INJECTED = COMMON + """
     def raises():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    def missing_compiler():  # what a GPU launch meets when it builds its launcher: no CC, no gcc or clang
-        find = getattr(build, "_find_compiler", None)
+    def missing_compiler():  # what a GPU launch meets when it builds its launcher (the same call, a source
+        # never built before): no CC, no gcc or clang
+        find = getattr(build, "_find_compiler", None)  # Triton 3.5+ remembers the compiler it found
         if find is not None:
             find.cache_clear()
-            find("c")
-        else:  # Triton before 3.5 looks for the compiler inside _build
-            build._build("launcher", "launcher.c", tempfile.mkdtemp(), [], [], [])
+        build.compile_module_from_src(f"/* {uuid.uuid4()} */ int launcher;", "launcher")
 
     scenarios = {
         "raises": {JIT["rms_norm", "ndhwc"]: Launch(real[JIT["rms_norm", "ndhwc"]], raises)},

@@ -20,8 +20,9 @@ triton = pytest.importorskip("triton", reason="Triton is not installed (requirem
 
 
 def interpreted(code: str, timeout: float = 600) -> str:
-    """Run `code` with the Triton interpreter; its last printed line."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    """Run `code` with the Triton interpreter; its last printed line. The caller's PYTHONPATH stays behind the
+    repository (another Triton than the environment's: tests/test_triton_targets.py's docstring says how)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
                             cwd=REPO, timeout=timeout)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
