@@ -179,7 +179,7 @@ def _block_extent(x: torch.Tensor) -> tuple[int, int]:
     (H x W), at least one; whole frames (all channels) are taken together when they are smaller."""
     c, t = x.shape[1:3]
     planes = max(1, CPU_BLOCK_BYTES // (4 * x.shape[3] * x.shape[4]))
-    return (planes, 1) if planes < c else (c, min(t, planes // c))
+    return (planes, 1) if planes < c else (c, max(1, min(t, planes // c)))  # at least one frame: T = 0 too
 
 
 def _cpu_blocks(x: torch.Tensor):
