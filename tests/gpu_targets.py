@@ -1,0 +1,185 @@
+"""The Triton kernels as a GPU would compile and launch them, on a machine without one: their launches at
+production sizes, recorded instead of run (on meta tensors), and `triton.compile` of those launches for real
+GPU targets (`GPUTarget`), what tests/test_triton_targets.py checks and `python -m bench.triton_targets` runs
+in full.
+
+Triton runs its whole pipeline here: TTIR -> TTGIR -> LLVM IR -> PTX -> cubin (with the ptxas it ships) for
+NVIDIA GPUs, and -> AMDGCN -> hsaco (with the linker built into it) for AMD ones. Each launch is compiled with
+the specialization a GPU launch gives it (an integer argument of 1 a constant, 16-divisible pointers and
+integers marked so, 64-bit integers past 2^31), from meta tensors, whose addresses count as aligned (as a
+fresh CUDA allocation is).
+"""
+import re
+from dataclasses import dataclass, field
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton._C.libtriton import ir
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, native_specialize_impl
+
+from vae.kernels import triton_norm
+from vae.kernels.layout import FORMATS
+
+# The GPUs users run, oldest first: Turing, Ampere, Hopper, Blackwell (data centre, consumer), MI300.
+TARGETS = {"sm_75": GPUTarget("cuda", 75, 32), "sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32),
+           "sm_100": GPUTarget("cuda", 100, 32), "sm_120": GPUTarget("cuda", 120, 32),
+           "gfx942": GPUTarget("hip", "gfx942", 64)}
+# Every @triton.jit kernel of the pack (helpers called from kernels are compiled inside them).
+KERNELS = {name: fn for name, fn in vars(triton_norm).items() if isinstance(fn, JITFunction) and name.endswith("_kernel")}
+# The largest grid CUDA launches: x up to 2^31 - 1 programs, y and z up to 65535 (HIP allows at least as many).
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: `kernel[grid](*args, **kwargs)`."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+
+    def bound(self) -> dict:
+        """Every argument of the kernel by name."""
+        return KERNELS[self.kernel].signature.bind(*self.args, **self.kwargs).arguments
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel: `kernel[grid](...)` records the launch instead of running it."""
+
+    def __init__(self, name: str, found: list):
+        self.name, self.found = name, found
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.found.append(Launch(self.name, tuple(grid), args, kwargs))
+
+
+def launches(shape, dtype: torch.dtype, layout: str, groups: int = 32) -> list[Launch]:
+    """The launches of the GroupNorm statistics and apply and the RMS norm with SiLU on an input of `shape`
+    (B,C,T,H,W) in `dtype` and `layout` ("ncdhw" or "ndhwc"), written in `dtype`: recorded on meta tensors."""
+    b, c, t = shape[:3]
+    x = torch.empty(shape, dtype=dtype, device="meta", memory_format=FORMATS[layout])
+    stats = torch.empty((b, c, t), device="meta")
+    found: list[Launch] = []
+    real = dict(KERNELS)
+    try:
+        for name in real:
+            setattr(triton_norm, name, _Recorder(name, found))
+        triton_norm.group_norm_moments(x, groups)
+        triton_norm.center_scale_act(x, stats, stats, stats, True, torch.empty_like(x))
+        triton_norm.rms_norm_act(x, torch.empty((c, 1, 1, 1), device="meta"), 1e-12, True, torch.empty_like(x))
+    finally:
+        for name, kernel in real.items():
+            setattr(triton_norm, name, kernel)
+    return found
+
+
+def source(launch: Launch, target: GPUTarget) -> ASTSource:
+    """What a launch compiles on `target`: the kernel with the types, constants and alignment a GPU launch
+    of these arguments specializes it to."""
+    kernel, backend = KERNELS[launch.kernel], make_backend(target)
+    values = launch.bound()
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        value = values[param.name]
+        kind, spec = ("constexpr", value) if param.is_constexpr else native_specialize_impl(backend, value, False, True,
+                                                                                           True)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[(i,)] = spec
+        elif spec:
+            attrs[(i,)] = backend.parse_attr(spec)
+    return ASTSource(kernel, signature, constexprs, attrs)
+
+
+def compiled(launch: Launch, target: GPUTarget) -> dict:
+    """The code of every stage Triton compiles `launch` through for `target`, by stage: ttir, ttgir, llir, then
+    ptx and cubin (bytes) or amdgcn and hsaco (bytes)."""
+    return dict(triton.compile(source(launch, target), target=target).asm)
+
+
+def ttir(launch: Launch) -> str:
+    """The Triton IR of a launch before any compiler pass (the first stage of `compiled`, alone): the same for
+    every target, its values named by the kernel's variables."""
+    target = TARGETS["sm_90"]
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = source(launch, target).make_ir(target, options, backend.get_codegen_implementation(options),
+                                            backend.get_module_map(), context)
+    return str(module)
+
+
+def rounding_problems(code: dict[str, str], target: GPUTarget, out_dtype: torch.dtype) -> list[str]:
+    """Why `code` may not round its float32 results to `out_dtype` to nearest, as torch does (none: it does).
+    kernel_check's bounds take the GPU's rounding for granted (the interpreter truncates to bf16)."""
+    if out_dtype == torch.float32:
+        return []
+    name = "bf16" if out_dtype == torch.bfloat16 else "f16"
+    if target.backend == "cuda":
+        ptx = code["ptx"]
+        if re.search(rf"\bcvt\.r[zmp]i?\.{name}", ptx):
+            return [f"PTX converts to {name} other than to nearest"]
+        if re.search(rf"\bcvt\.rn\.{name}(x2)?\.f32\b", ptx):
+            return []
+        # No bf16 conversion before sm_80: LLVM rounds to nearest even by hand (the lowest kept bit plus
+        # 0x7fff added, then the upper half taken).
+        if name == "bf16" and target.arch < 80 and re.search(r"\bbfe\.u32\s+%r\d+, %r\d+, 16, 1;", ptx) and ", 32767;" in ptx:
+            return []
+        return [f"PTX has no round-to-nearest conversion to {name}"]
+    gcn = code["amdgcn"]
+    if name == "f16":
+        if "v_cvt_pkrtz_f16_f32" in gcn:
+            return ["AMDGCN converts to f16 toward zero (v_cvt_pkrtz_f16_f32)"]
+        return [] if re.search(r"\bv_cvt_f16_f32", gcn) else ["AMDGCN has no conversion to f16"]
+    if re.search(r"\bv_cvt_pk_bf16_f32\b", gcn):  # the instruction of newer CDNA GPUs: to nearest even
+        return []
+    # gfx942 rounds by hand as sm_75 does: value + 0x7fff + its lowest kept bit in one v_add3_u32.
+    if "0x7fff" in gcn and re.search(r"\bv_add3_u32\b", gcn):
+        return []
+    return ["AMDGCN has no round-to-nearest conversion to bf16"]
+
+
+def nan_max_problems(code: dict[str, str], target: GPUTarget) -> list[str]:
+    """Why a max in `code` may turn NaN into a number (none: every one gives NaN where an operand is NaN, as
+    torch's max and clamp_min do; tl.maximum's default does not)."""
+    if "arith.maxnumf" in code["ttir"]:
+        return ["a max that drops NaN (tl.maximum without propagate_nan=tl.PropagateNan.ALL)"]
+    if target.backend == "cuda":
+        # sm_80 and newer have max.NaN.f32; before, each max.f32 comes with a NaN test of its operands
+        # (setp.nan, the result replaced by NaN where it holds)
+        code_text, maxes = code["ptx"], re.findall(r"\bmax(?:\.ftz)?\.f32\s+[^,]+, ([^,]+), ([^;]+);", code["ptx"])
+        tested = set(re.findall(r"\bsetp\.nan\.f32\s+[^,]+, ([^,]+), ([^;]+);", code_text))
+    else:
+        code_text = code["amdgcn"]
+        maxes = re.findall(r"\bv_max_f32(?:_e32|_e64)?\s+v\d+, ([^,\s]+), ([^,\s]+)", code_text)
+        tested = set(re.findall(r"\bv_cmp_[ou]_f32(?:_e32|_e64)?\s+[^,]+, ([^,\s]+), ([^,\s]+)", code_text))
+    untested = [pair for pair in maxes if pair not in tested and pair[::-1] not in tested
+                and not all((x, x) in tested for x in pair if _is_register(x))]  # max(x, constant): x tested
+    return [f"{len(untested)} of {len(maxes)} float maxes without a NaN test of their operands"] if untested else []
+
+
+def _is_register(operand: str) -> bool:
+    """Whether an operand of a PTX or AMDGCN instruction is a register (not an immediate constant)."""
+    return re.fullmatch(r"%\w+|[vs]\d+", operand.strip()) is not None
+
+
+def int32_problems(code: str, launch: Launch) -> list[str]:
+    """32-bit arithmetic in the kernel that can wrap at this launch's sizes: a program id used before it is
+    widened to 64 bits, or a 32-bit product of two arguments past 2^31 - 1 (e.g. H * W), read from its TTIR
+    (`code`: `ttir`; an argument of a helper the kernel calls is taken to be the kernel's of that name)."""
+    values = launch.bound()
+    problems = []
+    for function in re.split(r"\n(?=\s*tt\.func )", code):
+        for pid in re.findall(r"(%\w+) = tt\.get_program_id \w : i32", function):
+            uses = [line for line in function.splitlines() if re.search(rf"{pid}\b", line) and f"{pid} = " not in line]
+            if any(not re.search(rf"arith\.extsi {pid} : i32 to i64", line) for line in uses):
+                problems.append(f"program id {pid} used in 32-bit arithmetic")
+        for a, b in re.findall(r"= arith\.muli %(\w+), %(\w+) : i32\b", function):
+            if a in values and b in values and abs(values[a] * values[b]) >= 2**31:
+                problems.append(f"{a} * {b} = {values[a] * values[b]} wraps in int32")
+    return problems
