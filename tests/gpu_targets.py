@@ -146,26 +146,41 @@ def rounding_problems(code: dict[str, str], target: GPUTarget, out_dtype: torch.
 
 def nan_max_problems(code: dict[str, str], target: GPUTarget) -> list[str]:
     """Why a max in `code` may turn NaN into a number (none: every one gives NaN where an operand is NaN, as
-    torch's max and clamp_min do; tl.maximum's default does not)."""
+    torch's max and clamp_min do; tl.maximum's default does not). Read in the TTIR (the kernel's intent), the
+    LLVM IR (llvm.maximum, or llvm.maxnum with the result replaced by NaN where `fcmp uno` of its operands
+    holds) and, on NVIDIA GPUs, the PTX (max.NaN.f32 from sm_80, else each max.f32 with a setp.nan of its
+    operands); AMDGCN's are LLVM's lowering of that IR (its max instructions may take canonicalized copies
+    of the operands, not the registers compared)."""
     if "arith.maxnumf" in code["ttir"]:
         return ["a max that drops NaN (tl.maximum without propagate_nan=tl.PropagateNan.ALL)"]
+    llir = code["llir"]
+    lanes: dict[str, set[str]] = {}  # a vector -> the values put into it (LLVM packs NaN tests into vectors)
+    for vector, base, value in re.findall(r"(%\w+) = insertelement <[^>]+> (\S+), \w+ (\S+), ", llir):
+        lanes[vector] = lanes.get(base, set()) | {value}
+    for vector, base in re.findall(r"(%\w+) = shufflevector <[^>]+> (%\w+), ", llir):
+        lanes[vector] = lanes.get(base, set())
+    for value, source in re.findall(r"(%\w+) = bitcast (?:<[^>]+>|\w+) (%\w+) to ", llir):  # the same bits
+        lanes[value] = lanes.get(source, set()) | {source}
+    tested = {x for pair in re.findall(r"= fcmp uno (?:<[^>]+>|\w+) ([^,\s]+), ([^,\s]+)", llir) for operand in pair
+              for x in lanes.get(operand, set()) | {operand}}
+    guarded = {x for value in re.findall(r"= select [^,]+, (?:<[^>]+>|\w+) (?:splat \([^)]*\)|\S+), (?:<[^>]+>|\w+) (%\w+)", llir)
+               for x in lanes.get(value, set()) | {value}}
+    tested |= {element for element, vector in re.findall(r"(%\w+) = extractelement <[^>]+> (%\w+), ", llir)
+               if vector in tested}
+    problems = []
+    for result, args in re.findall(r"(%\w+) = (?:tail )?call [^@]*@llvm\.maxnum\.[\w.]+\(([^)]*)\)", llir):
+        operands = {arg.rsplit(" ", 1)[-1] for arg in args.split(", ")}
+        if not ({x for x in operands if x.startswith("%")} <= tested and result in guarded):
+            problems.append(f"LLVM IR: {result} = maxnum({args}) is not replaced by NaN where an operand is NaN")
     if target.backend == "cuda":
-        # sm_80 and newer have max.NaN.f32; before, each max.f32 comes with a NaN test of its operands
-        # (setp.nan, the result replaced by NaN where it holds)
-        code_text, maxes = code["ptx"], re.findall(r"\bmax(?:\.ftz)?\.f32\s+[^,]+, ([^,]+), ([^;]+);", code["ptx"])
-        tested = set(re.findall(r"\bsetp\.nan\.f32\s+[^,]+, ([^,]+), ([^;]+);", code_text))
-    else:
-        code_text = code["amdgcn"]
-        maxes = re.findall(r"\bv_max_f32(?:_e32|_e64)?\s+v\d+, ([^,\s]+), ([^,\s]+)", code_text)
-        tested = set(re.findall(r"\bv_cmp_[ou]_f32(?:_e32|_e64)?\s+[^,]+, ([^,\s]+), ([^,\s]+)", code_text))
-    untested = [pair for pair in maxes if pair not in tested and pair[::-1] not in tested
-                and not all((x, x) in tested for x in pair if _is_register(x))]  # max(x, constant): x tested
-    return [f"{len(untested)} of {len(maxes)} float maxes without a NaN test of their operands"] if untested else []
-
-
-def _is_register(operand: str) -> bool:
-    """Whether an operand of a PTX or AMDGCN instruction is a register (not an immediate constant)."""
-    return re.fullmatch(r"%\w+|[vs]\d+", operand.strip()) is not None
+        ptx = code["ptx"]
+        nan_tests = set(re.findall(r"\bsetp\.nan\.f32\s+[^,]+, ([^,]+), ([^;]+);", ptx))
+        maxes = re.findall(r"\bmax(?:\.ftz)?\.f32\s+[^,]+, ([^,]+), ([^;]+);", ptx)
+        untested = [pair for pair in maxes if pair not in nan_tests and pair[::-1] not in nan_tests
+                    and not all((x, x) in nan_tests for x in pair if x.startswith("%"))]  # max(x, constant): x tested
+        if untested:
+            problems.append(f"PTX: {len(untested)} of {len(maxes)} max.f32 without a NaN test of their operands")
+    return problems
 
 
 def int32_problems(code: str, launch: Launch) -> list[str]:
