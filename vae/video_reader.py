@@ -199,14 +199,13 @@ class VideoReader:
             packets = [packet.pts for packet in container.demux(stream) if packet.size]
             self.source_frames = len(packets)
             self.source_fps, note = _measured_rate(stream, [p for p in packets if p is not None], _name(source))
-            counted = stream.frames  # the container's own count (MP4), else 0
         self.notes += [note] if note else []
         selected = range(start_frame, self.source_frames, every_nth)
         if frame_count:
             selected = selected[:frame_count]
         if not selected:
             raise ValueError(f"start_frame {start_frame} is past the end of {_name(source)} ({self.source_frames} frames)")
-        if (counted or _ends_early(source)) and self.source_frames < (stated or self.source_frames + 1):
+        if _ends_early(source) == "end" and self.source_frames < (stated or self.source_frames + 1):
             self._short(stated, selected, frame_count)
         self.selection, self.bits = selected, 16 if deep else 8
         if width and not height:
@@ -222,11 +221,15 @@ class VideoReader:
         self._next = 0  # index (in the selection) of the frame the generator yields next
 
     def _short(self, stated: int | None, selected: range, frame_count: int) -> None:
-        """The file is cut off: fewer frames can be read than its container states. An error, unless
-        `frame_count` asked for frames that all end before the cut (then a note naming both counts)."""
+        """The file is cut off (its container states more bytes than it has): with fewer frames readable
+        than it states, an error, unless `frame_count` asked for frames that all end before the cut (then
+        a note naming both counts); where it states no count, a note."""
         n = self.source_frames
-        said = f"{_name(self.source)} is cut off: its container states {stated} frames" if stated else \
-            f"{_name(self.source)} is cut off (it ends before its container says)"
+        if stated is None:
+            self.notes.append(f"{_name(self.source)} is cut off (it ends before its container says): its {n} readable "
+                              "frames are read")
+            return
+        said = f"{_name(self.source)} is cut off: its container states {stated} frames"
         if frame_count and len(selected) == frame_count:
             self.notes.append(f"{said}, and {n} can be read; the {frame_count} frames asked for are among them")
             return
