@@ -7,7 +7,7 @@
   (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels (at most
   MAX_SIZE pixels a side and MAX_FRAMES frames, what the nodes take).
 
-Both only read (a header, a plan), and answer ComfyUI's own page and programs on the machine, never a
+Both only read (a header, a plan), and answer ComfyUI's own page and programs (a script, curl), never a
 page of another site a browser has open (docs/nodes.md, "The web extension"): the work runs off the
 server's event loop, one request at a time per route with one more waiting, and the others are told
 to try again (503), so no flood of requests stalls the server.
