@@ -67,9 +67,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], d
 
 
 def _read_safetensors(path: str, keys: list[str]) -> dict[str, torch.Tensor]:
-    """The tensors `keys` of a safetensors file read into new memory one at a time (the file's header,
-    8 bytes of length and a JSON table of dtype, shape and byte range per tensor, read again here):
-    the memory is what is read, as when the file is mapped, and the tensors own it."""
+    """The tensors `keys` of a safetensors file (after 8 bytes of length, a JSON header of dtype, shape
+    and byte range per tensor) read one at a time into memory they own: as much as mapping the file."""
     tensors = {}
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
@@ -424,7 +423,7 @@ def _checked_config(cls: type[VideoVAE], given, source: str) -> dict:
     of its default's kind (`_kind`); CheckpointError naming the field otherwise."""
     if not isinstance(given, Mapping):
         raise CheckpointError(f"{source} must be an object of config fields, e.g. {{\"norm_num_groups\": 8}}; got "
-                              f"{json.dumps(given, default=repr)}. Rewrite it with vae.save_checkpoint(..., config=...)")
+                              f"{json.dumps(given, default=repr)}. Rewrite it: vae.save_checkpoint(..., config=...)")
     default = inspect.signature(cls.__init__).parameters["cfg"].default  # every family's constructor has one
     fields = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)}
     for name, value in given.items():
@@ -438,9 +437,8 @@ def _checked_config(cls: type[VideoVAE], given, source: str) -> dict:
 
 
 def _kind(default):
-    """(what a value in place of `default` must be, in words; its test): a whole number >= 1 (>= 0 where
-    the default is 0), true or false, a finite number, text, or a list of one of those; None where the
-    family checks it (a list of block descriptions)."""
+    """(what a value in place of `default` must be, in words; its test), or None where the family checks
+    it (a list of block descriptions). A whole number is >= 1 (>= 0 where the default is 0)."""
     if isinstance(default, tuple):
         inner = _kind(default[0]) if default else None
         return inner and (f"a list, each {inner[0]}", lambda v: isinstance(v, (list, tuple)) and all(map(inner[1], v)))
