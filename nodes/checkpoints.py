@@ -21,14 +21,16 @@ class CheckpointInfo:
     model: torch.nn.Module  # on the meta device: shapes and config only
 
 
-def file_identity(path: str) -> tuple[str, int, int] | None:
-    """(absolute path, size, modification time in ns): what tells a file replaced under the same name
-    from the one seen before (Load VAE's fingerprint, the look-up cache); None for a missing file."""
+def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
+    """(absolute path, size, modification time in ns, device, inode): what tells a file replaced under
+    the same name from the one seen before, whether written over in place (size or time) or renamed over
+    it with the same size and time (a copy that kept them: the inode); Load VAE's fingerprint and the
+    look-up cache. None for a missing file."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns
+    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino
 
 
 def inspect_checkpoint(path: str) -> CheckpointInfo:
@@ -42,7 +44,7 @@ def inspect_checkpoint(path: str) -> CheckpointInfo:
 
 
 @lru_cache(maxsize=16)
-def _inspect(path: str, size: int, mtime: int) -> CheckpointInfo:
+def _inspect(path: str, size: int, mtime: int, device: int, inode: int) -> CheckpointInfo:
     state, metadata = loading.read_shapes(path)
     model, _ = loading.build_empty(state, metadata)
     stored = "/".join(sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}))

@@ -167,7 +167,7 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
     progress = Progress(n, report)
     samples = None
     with _engine_scope(handle, report):
-        workers = multi_device.workers(handle)  # None: one device
+        workers = multi_device.workers(handle, -(-shape[3] // handle.spatial_factor))  # None: one device
         for i in range(n):
             progress.index = i
             video = clip(i)
@@ -217,7 +217,7 @@ def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callab
         log.info("StreamVAE decode: %s", note)
     progress = Progress(b, report)
     with _engine_scope(handle, report):
-        workers = multi_device.workers(handle)  # None: one device
+        workers = multi_device.workers(handle, z.shape[3])  # None: one device
         for i in range(b):
             progress.index = i
             if workers is not None:

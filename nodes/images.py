@@ -11,6 +11,7 @@ import torch
 from ..vae import is_4n1
 
 MAX_FRAMES = 16385  # frames of one IMAGE batch or clip
+MAX_SIZE = 16384  # pixels: a frame's width or height
 
 
 def _frame_list(mask: torch.Tensor) -> str:

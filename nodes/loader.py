@@ -143,10 +143,11 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, vae_name=None, **others):
-        """The file's size and modification time: a checkpoint replaced under the same name is loaded again
-        (ComfyUI reuses this node's output while the fingerprint stays the same), as the web extension's
-        look-ups of it are (`checkpoints.inspect_checkpoint`)."""
-        path = folder_paths.get_full_path("vae", vae_name) if folder_paths is not None and vae_name else None
+        """The identity of the file the name stands for, in models/vae or models/checkpoints
+        (`checkpoints.file_identity`): a checkpoint replaced under the same name is loaded again (ComfyUI
+        reuses this node's output while the fingerprint stays the same), as the web extension's look-ups
+        of it are (`checkpoints.inspect_checkpoint`)."""
+        path = vae_path(vae_name) if folder_paths is not None and vae_name else None
         return checkpoints.file_identity(path) if path else None
 
     @classmethod

@@ -3,7 +3,9 @@ the worker processes (`vae.distributed.workers.RankWorkers`, one per device) a S
 
 The workers start at the first Encode/Decode that needs them and stay (with their copy of the weights)
 for the next runs; a failure, an out-of-memory error or Cancel stops all of them (the error names the
-rank that failed) and the next run starts new ones.
+rank that failed) and the next run starts new ones. What can be known before starting them is checked
+first: the devices when the prompt is queued (CUDA devices that exist, once each; no more CPU ranks than
+cores), the machine's free memory and the frame's latent rows (one per rank at least) when a run starts.
 """
 import logging
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ def cuda_devices(count: int) -> str:
 def parse_devices(text: str) -> tuple[str, ...]:
     """"cuda:0, cuda:1" / "0,1" (CUDA indices) / "cpu,cpu" -> device names; ValueError says what is wrong."""
     names = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
-    devices = []
+    devices: list[str] = []
     for name in names:
         try:
             device = torch.device(f"cuda:{name}" if name.isdigit() else name)
@@ -49,15 +51,20 @@ def parse_devices(text: str) -> tuple[str, ...]:
                 raise ValueError(f"{name!r}: {cuda_devices(count)}")
         elif device.type != "cpu":
             raise ValueError(f"{name!r}: only CUDA GPUs (NCCL) and CPUs (gloo, for testing) can be combined")
+        if device.type == "cuda" and str(device) in devices:
+            raise ValueError(f"{device} is given twice: each GPU runs one worker (NCCL refuses two on one GPU)")
         devices.append(str(device))
     if len(devices) < 2:
         raise ValueError(f"give at least two devices, e.g. cuda:0, cuda:1 (got {text!r}); for one device leave "
                          "Load VAE's devices input unconnected")
+    RankWorkers.check_machine(devices, weight_bytes=0)  # the weights are known when a run starts (checked again)
     return tuple(devices)
 
 
-def workers(handle) -> RankWorkers | None:
-    """The handle's worker processes (started now if none are running), or None when it runs on one device."""
+def workers(handle, latent_rows: int) -> RankWorkers | None:
+    """The handle's worker processes (started now if none are running) for a run whose frames are
+    `latent_rows` latent rows tall, or None when it runs on one device. A frame too short for the
+    ranks, or a machine short of cores or memory for them, is refused before any worker starts."""
     if handle.devices is None:
         return None
     model = handle.model
@@ -65,6 +72,7 @@ def workers(handle) -> RankWorkers | None:
         log.warning("StreamVAE Multi-GPU: the %s VAE (%d image channels, %dx decoder) runs on one device: the row "
                     "bands split RGB video VAEs only", model.family, model.out_channels, model.decode_upscale)
         return None
+    RankWorkers.check_split(len(handle.devices.devices), latent_rows)
     if handle.workers is None or not handle.workers.alive:
         handle.workers = RankWorkers(handle.model, handle.devices.devices, opts=handle.opts,
                                      timeout=handle.devices.timeout_s)

@@ -4,13 +4,22 @@
   models/vae or models/checkpoints (the one Load VAE lists), from its safetensors header only.
 - GET /streamvae/plan?vae_name=NAME&op=encode|decode&width=W&height=H&frames=T&tile_size=..&tile_overlap=..
   &temporal_chunk=..&tiling=..&memory_budget_gb=..&device=..&encode_dtype=..&decode_dtype=..: the tile grid
-  (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels.
+  (rows x cols x temporal chunks) and predicted peak memory for one clip of W x H x T pixels (at most
+  MAX_SIZE pixels a side and MAX_FRAMES frames, what the nodes take).
 
-Errors answer HTTP 4xx with {"error": message}, never 500: 400 for a request or a checkpoint StreamVAE
-cannot use (the same message the nodes give), 422 for a failure it did not foresee (its traceback goes
-to the server log).
+Both only read (a header, a plan), and answer ComfyUI's own page and programs (a script, curl), never a
+page of another site a browser has open (docs/nodes.md, "The web extension"): the work runs off the
+server's event loop, one request at a time per route with one more waiting, and the others are told
+to try again (503), so no flood of requests stalls the server.
+
+Errors answer HTTP 4xx/503 with {"error": message}, never 500: 400 for a request or a checkpoint
+StreamVAE cannot use (the same message the nodes give), 403 for a foreign page, 503 while busy, 422 for
+a failure it did not foresee (its traceback goes to the server log).
 """
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import torch
 
@@ -18,12 +27,22 @@ from .. import vae
 from ..vae import TILING_MODES, input_shape
 from . import checkpoints
 from .execution import plan_placement
+from .images import MAX_FRAMES, MAX_SIZE
 from .loader import vae_path
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, resolve_device, resolve_dtype
 from .run_settings import check_tiling, settings_from_inputs
 
+try:
+    from comfy.cli_args import args as comfy_args
+except ImportError:  # outside ComfyUI
+    comfy_args = None
+
 log = logging.getLogger("streamvae")
 _registered = False
+WAITING = 1  # requests a route holds while it works on one; more are answered 503
+# A browser's word for where a request comes from (Fetch Metadata); without it (a program, an old
+# browser), the Origin header against the Host, where there is one.
+OWN_PAGE = {"same-origin", "none"}  # ComfyUI's page itself; "none": typed into the address bar
 
 
 class BadRequest(ValueError):
@@ -69,8 +88,8 @@ def checkpoint_info(query) -> dict:
 def plan_info(query) -> dict:
     info = _checkpoint(query)
     op = _choice(query, "op", ("encode", "decode"), "decode")
-    width, height = _int(query, "width", 512, 1), _int(query, "height", 512, 1)
-    frames = _int(query, "frames", 1, 1)
+    width, height = _int(query, "width", 512, 1, MAX_SIZE), _int(query, "height", 512, 1, MAX_SIZE)
+    frames = _int(query, "frames", 1, 1, MAX_FRAMES)
     tile_size, tile_overlap = _int(query, "tile_size", 0), _int(query, "tile_overlap", 64)
     temporal_chunk = _int(query, "temporal_chunk", 0)
     try:
@@ -92,6 +111,26 @@ def plan_info(query) -> dict:
     return {"family": info.family, "device": str(device), "plan": plan.as_dict(), "summary": plan.summary()}
 
 
+def foreign(headers) -> str | None:
+    """Why a request comes from a page of another site (which a browser lets send a GET, though not
+    read the answer), or None: StreamVAE's routes answer ComfyUI's own page and programs only, unless
+    ComfyUI runs with --enable-cors-header (then it allows other origins itself)."""
+    if comfy_args is not None and comfy_args.enable_cors_header:
+        return None
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None and site not in OWN_PAGE:
+        return f"a {site} page"
+    origin = headers.get("Origin")
+    if origin and site is None and urlsplit(origin).netloc.lower() != headers.get("Host", "").lower():
+        return f"a page of {origin}"
+    return None
+
+
+def _compute(compute, query) -> dict:
+    with torch.inference_mode():  # per thread: set in the worker thread that runs `compute`
+        return compute(query)
+
+
 def register() -> None:
     """Add the routes to ComfyUI's server (once; a no-op outside a running server)."""
     global _registered
@@ -106,15 +145,27 @@ def register() -> None:
         return
 
     def handler(compute):
+        worker, busy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamvae-route"), [0]
+
         async def handle(request):
+            from_page = foreign(request.headers)
+            if from_page is not None:
+                return web.json_response({"error": f"StreamVAE's routes answer ComfyUI's own page, not {from_page} "
+                                                   "(start ComfyUI with --enable-cors-header to allow one)"}, status=403)
+            if busy[0] > WAITING:
+                return web.json_response({"error": "busy with earlier requests: try again in a moment"}, status=503)
+            busy[0] += 1
             try:
-                with torch.inference_mode():
-                    return web.json_response(compute(request.rel_url.query))
+                answer = await asyncio.get_running_loop().run_in_executor(worker, _compute, compute,
+                                                                          request.rel_url.query)
+                return web.json_response(answer)
             except ValueError as error:  # BadRequest, or the library refusing this request (a plan it cannot make)
                 return web.json_response({"error": str(error)}, status=400)
             except Exception as error:  # a route must answer, with the message; the traceback goes to the log
                 log.exception("StreamVAE route %s failed", request.path)
                 return web.json_response({"error": f"{type(error).__name__}: {error}"}, status=422)
+            finally:
+                busy[0] -= 1
         return handle
 
     routes = PromptServer.instance.routes

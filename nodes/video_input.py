@@ -5,12 +5,10 @@ from comfy_api.latest import io
 from ..vae.video_reader import RESIZE_FILTERS, VideoReader
 from . import core_api, execution
 from .encode import image_vae_layout
-from .images import MAX_FRAMES
+from .images import MAX_FRAMES, MAX_SIZE
 from .latents import make_latent
 from .run_settings import check_tile_size, check_tiling, settings_from_inputs, streamed_tiling_inputs
 from .types import STREAMVAE
-
-MAX_SIZE = 16384  # pixels
 
 
 def video_source(video):
@@ -71,7 +69,7 @@ class EncodeFromVideo(io.ComfyNode):
         settings = settings_from_inputs(tile_size, tile_overlap, temporal_chunk, "exact", memory_budget_gb)
         with VideoReader(video_source(video), start_frame, frame_count, every_nth, width, height,
                          resize_filter, vae.model.in_channels) as reader:  # RGBA VAEs: the file's alpha, else opaque
-            samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings)
+            samples, report = execution.encode_clips(vae, 1, lambda i: reader, reader.shape, settings, reader.notes)
         frames = f"{reader.frames} frame{'s' if reader.frames != 1 else ''}"
         report.notes.append(f"read {frames} of {reader.width}x{reader.height} at {float(reader.fps):g} fps")
         latent = make_latent(*image_vae_layout(vae.model, samples, [reader.frames]), (reader.height, reader.width),

@@ -13,6 +13,7 @@ import torch
 
 import vae
 from reference import REPO, TINY_CONFIG_OVERRIDES, load_tiny, tensors
+from test_bad_inputs import node_module
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriteError, VideoWriter
 
@@ -82,6 +83,91 @@ def test_group_count_message_gives_a_fix_that_works_without_python_arguments(tmp
     assert vae.load(tmp_path / "fixed.safetensors").config.norm_num_groups == 8
 
 
+def test_a_loaded_model_keeps_its_weights_when_the_file_is_written_over(tmp_path):
+    """The weights were views of the file mapped into memory: the same bytes written over it in place
+    (same size, every weight negated) changed the loaded model's output without a word, and a shorter
+    file (the server test) crashed the process with SIGBUS."""
+    path = tmp_path / "wan21.safetensors"
+    original = state("wan21")
+    vae.save_checkpoint(original, path)
+    model = vae.load(path)
+    z = torch.randn(1, 16, 2, 3, 3, generator=torch.Generator().manual_seed(0))
+    before = vae.decode(model, z)
+    with open(path, "r+b") as file:  # in place: the same inode and size, other numbers
+        file.write(_safetensors_bytes({k: -v for k, v in original.items()}))
+    assert path.stat().st_size == len(_safetensors_bytes(original))
+    assert torch.equal(vae.decode(model, z), before)
+    assert not torch.equal(vae.decode(vae.load(path), z), before)  # the file did change
+
+
+def test_a_file_renamed_over_with_the_same_size_and_time_is_another_file(tmp_path):
+    """Load VAE's fingerprint and the look-up cache (`checkpoints.file_identity`) were size and time: a
+    copy that kept them (cp -p, rsync -t), renamed over the file, was taken for the file loaded before."""
+    checkpoints = node_module("checkpoints")
+    path, new = tmp_path / "vae.safetensors", tmp_path / "vae.safetensors.new"
+    path.write_bytes(_safetensors_bytes(state("wan21")))
+    new.write_bytes(_safetensors_bytes({k: -v for k, v in state("wan21").items()}))
+    os.utime(new, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    before = checkpoints.file_identity(str(path))
+    os.replace(new, path)
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == before[1:3]
+    assert checkpoints.file_identity(str(path)) != before
+
+
+def _safetensors_bytes(tensors: dict) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.contiguous() for k, v in tensors.items()})
+
+
+@pytest.mark.parametrize("stored", [torch.int8, torch.uint8, torch.int32])
+def test_integer_weights_are_refused_naming_them(stored, tmp_path):
+    """An int8-quantized file loaded its integers as weights and decoded wrong frames (max difference 84)."""
+    quantized = state("wan21")
+    quantized["decoder.head.2.weight"] = (quantized["decoder.head.2.weight"] * 100).round().to(stored)
+    path = tmp_path / "int8.safetensors"
+    vae.save_checkpoint(quantized, path)
+    for read in (lambda: vae.load(path), lambda: vae.loading.build_empty(*vae.loading.read_shapes(path))):
+        with pytest.raises(vae.CheckpointError, match=rf"stores weights as integers: decoder\.head\.2\.weight "
+                                                      rf"\({str(stored).removeprefix('torch.')}\)\. It is quantized"):
+            read()
+
+
+@pytest.mark.parametrize("metadata, says", [
+    ("[1, 2, 3]", "must be an object of config fields"), ("5", "must be an object"), ("null", "must be an object"),
+    ('{"groups": 8}', "'groups' is not a seedvr2 config field (those are block_out_channels,"),
+    ('{"norm_num_groups": 0}', "norm_num_groups must be a whole number >= 1, got 0"),
+    ('{"norm_num_groups": "8"}', 'norm_num_groups must be a whole number >= 1, got "8"'),
+    ('{"norm_num_groups": -8}', "got -8"), ('{"norm_num_groups": 8.0}', "got 8.0"),
+    ('{"norm_num_groups": true}', "norm_num_groups must be a whole number >= 1, got true"),
+    ('{"block_out_channels": [16, "32"]}', "block_out_channels must be a list, each a whole number >= 1"),
+], ids=["list", "number", "null", "unknown", "zero", "text", "negative", "float", "true", "list_item"])
+def test_config_metadata_of_the_wrong_type_names_the_field(metadata, says, tmp_path):
+    """These gave AttributeError, TypeError or ZeroDivisionError tracebacks, and `true` a one-group model."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "seedvr2.safetensors"
+    save_file(state("seedvr2"), str(path), metadata={vae.loading.CONFIG_METADATA_KEY: metadata})
+    with pytest.raises(vae.CheckpointError) as refused:
+        vae.load(path)
+    assert str(refused.value).startswith("the checkpoint's streamvae_config metadata") and says in str(refused.value)
+    with pytest.raises(vae.CheckpointError, match="vae.load's config: norm_num_groups must be a whole number"):
+        vae.load(state("seedvr2"), config={"norm_num_groups": True})
+
+
+def test_a_folder_or_random_bytes_are_named_as_what_they_are(tmp_path):
+    """A folder named like a model was "not found"; random bytes named .pth "held Python objects"."""
+    folder = tmp_path / "wan_2.1_vae.safetensors"
+    folder.mkdir()
+    with pytest.raises(vae.CheckpointError, match=r"wan_2.1_vae.safetensors is a folder, not a checkpoint file"):
+        vae.load(folder)
+    noise = tmp_path / "noise.pth"
+    noise.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+                      .numpy().tobytes())
+    with pytest.raises(vae.CheckpointError, match=r"noise.pth is not a PyTorch checkpoint \(its bytes are neither"):
+        vae.load(noise)
+
+
 # -- video outputs ----------------------------------------------------------------------------------
 
 
@@ -98,12 +184,12 @@ def test_an_existing_video_is_replaced_only_when_asked(tmp_path):
     with pytest.raises(VideoWriteError, match=r"clip.mkv exists; nothing was written.*overwrite"):
         vae.decode_to_file(model, z, target, codec="ffv1", progress=lambda done, total: decoded.append(done))
     assert target.read_bytes() == b"the user's own video" and not decoded  # refused before the decode
-    (tmp_path / "clip.partial.mkv").write_bytes(b"what a failed run kept")
+    (tmp_path / "clip.partial.mkv").write_bytes(b"what a failed run kept")  # or another run is writing
     target.unlink()
-    with pytest.raises(VideoWriteError, match=r"clip.partial.mkv exists"):
-        vae.decode_to_file(model, z, target, codec="ffv1")
+    assert vae.decode_to_file(model, z, target, codec="ffv1") == target  # its own partial file: the next name
     path = vae.decode_to_file(model, z, target, codec="ffv1", overwrite=True)
-    assert path == target and target.stat().st_size > 100 and not (tmp_path / "clip.partial.mkv").exists()
+    assert path == target and target.stat().st_size > 100 and not (tmp_path / "clip.partial-2.mkv").exists()
+    assert (tmp_path / "clip.partial.mkv").read_bytes() == b"what a failed run kept"
 
 
 @pytest.mark.parametrize("where", ["proc", "long_name", "nul_byte"])
@@ -163,10 +249,10 @@ def test_a_video_with_no_frames_says_so(tmp_path):
 
 
 def test_troubleshooting_lists_every_bad_input_with_a_test_that_exists():
-    """docs/troubleshooting.md's table: at least 40 kinds of bad input, each naming a test of this suite."""
+    """docs/troubleshooting.md's table: at least 60 kinds of bad input, each naming a test of this suite."""
     table = (REPO / "docs" / "troubleshooting.md").read_text().split("## Every bad input")[1]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Bad input")]
-    assert len(rows) >= 40, len(rows)
+    assert len(rows) >= 60, len(rows)
     for row in rows:
         tests = re.findall(r"`(test_\w+\.py)::(test_\w+)", row)
         assert tests, row

@@ -1,21 +1,28 @@
-"""Bad setups and inputs, round two, as ComfyUI users meet them, through the session's real server (both
-trees): the web extension's routes answer 4xx with the nodes' message, never 500; a checkpoint replaced
-under its name is loaded again; the rules across several inputs, and budgets below what a run needs,
-fail when the node starts, in the node's words; a run's warnings are in its report once; damaged
-weights and an image model's latent are named. Queue-time errors on their widget alone:
-test_nodes_server.py; library-level counterparts: test_bad_inputs.py, test_bad_files.py.
+"""Bad setups and inputs, rounds two and three, as ComfyUI users meet them, through the session's real
+server (both trees): the web extension's routes answer 4xx with the nodes' message, never 500, a flood
+of them off the event loop, and a foreign page not at all; a checkpoint replaced under its name is loaded
+again, and one written over while it decodes leaves the server and its queue; the rules across several
+inputs, and budgets below what a run needs, fail when the node starts, in the node's words; so do
+Multi-GPU devices the machine or the frame cannot take, before a worker starts; a run's warnings are in
+its report once; damaged weights, an image model's latent and a cut-off video are named. Queue-time
+errors on their widget alone: test_nodes_server.py; library-level counterparts: test_bad_inputs.py,
+test_bad_files.py, test_bad_videos.py.
 """
 import os
 import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save, save_file
 
 import vae
 from reference import load_tiny, tensors
 from test_bad_inputs_server import decode_prompt, encode_prompt, execution_error, latent_file, random_latent, rejection
+from test_bad_videos import write_clip
 from test_nodes_server import as_uint8, assert_images_close, node, object_info, saved_images, vae_file  # noqa: F401
 
 pytestmark = pytest.mark.comfy  # runs a real ComfyUI: CI's second lane (.ci/run)
@@ -124,3 +131,104 @@ def test_a_runs_warnings_are_in_its_report_once(comfy_server, comfy_client, obje
     assert log.count(said) == 1 and "RuntimeWarning" not in log, log[-2000:]
     assert_images_close(saved_images(comfy_client, entry, "4"),
                         as_uint8(vae.decode(load_tiny("wan21"), z.nan_to_num(0, 0, 0))))
+
+
+# -- round three: files replaced or cut, the routes flooded, Multi-GPU beyond the machine ----------------------
+
+
+def test_a_checkpoint_written_over_while_it_decodes_leaves_the_server_and_its_queue(comfy_server, comfy_client,
+                                                                                    object_info):
+    """A Wan2.1 file (float32, the compute dtype) in models/checkpoints, written over in place by a shorter
+    file (other weights, in float16) while a decode runs with it: the loaded weights were views of the
+    mapped file, so the decode died with SIGBUS and took the server and its queue along (exit code 135).
+    Now the run ends with the weights it loaded, and the prompt queued meanwhile loads the new file (the
+    fingerprint ignored models/checkpoints)."""
+    folder = comfy_server.base / "models" / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "zz_setup_written_over.safetensors"
+    shutil.copyfile(comfy_server.base / "models" / "vae" / vae_file("wan21"), path)
+    halved = {k: (v * 0.5).half() for k, v in tensors("wan21", "tiny_vae.safetensors").items()}
+    replacement = save({k: v.contiguous() for k, v in halved.items()})
+    assert len(replacement) < path.stat().st_size / 1.5
+    z = random_latent((1, 16, 6, 4, 4), seed=45)
+    samples = node(object_info, "LoadLatent", latent=latent_file(comfy_server, "written_over.latent", z))
+    prompt = decode_prompt(object_info, path.name, samples, temporal_chunk=1)
+    first = comfy_client.queue(prompt)
+    comfy_client.wait_for(first, lambda m: m["type"] == "progress" and m["data"]["node"] == "3", timeout=120)
+    with open(path, "r+b") as file:  # the same inode, shorter: the pages of the weights loaded before are gone
+        file.truncate(0)
+        file.write(replacement)
+    second = comfy_client.queue(prompt)
+    entries = []
+    for prompt_id in (first, second):
+        comfy_client.wait(prompt_id, timeout=180)
+        entries.append(comfy_client.history(prompt_id))
+        assert entries[-1]["status"]["status_str"] == "success", entries[-1]["status"]
+    assert_images_close(saved_images(comfy_client, entries[0], "4"), as_uint8(vae.decode(load_tiny("wan21"), z)))
+    assert_images_close(saved_images(comfy_client, entries[1], "4"), as_uint8(vae.decode(vae.load(halved), z)))
+    path.unlink()
+
+
+def test_the_plan_route_answers_while_a_flood_is_refused_off_the_event_loop(comfy_client):
+    """Ten requests at once, seven beyond any card (2^20 px a side and frames, 16 px tiles) and three at the
+    nodes' largest clip, planned with the memory they would have: planned on the server's event loop,
+    such requests stalled /system_stats for 26 s. Now each is refused (400: beyond the bounds; 503: busy)
+    or planned off the loop, one at a time; the server answers meanwhile, and a clip of a real size is
+    planned in under a second afterwards. A foreign page's request is refused (403)."""
+    hostile = [dict(width=2**20, height=2**20, frames=2**20, tile_size=16)] * 7 + \
+        [dict(width=16384, height=16384, frames=16385)] * 3
+    waits, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            started = time.perf_counter()
+            requests.get(comfy_client.url + "/system_stats", timeout=60).raise_for_status()
+            waits.append(time.perf_counter() - started)
+            time.sleep(0.05)
+
+    with ThreadPoolExecutor(len(hostile) + 1) as pool:
+        watcher = pool.submit(watch)
+        answers = list(pool.map(lambda query: route(comfy_client, "plan", vae_name=vae_file("wan21"), **query), hostile))
+        done.set()
+        watcher.result()
+    assert len(waits) > 2 and max(waits) < 1, waits
+    assert all(a.status_code in (400, 503) for a in answers[:7]), [a.text for a in answers]
+    assert "width must be between 1 and 16384" in next(a.text for a in answers if a.status_code == 400)
+    assert all(a.status_code in (200, 503) for a in answers[7:]), [a.text for a in answers]
+    started = time.perf_counter()
+    answer = route(comfy_client, "plan", vae_name=vae_file("wan21"), width=512, height=512, frames=81)
+    assert answer.status_code == 200 and time.perf_counter() - started < 1, answer.text
+    foreign = requests.get(comfy_client.url + "/api/streamvae/plan", params={"vae_name": vae_file("wan21")},
+                           headers={"Sec-Fetch-Site": "cross-site"}, timeout=30)
+    assert foreign.status_code == 403
+
+
+def test_multi_gpu_refuses_what_cannot_run_before_a_worker_starts(comfy_server, comfy_client, object_info):
+    """"cpu" six times on a two-core machine started six torch processes and failed after 49 s ("cannot
+    split 4 latent rows over 6 ranks"). More CPU ranks than cores are refused when queued; a frame of
+    fewer latent rows than ranks when the run starts, before any worker."""
+    cores = len(os.sched_getaffinity(0))  # the server's, a process on this machine
+    prompt = decode_prompt(object_info, vae_file("seedvr2"))
+    prompt["m"] = node(object_info, "StreamVAEMultiDevice", devices=", ".join(["cpu"] * (cores + 1)))
+    prompt["2"]["inputs"]["devices"] = ["m", 0]
+    assert f"{cores + 1} CPU workers, but this machine has {cores} CPU core" in rejection(comfy_client, prompt, "m")
+    prompt["m"]["inputs"]["devices"] = "cpu, cpu"
+    prompt["1"] = node(object_info, "LoadLatent", latent=latent_file(comfy_server, "one_row.latent",
+                                                                      random_latent((1, 16, 2, 1, 4), seed=47)))
+    message = execution_error(comfy_client, prompt)["exception_message"]
+    assert "this frame is 1 latent row tall, too short to split over 2 devices" in message, message
+    assert "worker processes were stopped" not in message  # none had started
+
+
+def test_a_cut_off_video_through_load_video_is_refused_naming_both_counts(comfy_server, comfy_client, object_info):
+    """Load Video -> Encode from Video encoded the frames before the cut without a word."""
+    path = comfy_server.base / "input" / "zz_setup_cut.mkv"
+    write_clip(path)
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    prompt = {"1": node(object_info, "LoadVideo", file=path.name),
+              "2": node(object_info, "StreamVAELoader", vae_name=vae_file("wan21")),
+              "3": node(object_info, "StreamVAEEncodeFromVideo", vae=["2", 0], video=["1", 0]),
+              "4": node(object_info, "SaveLatent", samples=["3", 0], filename_prefix="cut")}
+    error = execution_error(comfy_client, prompt)
+    assert error["node_type"] == "StreamVAEEncodeFromVideo", error
+    assert "is cut off: its container states 9 frames, but only" in error["exception_message"], error

@@ -2,6 +2,8 @@
 real files through PyAV: every frame arrives exactly once, lossless files are exact, the colour
 conversion is the stated one, and failures leave a clearly named, readable partial file.
 """
+import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -130,40 +132,52 @@ def test_rerun_from_frame_zero_writes_every_frame_once(model, tmp_path):
 
 
 FULL_DISK_SCRIPT = textwrap.dedent("""
-    import resource, signal
+    import json, resource, signal, sys
     import numpy as np
     from vae.video_codecs import resolve  # vae: found in the working directory, the repository root
     from vae.video_writer import VideoWriteError, VideoWriter
+    path, codec, limit, flat = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "flat"
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write then fails with EFBIG instead of killing us
-    resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     rng = np.random.default_rng(0)
+    writer = VideoWriter(path, resolve(codec, crf=0, fps=24) if codec == "h264" else resolve(codec, fps=24), 128, 96, 500)
     try:
-        with VideoWriter({path!r}, resolve("h264", crf=0, fps=24), 128, 96, 500) as writer:
-            for _ in range(100):
-                writer.write(rng.integers(0, 256, (5, 96, 128, 3), dtype=np.uint8))
-            writer.finish()
+        for i in range(100):
+            writer.write(np.full((5, 96, 128, 3), i, np.uint8) if flat else rng.integers(0, 256, (5, 96, 128, 3), dtype=np.uint8))
+        writer.finish()
     except VideoWriteError as error:
-        print(error)
+        print(json.dumps({"queued": writer.queued, "message": str(error)}))
 """)
 
 
-def test_full_disk_is_a_clear_error_and_keeps_what_was_written(tmp_path):
-    """A file-size limit makes the real write() fail as a full disk does; the run stops with one message
-    and the fragments already on disk still decode."""
-    path = tmp_path / "full.mp4"
-    result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT.format(path=str(path))],
+def decodable_frames(path) -> int:
+    """Frames a player gets from a file cut off mid-write: packet by packet, past the broken last one."""
+    count = 0
+    with av.open(str(path)) as container:
+        for packet in container.demux(video=0):
+            try:
+                count += len(packet.decode())
+            except av.FFmpegError:
+                pass
+    return count
+
+
+@pytest.mark.parametrize("codec, limit, content", [("h264", 300_000, "noise"), ("ffv1", 40_000, "flat")])
+def test_full_disk_is_found_as_it_happens_and_the_kept_frames_are_counted(codec, limit, content, tmp_path):
+    """A file-size limit makes the real write() fail as a full disk does. Small frames sat in FFmpeg's
+    buffers (a Matroska cluster holds 5 s): the failure came at the close, after the whole decode, and the
+    message said "what reached the disk stays readable" of a file holding fewer frames than encoded. Now
+    every packet goes to the disk as it is made: the run stops before its last frame, saying how many
+    frames the kept file holds, and a player gets exactly those."""
+    extension = "mp4" if codec == "h264" else "mkv"
+    path = tmp_path / f"full.{extension}"
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_SCRIPT, str(path), codec, str(limit), content],
                             capture_output=True, text=True, timeout=120, cwd=REPO)
-    message = result.stdout.strip()
-    assert "full.partial.mp4" in message and "File too large" in message and "stays readable" in message, result
-    assert not path.exists()
-    decoded = 0
-    with av.open(str(tmp_path / "full.partial.mp4")) as container:
-        try:
-            for _ in container.decode(video=0):
-                decoded += 1
-        except av.FFmpegError:  # the last fragment was cut off mid-write
-            pass
-    assert decoded > 0  # the fragments completed before the failure
+    failed = json.loads(result.stdout)
+    assert failed["queued"] < 500, "found only when the file was closed"
+    held = int(re.search(r"The first (\d+) of the 500 frames stay readable in ", failed["message"]).group(1))
+    assert f"full.partial.{extension}" in failed["message"] and "File too large" in failed["message"], failed
+    assert not path.exists() and held == decodable_frames(tmp_path / f"full.partial.{extension}") > 0
 
 
 def test_audio_is_muxed_alongside(model, tmp_path):

@@ -73,7 +73,9 @@ def check_device(name: str) -> None:
 
 
 def check_new(path: Path, args: argparse.Namespace) -> None:
-    """CommandError when `path` exists and --overwrite was not given (checked before any work)."""
+    """CommandError when `path` is a folder, or exists and --overwrite was not given (checked before any work)."""
+    if path.is_dir():
+        raise CommandError(f"--out {path} is a folder: name a file in it, e.g. --out {path / ('out' + path.suffix)}")
     if path.exists() and not args.overwrite:
         raise CommandError(f"{path} exists; pass --overwrite to replace it, or choose another --out")
 
@@ -151,6 +153,8 @@ def roundtrip(args: argparse.Namespace) -> None:
     if args.input:
         with VideoReader(args.input, frame_count=args.frames or 0, channels=model.in_channels) as reader:
             video, fps = reader.read(0, reader.frames), reader.fps
+        for note in reader.notes:
+            log.warning(note)
     else:
         try:
             height, width = (int(v) for v in args.size.lower().split("x"))
@@ -194,6 +198,8 @@ def encode(args: argparse.Namespace) -> None:
     z, clip = encode_from_file(model, args.input, how, start_frame=args.start, frame_count=args.count,
                                every_nth=args.every, width=args.width, height=args.height, resize_filter=args.filter,
                                progress=Progress("encode"))
+    for note in clip.notes:
+        log.warning(note)
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"streamvae_frames": str(clip.frames), "streamvae_size": f"{clip.height},{clip.width}",
                 "fps": str(clip.fps), "family": model.family, LATENT_SPACE_KEY: "comfyui"}
@@ -228,6 +234,9 @@ def checked_latent(model, z: torch.Tensor, metadata: dict, path: str) -> None:
     if family and family != model.family:
         raise CommandError(f"{path} was made by a {family} VAE, but {model.family} is loaded: pass --checkpoint with a "
                            f"{family} VAE file")
+    if not z.dtype.is_floating_point:
+        raise CommandError(f"{path} holds {str(z.dtype).removeprefix('torch.')} values, but a latent is floating-point "
+                           "numbers: it is not a latent (Save Latent, python -m vae encode), or it was damaged")
     if z.dim() not in (4, 5) or z.shape[1] != model.latent_channels:
         raise CommandError(f"{path} holds a latent of shape {tuple(z.shape)}, but this {model.family} VAE decodes "
                            f"B,{model.latent_channels},T,h,w latents: pass --checkpoint with the VAE that made it")
@@ -244,6 +253,8 @@ def decode(args: argparse.Namespace) -> None:
     from .video_file import decode_to_file
 
     z, metadata = read_latent_file(args.latent)
+    if args.fps is not None and not 0 < args.fps <= 1000:  # NaN too
+        raise CommandError(f"--fps must be a number of frames per second above 0, at most 1000; got {args.fps}")
     out = Path(args.out)
     video_args, how = video_kwargs(args, out), settings(args)
     check_new(out, args)
@@ -257,10 +268,18 @@ def decode(args: argparse.Namespace) -> None:
         z = model.from_comfy_latent(z.float())
     frames = int(metadata["streamvae_frames"]) if "streamvae_frames" in metadata else None
     height, width = (int(v) for v in metadata["streamvae_size"].split(",")) if "streamvae_size" in metadata else (None, None)
-    fps = args.fps or Fraction(metadata.get("fps", "24"))
+    fps = args.fps or file_fps(metadata, args.latent)
     path = decode_to_file(model, z, out, how, fps=fps, num_frames=frames, height=height, width=width,
                           progress=Progress("decode"), overwrite=args.overwrite, **video_args)
     print(f"wrote {path}")
+
+
+def file_fps(metadata: dict, path: str) -> Fraction:
+    """The frame rate a latent file states (24 where it states none)."""
+    try:
+        return Fraction(metadata.get("fps", "24"))
+    except (ValueError, ZeroDivisionError):
+        raise CommandError(f"{path} states fps {metadata['fps']!r}, not a number of frames per second: pass --fps") from None
 
 
 def doctor(args: argparse.Namespace) -> None:

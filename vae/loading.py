@@ -7,9 +7,12 @@ the caller or from the file's `streamvae_config` metadata) and the weights are t
 strictly: a missing, unexpected or mis-shaped key is an error that names it.
 """
 import dataclasses
+import inspect
 import json
+import math
 import os
 import pickle
+import re
 from collections.abc import Mapping
 
 import torch
@@ -36,7 +39,9 @@ _KEY_PREFIXES = ("first_stage_model.", "vae.", "model.", "module.")
 
 
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+                       "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U64": torch.uint64, "U32": torch.uint32,
+                       "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool}
 
 
 class CheckpointError(ValueError):
@@ -44,18 +49,45 @@ class CheckpointError(ValueError):
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and safetensors metadata of a checkpoint file, on the CPU, in their stored dtype.
-    Pickles (.pth/.ckpt/...) are scanned for code first and read with `weights_only=True`."""
+    """Tensors and safetensors metadata of a checkpoint file, on the CPU, in their stored dtype, each in
+    memory of its own (never a view of the file mapped into memory: a file replaced or cut while they
+    are in use would change them, or crash the process). Pickles (.pth/.ckpt/...) are scanned for code
+    first and read with `weights_only=True`."""
     path = _existing(path)
     if path.lower().endswith(PICKLE_SUFFIXES):
         return _read_pickle(path), {}
     try:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            return {k: f.get_tensor(k) for k in vae_part(list(f.keys()))}, dict(f.metadata() or {})
+        with safe_open(path, framework="pt", device="cpu") as f:  # the format checked, the keys and metadata
+            keys, metadata = vae_part(list(f.keys())), dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as err:
         if path.lower().endswith(SAFETENSORS_SUFFIXES):
             raise _unreadable(path, err) from err
         return _read_pickle(path), {}
+    return _read_safetensors(path, keys), metadata
+
+
+def _read_safetensors(path: str, keys: list[str]) -> dict[str, torch.Tensor]:
+    """The tensors `keys` of a safetensors file (after 8 bytes of length, a JSON header of dtype, shape
+    and byte range per tensor) read one at a time into memory they own: as much as mapping the file."""
+    tensors = {}
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        try:
+            length = int.from_bytes(file.read(8), "little")
+            header, start = json.loads(file.read(length)), 8 + length
+            for key in keys:
+                entry = header[key]
+                dtype, shape, (begin, end) = _SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
+                if end - begin != math.prod(shape) * dtype.itemsize or start + end > size:
+                    raise ValueError(f"{key}: bytes {begin}..{end} of {size - start} do not hold {entry['dtype']} {shape}")
+                data = torch.empty(end - begin, dtype=torch.uint8)
+                file.seek(start + begin)
+                if file.readinto(data.numpy()) != end - begin:
+                    raise ValueError(f"{key}: the file ends inside it")
+                tensors[key] = data.view(dtype).reshape(shape)
+        except (ValueError, KeyError, TypeError) as err:  # a file changed since its header was checked
+            raise _unreadable(path, err) from err
+    return tensors
 
 
 def vae_part(keys: list[str]) -> list[str]:
@@ -85,6 +117,9 @@ def read_shapes(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[
 
 def _existing(path) -> str:
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file: give the VAE file inside it (a "
+                              ".safetensors file; in a diffusers folder, diffusion_pytorch_model.safetensors in vae)")
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {path}")
     return path
@@ -129,8 +164,11 @@ def _read_pickle(path: str, mmap: bool = False) -> dict[str, torch.Tensor]:
         raise _refuse_code(name, found)
     try:
         obj = _load_pickle(path, mmap)
-    except pickle.UnpicklingError as err:
-        raise _refuse_code(name, []) from err
+    except pickle.UnpicklingError as err:  # weights_only's: a global it does not allow, or bytes no pickle has
+        if "Unsupported global" in str(err):
+            raise _refuse_code(name, re.findall(r"GLOBAL ([\w.]+)", str(err))) from err
+        raise CheckpointError(f"{name} is not a PyTorch checkpoint (its bytes are neither a zip archive nor a pickle "
+                              "of tensors): it is truncated, corrupt or another kind of file; download it again") from err
     except (RuntimeError, EOFError, ValueError, OSError) as err:
         raise CheckpointError(f"{name} could not be read as a PyTorch checkpoint ({str(err).splitlines()[0]}); "
                               "it is truncated or corrupt: download it again") from err
@@ -300,8 +338,9 @@ def load(
         check_finite(state_dict)
     target = _target_dtypes(model, dtype, encode_dtype, decode_dtype)
     # Each tensor goes from the file's dtype straight to its half's dtype: casting everything to
-    # `dtype` first would round fp32/fp16 encoder weights through bf16 when only decode is bf16.
-    model.load_state_dict({k: v.to(target(k)) for k, v in state_dict.items()}, strict=True, assign=True)
+    # `dtype` first would round fp32/fp16 encoder weights through bf16 when only decode is bf16. Each
+    # one read is let go once cast, so the peak is the file or the model, whichever is larger.
+    model.load_state_dict({k: state_dict.pop(k).to(target(k)) for k in list(state_dict)}, strict=True, assign=True)
     return model.to(device).eval().requires_grad_(False)
 
 
@@ -341,12 +380,13 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     Config overrides: the file's `streamvae_config` metadata, then `config`."""
     metadata = metadata or {}
     try:
-        overrides = json.loads(metadata[CONFIG_METADATA_KEY]) if CONFIG_METADATA_KEY in metadata else {}
+        stored = json.loads(metadata[CONFIG_METADATA_KEY]) if CONFIG_METADATA_KEY in metadata else {}
     except json.JSONDecodeError as err:
         raise CheckpointError(f"the checkpoint's {CONFIG_METADATA_KEY} metadata is not valid JSON ({err}); "
                               "rewrite it with vae.save_checkpoint") from None
-    overrides.update(config or {})
     cls, native = detect_family(state_dict)
+    overrides = {**_checked_config(cls, stored, f"the checkpoint's {CONFIG_METADATA_KEY} metadata"),
+                 **_checked_config(cls, config or {}, "vae.load's config")}
     try:
         cfg = cls.config_from_state_dict(native, {**cls.metadata_overrides(metadata), **overrides})
     except KeyError as err:
@@ -360,4 +400,55 @@ def build_empty(state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     with torch.device("meta"):
         model = cls(cfg)
     _check_layout(model.state_dict(), native, cls.family, lambda wrong: _one_wrong_tensor(cls, cfg, native, wrong))
+    _check_numbers(model.state_dict(), native)
     return model, native
+
+
+def _check_numbers(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]) -> None:
+    """CheckpointError naming the weights stored as integers (or other non-float numbers) where the model
+    computes with floats: a quantized checkpoint, whose integers mean nothing without its scales, and
+    no quantization format is known here that says how to apply them (fp8 is a float, cast on load)."""
+    named = [f"{k} ({str(v.dtype).removeprefix('torch.')})" for k, v in given.items()
+             if not v.dtype.is_floating_point and expected[k].dtype.is_floating_point]
+    if named:
+        more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+        raise CheckpointError(
+            f"the checkpoint stores weights as integers: {', '.join(named[:5])}{more}. It is quantized (int8 or "
+            "similar), and StreamVAE knows no format that says how to turn them back into weights; used as they are "
+            "they decode wrong frames. Use the fp32, fp16, bf16 or fp8 release of this VAE.")
+
+
+def _checked_config(cls: type[VideoVAE], given, source: str) -> dict:
+    """`given` (config overrides from `source`) once it is an object of `cls`'s config fields, each value
+    of its default's kind (`_kind`); CheckpointError naming the field otherwise."""
+    if not isinstance(given, Mapping):
+        raise CheckpointError(f"{source} must be an object of config fields, e.g. {{\"norm_num_groups\": 8}}; got "
+                              f"{json.dumps(given, default=repr)}. Rewrite it: vae.save_checkpoint(..., config=...)")
+    default = inspect.signature(cls.__init__).parameters["cfg"].default  # every family's constructor has one
+    fields = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)}
+    for name, value in given.items():
+        if name not in fields:
+            raise CheckpointError(f"{source}: {name!r} is not a {cls.family} config field (those are "
+                                  f"{', '.join(sorted(fields))})")
+        kind = _kind(fields[name])
+        if kind is not None and not kind[1](value):
+            raise CheckpointError(f"{source}: {name} must be {kind[0]}, got {json.dumps(value, default=repr)}")
+    return dict(given)
+
+
+def _kind(default):
+    """(what a value in place of `default` must be, in words; its test), or None where the family checks
+    it (a list of block descriptions). A whole number is >= 1 (>= 0 where the default is 0)."""
+    if isinstance(default, tuple):
+        inner = _kind(default[0]) if default else None
+        return inner and (f"a list, each {inner[0]}", lambda v: isinstance(v, (list, tuple)) and all(map(inner[1], v)))
+    if isinstance(default, bool):
+        return "true or false", lambda v: isinstance(v, bool)
+    if isinstance(default, int):
+        low = 0 if default == 0 else 1
+        return f"a whole number >= {low}", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+    if isinstance(default, float):
+        return "a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(default, str):
+        return "text", lambda v: isinstance(v, str)
+    return None

@@ -161,8 +161,11 @@ class VideoEncoding:
 
 def as_fps(fps) -> Fraction:
     """Frames per second as an exact fraction (23.976 -> 2997/125; NTSC rates stay exact)."""
-    value = Fraction(fps).limit_denominator(1001)
-    if not 0 < value <= 1000:
+    try:
+        value = Fraction(fps).limit_denominator(1001)
+    except (ValueError, TypeError, OverflowError):  # NaN, Inf, text
+        value = None
+    if value is None or not 0 < value <= 1000:
         raise VideoFormatError(f"fps must be between 0 and 1000 frames per second; got {fps}")
     return value
 

@@ -29,6 +29,7 @@ def _open(source):
         raise ValueError(f"{_name(source)} has no frames (the file ends after its header): it is empty or was cut "
                          "off; export or download it again") from error
     except (OSError, av.FFmpegError) as error:
+        _refuse_without_index(source)
         raise ValueError(f"cannot open {_name(source)} as a video: {getattr(error, 'strerror', None) or error}") from error
 
 
@@ -38,6 +39,7 @@ def _name(source) -> str:
 
 def _video_stream(container, source):
     if not container.streams.video:
+        _refuse_without_index(source)
         raise ValueError(f"{_name(source)} has no video stream (or no frames in it)")
     return container.streams.video[0]
 
@@ -45,6 +47,82 @@ def _video_stream(container, source):
 def _frame_rate(stream) -> Fraction:
     rate = stream.average_rate or stream.guessed_rate
     return Fraction(rate) if rate else Fraction(24)
+
+
+def _ends_early(source) -> str | None:
+    """What the container's own structure says is missing, read from its first bytes without FFmpeg:
+    "index" for an MP4/MOV without its complete moov box (written last, it lists the frames), "end" for
+    an MP4 box or a Matroska/WebM segment that states more bytes than the file has; None when it is
+    complete, or its format states no length (other containers, a Matroska file never closed)."""
+    try:
+        file = source if hasattr(source, "read") else open(source, "rb")
+    except OSError:
+        return None
+    try:
+        size = file.seek(0, 2)
+        file.seek(0)
+        head = file.read(12)
+        if head[4:8] in (b"ftyp", b"moov", b"mdat", b"free", b"wide", b"skip"):  # ISO base media: top-level boxes
+            at, index = 0, False
+            while at + 8 <= size:
+                file.seek(at)
+                box = file.read(16)
+                length = int.from_bytes(box[:4], "big") or size - at  # 0: to the end of the file
+                if length == 1:  # a 64-bit size follows the type
+                    length = int.from_bytes(box[8:16], "big")
+                if length < 8 or at + length > size:
+                    return "end" if index else "index"
+                index, at = index or box[4:8] == b"moov", at + length
+            return None if index else "index"
+        if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: its header, then the Segment element and its size
+            file.seek(4)
+            length, _ = _vint(file)
+            file.seek(file.tell() + length)
+            if file.read(4) == b"\x18\x53\x80\x67":
+                length, unknown = _vint(file)
+                return "end" if not unknown and file.tell() + length > size else None
+        return None
+    except (OSError, ValueError):
+        return None
+    finally:
+        if file is not source:
+            file.close()
+
+
+def _vint(file) -> tuple[int, bool]:
+    """An EBML variable-size integer read at the file's position (length in its leading zero bits):
+    (its value, whether it is all ones: "unknown", a file never closed)."""
+    first = file.read(1)[0]
+    width = 9 - first.bit_length()
+    value = first & (0xFF >> width)
+    for byte in file.read(width - 1):
+        value = value << 8 | byte
+    return value, value == (1 << 7 * width) - 1
+
+
+def _refuse_without_index(source) -> None:
+    if _ends_early(source) == "index":
+        raise ValueError(f"{_name(source)} is an MP4 cut off before its index (the moov box that lists its frames, "
+                         "written when the file is finished): its download, copy or recording stopped early, and "
+                         "without the index no frame can be found. Download or export it again.")
+
+
+def _measured_rate(stream, stamps: list[int], name: str) -> tuple[Fraction, str | None]:
+    """The frame rate to encode at, and a note where it is not simply the one the file states: the
+    average of a variable rate over the frames' timestamps (`stamps`, in the stream's time base, any
+    order), or 24 where neither the file nor its timestamps give one."""
+    stamps = sorted(stamps)
+    steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    spaced = bool(steps) and min(steps) > 0 and stream.time_base is not None
+    average = (Fraction(len(steps)) / ((stamps[-1] - stamps[0]) * stream.time_base)).limit_denominator(1001) \
+        if spaced else None
+    if spaced and max(steps) - min(steps) > max(1, min(steps) // 50):  # not one rate (rounding aside)
+        ms = [float(step * stream.time_base) * 1000 for step in (min(steps), max(steps))]
+        return average, (f"{name} has a variable frame rate (frames {ms[0]:.0f} to {ms[1]:.0f} ms apart): encoded at "
+                         f"its average, {float(average):.4g} fps")
+    if stream.average_rate or stream.guessed_rate:
+        return _frame_rate(stream), None
+    return (average, None) if spaced else (Fraction(24), f"{name} states no frame rate: 24 fps assumed")
 
 
 def _metadata_frames(container, stream, fps: Fraction) -> int | None:
@@ -112,17 +190,23 @@ class VideoReader:
         if resize_filter not in RESIZE_FILTERS:
             raise ValueError(f"resize_filter must be one of {list(RESIZE_FILTERS)}; got {resize_filter!r}")
         self.source, self.filter = source, RESIZE_FILTERS[resize_filter]
+        self.notes: list[str] = []  # what the reader assumed or accepted, for the caller to report
         with _open(source) as container:
             stream = _video_stream(container, source)
             source_w, source_h = stream.codec_context.width, stream.codec_context.height
             deep = stream.codec_context.format is not None and stream.codec_context.format.components[0].bits > 8
-            self.source_fps = _frame_rate(stream)
-            self.source_frames = sum(1 for packet in container.demux(stream) if packet.size)
+            stated = _metadata_frames(container, stream, _frame_rate(stream))
+            packets = [packet.pts for packet in container.demux(stream) if packet.size]
+            self.source_frames = len(packets)
+            self.source_fps, note = _measured_rate(stream, [p for p in packets if p is not None], _name(source))
+        self.notes += [note] if note else []
         selected = range(start_frame, self.source_frames, every_nth)
         if frame_count:
             selected = selected[:frame_count]
         if not selected:
             raise ValueError(f"start_frame {start_frame} is past the end of {_name(source)} ({self.source_frames} frames)")
+        if _ends_early(source) == "end" and self.source_frames < (stated or self.source_frames + 1):
+            self._short(stated, selected, frame_count)
         self.selection, self.bits = selected, 16 if deep else 8
         if width and not height:
             height = max(1, round(source_h * width / source_w))
@@ -135,6 +219,23 @@ class VideoReader:
         self.shape = (1, channels, len(selected), self.height, self.width)
         self._frames = None  # generator of selected frames (numpy H,W,3)
         self._next = 0  # index (in the selection) of the frame the generator yields next
+
+    def _short(self, stated: int | None, selected: range, frame_count: int) -> None:
+        """The file is cut off (its container states more bytes than it has): with fewer frames readable
+        than it states, an error, unless `frame_count` asked for frames that all end before the cut (then
+        a note naming both counts); where it states no count, a note."""
+        n = self.source_frames
+        if stated is None:
+            self.notes.append(f"{_name(self.source)} is cut off (it ends before its container says): its {n} readable "
+                              "frames are read")
+            return
+        said = f"{_name(self.source)} is cut off: its container states {stated} frames"
+        if frame_count and len(selected) == frame_count:
+            self.notes.append(f"{said}, and {n} can be read; the {frame_count} frames asked for are among them")
+            return
+        raise ValueError(f"{said}, but only {n} can be read: its download, copy or recording stopped early. Download "
+                         f"or export it again, or set frame_count (python -m vae encode: --count) to encode only frames "
+                         f"that are there (start_frame + frames x every_nth within the first {n}).")
 
     @property
     def frames(self) -> int:

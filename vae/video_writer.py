@@ -4,14 +4,18 @@ The producer (the decode) hands over chunks of frames and goes on decoding while
 converts and encodes them; the queue holds at most `queue_chunks` chunks, so memory does not grow
 with the clip and a slow encoder slows the decode down instead of piling frames up.
 
-Nothing that looks complete appears before the end: frames go to `<name>.partial.<ext>`, renamed
-to `<name>.<ext>` only when every expected frame was written and the file was closed. Nothing is
-replaced unless asked (`overwrite`), and the path (folder, name, free space for what the codec
-needs at least) is checked when the writer is made, before anything is decoded. MP4/MOV are
-written as fragmented MP4 (a fragment at least every second) and MKV is a streaming format, so a
-partial file that was cut off by a full disk or a killed process is still a playable video up to
-its last complete fragment; after a cancel or an error the file is closed properly and kept under
-its `.partial` name, and the error says so.
+Nothing that looks complete appears before the end: frames go to a partial file of this writer's own
+in the target's folder (`<name>.partial.<ext>`, or `<name>.partial-2.<ext>`, ... where that name is
+taken, e.g. by another run writing the same target: created exclusively), which takes the target's
+name in one atomic step only when every expected frame was written and the file was closed. Nothing
+is replaced unless asked (`overwrite`), not even then a target that changed while this one was
+written (another run's), and the path (folder, name, free space for what the codec needs at least)
+is checked when the writer is made, before anything is decoded. MP4/MOV are written as fragmented
+MP4 (a fragment at least every second) and MKV in clusters of at most a second, each flushed to the
+disk as it is made, so a full disk stops the run within a second of video, and a partial file cut off
+by a full disk or a killed process is still a playable video up to its last complete fragment; after
+a cancel or an error the file is closed properly and kept under its partial name, and the error says
+how many frames it holds.
 """
 import errno
 import logging
@@ -30,8 +34,14 @@ from .video_codecs import BT709, FULL_RANGE, LIMITED_RANGE, RGB_MATRIX, VideoEnc
 log = logging.getLogger("streamvae")
 RGB48 = "rgb48le" if sys.byteorder == "little" else "rgb48be"
 RGBA64 = "rgba64le" if sys.byteorder == "little" else "rgba64be"
-FRAGMENTED_MP4 = {"movflags": "+frag_keyframe+empty_moov+default_base_moof+use_metadata_tags",
-                  "frag_duration": "1000000"}  # microseconds
+# Muxer options: every packet's bytes handed to the disk at once (a write error, such as a full disk,
+# then surfaces while the run goes on), in fragments / clusters of at most a second.
+FLUSHED = {"flush_packets": "1"}
+MUXER_OPTIONS = {"mp4": {**FLUSHED, "movflags": "+frag_keyframe+empty_moov+default_base_moof+use_metadata_tags",
+                         "frag_duration": "1000000"},  # microseconds
+                 "mkv": {**FLUSHED, "cluster_time_limit": "1000"}}  # milliseconds
+MUXER_OPTIONS["mov"] = MUXER_OPTIONS["mp4"]
+PARTIAL_NAMES = 100  # <name>.partial.<ext>, then -2 ... -100: more runs on one target at once than anyone has
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -43,8 +53,29 @@ class VideoWriteError(RuntimeError):
         self.partial_path = partial_path
 
 
-def partial_path(path: Path) -> Path:
-    return path.with_name(f"{path.stem}.partial{path.suffix}")
+def partial_path(path: Path, number: int = 1) -> Path:
+    """The `number`th name a partial file of `path` may take (1: `<name>.partial.<ext>`)."""
+    return path.with_name(f"{path.stem}.partial{'' if number == 1 else f'-{number}'}{path.suffix}")
+
+
+def identity(path: Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, modification time in ns) of the file at `path`, None where there is none:
+    what tells that a target was written while this run wrote its own video."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def readable_frames(path: Path) -> int:
+    """Video frames of the file at `path` that can be read whole: its complete packets (FFmpeg marks one
+    cut off at the end of the file corrupt), counted without decoding them."""
+    try:
+        with av.open(str(path)) as container:
+            return sum(1 for p in container.demux(video=0) if p.size and not p.is_corrupt)
+    except (OSError, av.FFmpegError, IndexError, EOFError):  # no video stream, or nothing readable at all
+        return 0
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -74,14 +105,13 @@ class VideoWriter:
         if self.path.suffix.lower() != f".{encoding.extension}":
             raise VideoFormatError(f"{encoding.codec.label} is written as .{encoding.extension}; name the file "
                                    f"{self.path.stem}.{encoding.extension} instead of {self.path.name}")
-        self.partial = partial_path(self.path)
+        self.partial: Path | None = None  # this writer's own file, made by `_claim`
         self.queued = self.encoded = 0
         self._error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=queue_chunks)
         self._claim(width, height)
         try:
-            options = FRAGMENTED_MP4 if encoding.extension in ("mp4", "mov") else {}
-            self._container = av.open(str(self.partial), mode="w", options=options)
+            self._container = av.open(str(self.partial), mode="w", options=MUXER_OPTIONS.get(encoding.extension, FLUSHED))
         except (OSError, av.FFmpegError) as error:
             self.partial.unlink(missing_ok=True)
             raise VideoWriteError(f"cannot write the video into {self.path.parent}: {_reason(error)}. Choose another "
@@ -101,13 +131,16 @@ class VideoWriter:
     # --- setup -----------------------------------------------------------------------------------
     def _claim(self, width: int, height: int) -> None:
         """Everything about the path that can fail, checked before a frame is decoded (FFmpeg opens
-        the file only when the first packet is written): nothing is replaced without `overwrite`, the
-        folder can be made and written, the name is valid there, and the disk has room for what the
-        codec is predicted to need at least (`VideoEncoding.size_floor`). Creates the empty partial file."""
-        for existing in (self.path, self.partial):
-            if os.path.exists(existing) and not self.overwrite:  # (Path.exists raises for a name too long)
-                raise VideoWriteError(f"{existing} exists; nothing was written. Choose another name, or replace it "
-                                      "explicitly (python -m vae: --overwrite; vae.decode_to_file: overwrite=True).")
+        the file only when the first packet is written): nothing is replaced without `overwrite`, and
+        a folder never, the folder can be made and written, the name is valid there, and the disk has
+        room for what the codec is predicted to need at least (`VideoEncoding.size_floor`). Creates
+        this writer's own empty partial file, and notes what the target is now."""
+        if os.path.isdir(self.path):
+            raise VideoWriteError(f"{self.path} is a folder; nothing was written. Name a file in it, e.g. "
+                                  f"{self.path / ('video.' + self.encoding.extension)}.")
+        if os.path.exists(self.path) and not self.overwrite:  # (Path.exists raises for a name too long)
+            raise VideoWriteError(f"{self.path} exists; nothing was written. Choose another name, or replace it "
+                                  "explicitly (python -m vae: --overwrite; vae.decode_to_file: overwrite=True).")
         folder = self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -122,16 +155,30 @@ class VideoWriter:
                                   f"least {needed / 2**30:.3g} GiB, but {folder} has {free / 2**30:.3g} GiB free: free "
                                   "space, choose another folder, or pick h264/h265; nothing was written.")
         try:
-            self.partial.open("wb" if self.overwrite else "xb").close()
+            self.partial = self._create_partial()
         except (OSError, ValueError) as error:  # ValueError: a name with a NUL byte
             if getattr(error, "errno", None) == errno.ENAMETOOLONG:
-                length = len(os.fsencode(self.partial.name))
+                length = len(os.fsencode(partial_path(self.path).name))
                 reason = (f"the name {self.path.name} is too long for this file system ({length} bytes with the "
                           ".partial it is written under)")
             else:
                 reason = _reason(error)
             raise VideoWriteError(f"cannot write the video {self.path}: {reason}. Choose another name or folder "
                                   "(filename_prefix / --out); nothing was written.") from error
+        self._target = identity(self.path)
+
+    def _create_partial(self) -> Path:
+        """The first free partial name of the target, created exclusively (O_EXCL): no other run, and no
+        file a failed run left, is ever written into."""
+        for number in range(1, PARTIAL_NAMES + 1):
+            candidate = partial_path(self.path, number)
+            try:
+                os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                return candidate
+            except FileExistsError:
+                continue
+        raise FileExistsError(errno.EEXIST, f"{partial_path(self.path).name} to -{PARTIAL_NAMES} are all taken "
+                                            "(by other runs, or left by failed ones): remove them")
 
     def _add_video_stream(self, width: int, height: int):
         e = self.encoding
@@ -234,15 +281,18 @@ class VideoWriter:
             self._container = None
 
     def _failure(self, message: str, cause: BaseException | None = None) -> VideoWriteError:
-        """The error to raise; the partial file is kept when it holds frames, else removed (a message
-        names only a file that exists)."""
-        written = self.partial.is_file() and self.partial.stat().st_size > 0
-        if self.encoded == 0 or not written:
+        """The error to raise, saying how many frames the partial file holds; it is kept when it holds
+        any, else removed (a message names only a file that exists). After a write error some encoded
+        frames never reached the disk: the file's readable frames are counted then."""
+        held = 0
+        if self.encoded and self.partial.is_file() and self.partial.stat().st_size > 0:
+            held = self.encoded if self._error is None else readable_frames(self.partial)
+        if not held:
             self.partial.unlink(missing_ok=True)
             error = VideoWriteError(message + " Nothing was written.")
-        else:  # after a write error some encoded frames may not have reached the disk
-            kept = f"The {self.encoded} frames written so far stay" if self._error is None else "What reached the disk stays"
-            error = VideoWriteError(f"{message} {kept} readable in {self.partial} (not the complete video).", self.partial)
+        else:
+            error = VideoWriteError(f"{message} The first {held} of the {self.frames} frames stay readable in "
+                                    f"{self.partial} (not the complete video).", self.partial)
         error.__cause__ = cause
         return error
 
@@ -259,11 +309,29 @@ class VideoWriter:
         self._container = None
         if self.encoded != self.frames:
             raise self._failure(f"{self.encoded} of {self.frames} frames arrived at the writer; the file is incomplete.")
-        if self.path.exists() and not self.overwrite:  # made by someone else while this one was written
-            raise VideoWriteError(f"{self.path} appeared while the video was written; it was left alone, and the "
-                                  f"complete video is {self.partial}.", self.partial)
-        os.replace(self.partial, self.path)
+        if self.overwrite and identity(self.path) == self._target:
+            os.replace(self.partial, self.path)  # atomic: readers see the old file or the new one
+        elif self.overwrite or not self._link():
+            raise VideoWriteError(f"{self.path} {'changed' if self.overwrite else 'appeared'} while this video was "
+                                  "written (another run wrote it?); it was left alone, and this run's complete video is "
+                                  f"{self.partial}.", self.partial)
         return self.path
+
+    def _link(self) -> bool:
+        """Give the partial file the target's name unless the target exists (never replacing one, in one
+        atomic step: a hard link, then the partial name removed); False when it exists. On a file
+        system without hard links, checked and then renamed."""
+        try:
+            os.link(self.partial, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links here (FAT, some network shares)
+            if os.path.lexists(self.path):
+                return False
+            os.replace(self.partial, self.path)
+            return True
+        self.partial.unlink()
+        return True
 
     def abort(self, reason: str) -> VideoWriteError:
         """Stop after the queued frames, close the file, and return the error to raise (`reason` first)."""

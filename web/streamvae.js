@@ -94,10 +94,12 @@ async function getJson(path, params) {
     const query = new URLSearchParams(params).toString();
     const key = `${path}?${query}`;
     if (!cache.has(key)) {
-        cache.set(key, api.fetchApi(key).then(async (r) => (r.ok ? r.json() : { error: (await r.json()).error })));
+        cache.set(key, api.fetchApi(key).then(async (r) => (r.ok ? r.json() : { error: (await r.json()).error, busy: r.status === 503 })));
     }
     try {
-        return await cache.get(key);
+        const answer = await cache.get(key);
+        if (answer.busy) cache.delete(key); // the server was busy: ask again at the next refresh
+        return answer;
     } catch (error) {
         cache.delete(key);
         return { error: String(error) };

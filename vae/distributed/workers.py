@@ -36,11 +36,15 @@ import torch
 import torch.distributed as dist
 
 from ..kernels import Optimizations
+from ..kernels.backend import host_free
 from ..run.geometry import pixel_frames
 from ..run.progress import Cancelled
 
 POLL_S = 0.1
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding `vae`
+# Host memory of one worker process besides its weights: the Python and torch runtime (a CPU worker of
+# the tiny test model measured 0.33 GiB on Linux, torch 2.13), and CUDA's host side for a GPU worker.
+WORKER_HOST_BYTES = {"cpu": int(0.35 * 2**30), "cuda": int(1.5 * 2**30)}
 
 
 class WorkerFailed(RuntimeError):
@@ -70,6 +74,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class RankWorkers:
     """Worker processes on `devices` (e.g. ["cuda:0", "cuda:1"], or ["cpu", "cpu"]) holding a copy of
     `model` (its weights, dtypes and config), running with the kernels `opts` (default `Optimizations()`).
@@ -81,6 +90,7 @@ class RankWorkers:
         self.devices = [str(torch.device(d)) for d in devices]
         if len(self.devices) < 2:
             raise ValueError(f"RankWorkers needs at least two devices, got {self.devices}")
+        self.check_machine(self.devices, sum(t.numel() * t.element_size() for t in model.state_dict().values()))
         self.timeout = timeout
         self.spatial_factor, self.temporal_factor = model.spatial_factor, model.temporal_factor
         self.store = tempfile.mkdtemp(prefix="streamvae-ranks-", dir=_shared_dir())
@@ -105,6 +115,34 @@ class RankWorkers:
         except OSError:
             pass  # a worker that died at start is reported by _run
         self._run(None, lambda rank, message: None, None, "start")
+
+    @staticmethod
+    def check_machine(devices, weight_bytes: int) -> None:
+        """ValueError, before any process starts, when worker processes on `devices` cannot run on this
+        machine: more CPU ranks than CPU cores (each would wait on the others), or more host memory than
+        is free (each worker is a torch process that receives a copy of the `weight_bytes` of weights
+        and holds it once more as it loads them; a CPU worker keeps it)."""
+        devices = [str(torch.device(d)) for d in devices]
+        cpus, cores = sum(d == "cpu" for d in devices), cpu_cores()
+        if cpus > cores:
+            raise ValueError(f"{cpus} CPU workers, but this machine has {cores} CPU core{'s' if cores > 1 else ''}: "
+                             f"CPU ranks share its cores (they are for testing); give at most {cores}")
+        needed = sum(WORKER_HOST_BYTES["cpu" if d == "cpu" else "cuda"] + 2 * weight_bytes for d in devices)
+        free = host_free()
+        if needed > free:
+            raise ValueError(f"{len(devices)} worker processes need about {needed / 2**30:.1f} GiB of RAM (each a "
+                             f"torch process with a copy of the weights), but {free / 2**30:.1f} GiB are free: use "
+                             "fewer devices, or free memory")
+
+    @staticmethod
+    def check_split(ranks: int, latent_rows: int) -> None:
+        """ValueError when a frame of `latent_rows` latent rows cannot be split into `ranks` row bands
+        (each rank computes at least one latent row), before anything is sent to a worker."""
+        if latent_rows < ranks:
+            rows, most = f"{latent_rows} latent row{'s' if latent_rows != 1 else ''}", max(latent_rows, 1)
+            raise ValueError(f"this frame is {rows} tall, too short to split over {ranks} devices (each computes at "
+                             f"least one latent row): use at most {most} device{'s' if most != 1 else ''} (one: leave "
+                             "Load VAE's devices unconnected), or a taller frame")
 
     @property
     def alive(self) -> bool:
@@ -182,6 +220,7 @@ class RankWorkers:
         into `out` (or a new tensor on z's device) chunk by chunk as rank 0 announces them, or handed to
         `sink(first, frames)`. `progress(done, total)` per chunk; `cancel()` stops the workers."""
         b, _, n_lat, h, w = z.shape
+        self.check_split(len(self.devices), h)
         shape = (b, 3, num_frames or pixel_frames(n_lat, self.temporal_factor), height or h * self.spatial_factor,
                  width or w * self.spatial_factor)
         dtype = out.dtype if out is not None else out_dtype or (z.dtype if z.dtype.is_floating_point else torch.float32)
@@ -206,6 +245,7 @@ class RankWorkers:
     def encode(self, video: torch.Tensor, *, temporal_chunk=None, return_logvar=False, progress=None, cancel=None):
         """Pixels B,3,T,H,W in [-1, 1] -> raw posterior mean (and logvar), as `vae.encode` with
         `bands=RowBands()`; the video is written once into a shared file and every rank reads its rows."""
+        self.check_split(len(self.devices), -(-video.shape[3] // self.spatial_factor))
         dtype = video.dtype if video.dtype.is_floating_point else torch.float32
         self._shared("video", tuple(video.shape), dtype).copy_(video)
         result = {}

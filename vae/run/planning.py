@@ -415,7 +415,13 @@ def _nonfinite_frames(z: torch.Tensor) -> list[int]:
 
 
 def checked_latent(model, z: torch.Tensor, nonfinite: str) -> torch.Tensor:
-    """z (B,C,T',h,w) after the checks `engine.decode` documents (channels, an empty latent, NaN/Inf frames); NaN/Inf set to 0 with nonfinite="zero"."""
+    """z (B,C,T',h,w) after the checks `engine.decode` documents (floats with values, channels, an empty latent, NaN/Inf frames); NaN/Inf set to 0 with nonfinite="zero"."""
+    if not z.dtype.is_floating_point:
+        raise ValueError(f"decode takes a latent of floating-point numbers, got {str(z.dtype).removeprefix('torch.')} "
+                         f"values (shape {tuple(z.shape)}): this is not a latent an encoder or a sampler made")
+    if z.device.type == "meta" and model.device.type != "meta":  # (a meta model counts what a run allocates)
+        raise ValueError(f"the latent is on the meta device (a shape without values), the model on {model.device}: "
+                         "pass the latent itself")
     b, c, n_lat, h, w = z.shape
     if c != model.latent_channels:
         raise ValueError(
