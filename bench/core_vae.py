@@ -188,7 +188,7 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
         elif family == "hv15":
             model = CoreHv15(core, cfg)
         elif family == "ltx2":
-            from vae.model.ltx2_layout import upstream_config
+            from vae.model.ltx2.checkpoint import upstream_config
 
             model = core.VideoVAE(config=upstream_config(cfg))
         else:

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 import vae
-from vae.model.ltx2_blocks import LTXBlock
+from vae.model.ltx2.blocks import LTXBlock
 
 CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
            "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config),

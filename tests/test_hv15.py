@@ -22,7 +22,7 @@ from bench.models import meta_model
 from vae.run import memory, planning
 from vae.run.stream_context import StreamContext
 from vae.run.causal_cache import CausalCache
-from vae.model.hv15 import HV15_SCALING_FACTOR, Hv15Attention
+from vae.model.hv15.network import HV15_SCALING_FACTOR, Hv15Attention
 from vae.loading import CheckpointError, save_checkpoint
 from vae.kernels import Optimizations
 from reference import random_weights

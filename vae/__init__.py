@@ -10,7 +10,7 @@ A14B, and the VAEs of its architecture at other sizes: Qwen-Image, RGBA Qwen-Ima
 widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B), Qwen-Image 2.1 (`qwen21`, an image VAE),
 HunyuanVideo 1.5 (`hv15`) and LTX-2 (`ltx2`: LTX-2 2.0/2.3/2.5 and LTX-Video 0.9.x, read straight out
 of the full LTX-2 checkpoint), the Wan, HunyuanVideo and LTX files in upstream/ComfyUI or diffusers key
-names, every size read from the shapes (`wan_layout.py`, `hv15_layout.py`, `ltx2_layout.py`). Encode takes
+names, every size read from the shapes (each family's `checkpoint.py` in `vae/model/`). Encode takes
 `m.in_channels` image channels (4: RGBA), decode gives `m.out_channels`, at `m.decode_upscale` times the encoded size.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
 diffusion model sees (SeedVR2 and HunyuanVideo 1.5 scaling; Wan per-channel (z - mean) / std).

@@ -1,5 +1,5 @@
 """Wan2.1 causal 3-D VAE (`Wan2.1_VAE.pth`, ComfyUI `wan_2.1_vae.safetensors`), plus the Wan blocks
-that Wan2.2 (`wan22.py`) shares.
+that Wan2.2 (`vae/model/wan22/network.py`) shares.
 
 A re-implementation of Wan-Video/Wan2.1 `wan/modules/vae.py` (`WanVAE_`) with the released module
 names, so the 194 keys load strictly; diffusers `AutoencoderKLWan` names are mapped on load. Layout
@@ -22,12 +22,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
-from . import wan_layout
-from .blocks import CausalConv3d, FrameConv2d
-from .execution import StreamState
-from .layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
-from .video_vae import Stage, VideoVAE, run_stages
+from ...kernels.layout import cat_frames, empty_video
+from ..blocks import CausalConv3d, FrameConv2d
+from ..execution import StreamState
+from ..layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
+from ..video_vae import Stage, VideoVAE, run_stages
+from ..wan import checkpoint
 
 # Per-channel latent statistics of the released model (Wan's `WanVAE` wrapper, ComfyUI
 # `latent_formats.Wan21`); not stored in the checkpoint. Model space = (raw - mean) / std.
@@ -300,7 +300,7 @@ class WanVAEBase(VideoVAE):
         if all(k in state_dict for k in cls.probe_keys):
             return state_dict
         if all(k in state_dict for k in cls.diffusers_probe_keys):
-            return wan_layout.diffusers_to_native(state_dict, cls.nested_blocks)
+            return checkpoint.diffusers_to_native(state_dict, cls.nested_blocks)
         return None
 
     def encode_modules(self):
@@ -357,7 +357,7 @@ def depth_to_space(x: torch.Tensor, r: int) -> torch.Tensor:
 
 class Wan21VAE(WanVAEBase):
     """The Wan2.1 VAE (also used by Wan2.2 A14B): raw mu out, raw latent in; 16 channels, 8x / 4x.
-    Also the VAEs of its architecture at other sizes, read from the weights (`wan_layout.py`):
+    Also the VAEs of its architecture at other sizes, read from the weights (`checkpoint.py`):
     Qwen-Image, RGBA Qwen-Image-Layered (4 image channels), pruned widths, and decoders whose
     last conv gives a 2x2 pixel block per pixel (2x upscale; `depth_to_space` after the decoder)."""
 
@@ -373,10 +373,10 @@ class Wan21VAE(WanVAEBase):
 
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        """Every size from the shapes (`wan_layout.read`): any width and depth, RGB or RGBA, and
+        """Every size from the shapes (`checkpoint.read`): any width and depth, RGB or RGBA, and
         decoders that emit an upscale^2 pixel block per pixel (ComfyUI's conv_out_channels)."""
-        sizes = wan_layout.read(sd, nested=False)
-        wan_layout.refuse(sizes, {"temporal_kernel": ((3,), "Wan2.1 convs are 3 frames deep"),
+        sizes = checkpoint.read(sd, nested=False)
+        checkpoint.refuse(sizes, {"temporal_kernel": ((3,), "Wan2.1 convs are 3 frames deep"),
                                   "patch_size": ((1,), "Wan2.1 takes pixels unpatchified"),
                                   "dec_dim": ((sizes["dim"],), f"decoder.head.0.gamma must have dim = {sizes['dim']} "
                                               "channels, the encoder's width")}, cls.family)
