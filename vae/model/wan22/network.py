@@ -1,7 +1,7 @@
 """Wan2.2 causal 3-D VAE (TI2V-5B: `Wan2.2_VAE.pth`, ComfyUI `wan2.2_vae.safetensors`).
 
-A re-implementation of Wan-Video/Wan2.2 `wan/modules/vae2_2.py` (`WanVAE_`), 196 keys. It reuses the
-Wan2.1 blocks (`vae/model/wan21/network.py`: residual, attention, resample, first-chunk rules) and adds what differs:
+A re-implementation of Wan-Video/Wan2.2 `wan/modules/vae2_2.py` (`WanVAE_`), 196 keys. It reuses the Wan
+blocks (`vae/model/wan/network.py`: residual, attention, resample, first-chunk rules) and adds what differs:
 - a 2x2 patchify around the network (`b c t (h q) (w r) -> b (c r q) t h w`), so 16x spatial
   compression with 12-channel conv input/output;
 - stages grouped in blocks (`encoder.downsamples.i.downsamples.j`, `decoder.upsamples.i.upsamples.j`)
@@ -19,7 +19,7 @@ from ..execution import StreamState
 from ..layers import residual_add
 from ..video_vae import Stage
 from ..wan import checkpoint
-from ..wan21.network import (
+from ..wan.network import (
     WanDecoderStages,
     WanEncoderStages,
     WanHead,
