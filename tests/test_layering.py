@@ -17,13 +17,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 # What the nodes may import of the library (vae/__init__.py's docstring): the package's names, these
 # modules, and the switches of `vae.kernels`.
-PUBLIC = {"vae", "vae.loading", "vae.doctor", "vae.video_codecs", "vae.video_reader", "vae.video_writer",
-          "vae.video_file"}
+PUBLIC = {"vae", "vae.families", "vae.loading", "vae.doctor", "vae.video_codecs", "vae.video_reader",
+          "vae.video_writer", "vae.video_file"}
 PUBLIC_PACKAGES = ("vae.kernels",)
 
-FORBIDDEN = {"vae.kernels": ("vae.model", "vae.run", "vae.distributed", "vae.loading", "vae.doctor", "vae.video"),
-             "vae.model": ("vae.run", "vae.distributed", "vae.loading", "vae.doctor"),
-             "vae.run": ("vae.distributed", "vae.loading", "vae.doctor")}
+FORBIDDEN = {"vae.kernels": ("vae.model", "vae.run", "vae.distributed", "vae.families", "vae.loading", "vae.doctor",
+                             "vae.video"),
+             "vae.model": ("vae.run", "vae.distributed", "vae.families", "vae.loading", "vae.doctor"),
+             "vae.run": ("vae.distributed", "vae.families", "vae.loading", "vae.doctor")}
 
 
 def module_name(path: Path) -> str:
@@ -133,3 +134,4 @@ def _relative_imports(path: Path) -> set[str]:
             found.update(f"{target}.{a.name}" if target else a.name for a in node.names
                          if _is_module(f"{target}.{a.name}" if target else a.name))
     return found
+

@@ -31,10 +31,11 @@ together with `vae.decode(m, z, settings, bands=vae.RowBands(group))` (torch.dis
 `vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 
-The public surface is this package's names and its modules `loading`, `doctor`, `video_codecs`,
-`video_reader`, `video_writer`, `video_file` and `kernels` (the switches: `Optimizations`,
-`BackendFlags`, `KernelLog`, `backend`, `kernel_choice`, `attention`, `devices`); the node pack uses
-nothing else (tests/test_layering.py). `model`, `run` and `distributed` are the library's inside.
+The public surface is this package's names and its modules `families` (the registered families' specs,
+`vae/model/<family>/spec.py`), `loading`, `doctor`, `video_codecs`, `video_reader`, `video_writer`,
+`video_file` and `kernels` (the switches: `Optimizations`, `BackendFlags`, `KernelLog`, `backend`,
+`kernel_choice`, `attention`, `devices`); the node pack uses nothing else (tests/test_layering.py).
+`model`, `run` and `distributed` are the library's inside.
 """
 from .distributed.row_bands import RowBands
 from .distributed.workers import RankWorkers

@@ -315,7 +315,6 @@ class Hv15VAE(VideoVAE):
     latent_channels = 32
     probe_keys = ("encoder.conv_in.conv.weight", "encoder.down.0.block.0.conv1.conv.weight", "encoder.mid.attn_1.q.weight",
                   "decoder.conv_in.conv.weight", "decoder.mid.attn_1.q.weight", "decoder.up.0.block.0.conv1.conv.weight")
-    load_choices = {"attention": ATTENTION_MODES}  # the trained frame-causal mask, or core's unmasked attention
 
     def __init__(self, cfg: Hv15Config = Hv15Config()):
         super().__init__()
