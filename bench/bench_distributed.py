@@ -29,6 +29,7 @@ import torch
 
 from bench import models
 from bench.common import git_commit
+from vae import families
 from vae.run import memory
 from vae.run.stream_context import StreamContext
 from vae.run.causal_cache import CausalCache
@@ -37,14 +38,10 @@ from vae.distributed.row_bands import Bands, RowBands
 from vae.model.layers import FrameGroupNorm
 from vae.kernels import Optimizations
 
-# (name, family, frames, height, width, T1 seconds on one H100 in bf16, how T1 is known)
-WORKLOADS = [
-    ("Wan2.1 81x720x1280", "wan21", 81, 720, 1280, 1.47 * (720 * 1280) / (480 * 832), "scaled from 81x480x832 1.47 s"),
-    ("Wan2.1 81x480x832", "wan21", 81, 480, 832, 1.47, "measured"),
-    ("Wan2.2 81x704x1280", "wan22", 81, 704, 1280, 3.24, "measured"),
-    ("SeedVR2 21x1080x1920", "seedvr2", 21, 1080, 1920, 3.0, "measured"),
-    ("SeedVR2 21x2160x3840", "seedvr2", 21, 2160, 3840, 3.0 * 4, "scaled from 21x1080x1920 3.0 s"),
-]
+# (name, family, frames, height, width, T1 seconds on one H100 in bf16, how T1 is known): the families'
+# `Bench.one_gpu` rows
+WORKLOADS = [(f"{spec.display_name} {t.clip.frames}x{t.clip.height}x{t.clip.width}", spec.name, t.clip.frames,
+              t.clip.height, t.clip.width, t.seconds, t.source) for spec in families.SPECS for t in spec.bench.one_gpu]
 # Per direction, per GPU; fixed cost per exchange (one batch of sends/receives or one all-gather).
 LINKS = {"NVLink (H100, 450 GB/s)": (450e9, 40e-6), "PCIe 5 (50 GB/s)": (50e9, 60e-6), "PCIe 4 (25 GB/s)": (25e9, 60e-6)}
 PEERS = "xDiT DistVAE / SGLang / FastVAE, Wan2.1 720p decode on A800s: 9.26 / 5.45 / 3.27 / 2.16 s on 1/2/4/8, 11.8 -> 3.0 GB per GPU"
@@ -132,7 +129,8 @@ def predict(workload, world: int, link: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", choices=["seedvr2", "wan21", "wan22"], help="bytes per layer of one chunk, 720p, 4 GPUs")
+    parser.add_argument("--layers", choices=sorted({workload[1] for workload in WORKLOADS}),
+                        help="bytes per layer of one chunk, 720p, 4 GPUs")
     args = parser.parse_args()
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, commit {git_commit() or 'unknown'}; "
           "times PREDICTED (no multi-GPU run), T1 from bench/RESULTS.md section 0 (one H100, bf16)")
@@ -150,7 +148,8 @@ def main() -> None:
     for workload in WORKLOADS:
         single = models.meta_model(workload[1]).to(torch.bfloat16)
         sf = single.spatial_factor
-        shape = (1, single.latent_channels, (workload[2] - 1) // 4 + 1, workload[3] // sf, workload[4] // sf)
+        shape = (1, single.latent_channels, (workload[2] - 1) // single.temporal_factor + 1, workload[3] // sf,
+                 workload[4] // sf)
         one_gpu = memory.estimate(single, clip_of(single, "decode", shape), 1, None, device="cuda",
                                   io_on_device=(False, False))
         for link in LINKS:

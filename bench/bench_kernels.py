@@ -38,6 +38,7 @@ from bench import models
 from bench.common import machine_summary, print_table, psnr
 from bench.core_vae import TREES
 from bench.variants import options, parse_row
+from vae import families
 from vae.kernels import backend
 from vae.kernels import filter_cache, kernel_choice
 
@@ -105,7 +106,7 @@ def bench_family(family: str, args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=models.FAMILIES)
+    parser.add_argument("--families", nargs="+", default=[families.SEEDVR2.name], choices=models.FAMILIES)
     parser.add_argument("--frames", type=int, default=5, help="pixel frames (1 + 4k; LTX-2: 1 + 8k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--rounds", type=int, default=3)

@@ -17,6 +17,7 @@ import torch
 import vae
 from bench import models
 from bench.common import machine_summary, print_table
+from vae import families
 from vae.kernels.backend import DTYPES
 
 PLANS = {"untiled": dict(temporal_chunk=1), "exact tiles 128 px": dict(temporal_chunk=1, tile_size=128),
@@ -26,7 +27,7 @@ LAYOUTS = ("ndhwc", "ncdhw")
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="seedvr2", choices=models.FAMILIES)
+    parser.add_argument("--family", default=families.SEEDVR2.name, choices=models.FAMILIES)
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--size", default="256x256", help="pixels, HxW")
     parser.add_argument("--frames", type=int, default=5)

@@ -2,9 +2,9 @@
 
     python -m bench.bench_precision [results.json]
 
-For each family: the tiny checkpoint of ../shared/reference/<family>/ (the upstream fixtures'
-weights) decodes its fixture latent (SeedVR2: the latent of its fixture video, encoded in fp32) in
-fp32 and in bf16, both optimized; PSNR of the bf16 output against the fp32 one over the [-1, 1]
+For each family with upstream fixtures: the tiny checkpoint of ../shared/reference/<family>/ (the
+upstream fixtures' weights) decodes the latent of its fixture video, encoded in fp32, in fp32 and in
+bf16, both optimized; PSNR of the bf16 output against the fp32 one over the [-1, 1]
 range, and the median time of 3 runs. Full-size configs: bench.bench_vae's bf16 rows (PSNR column).
 Whether `auto` decodes in bf16 here is vae.kernels.backend.auto_dtype's answer for this CPU.
 """
@@ -16,22 +16,20 @@ import torch
 
 from bench import models
 from bench.common import machine_summary, median_time, print_table, psnr
-from tests.reference import tensors
+from tests.reference import TINY_FAMILIES, fixture_clip
 from vae.kernels import backend
 from vae.kernels.backend import DTYPES
 
 
 def latent(family: str, model) -> torch.Tensor:
-    """The family's fixture latent; SeedVR2's is its fixture video encoded by `model`."""
-    if family == "seedvr2":
-        with torch.inference_mode():
-            return models.run(model, "encode", tensors(family, "tiny_inputs.safetensors")["video"])
-    return tensors(family, "reference_io.safetensors")["dec_in_z_raw"]
+    """The latent of the family's fixture video, encoded by `model`."""
+    with torch.inference_mode():
+        return models.run(model, "encode", fixture_clip(family)[0])
 
 
 def main():
     rows = []
-    for family in models.FAMILIES:
+    for family in TINY_FAMILIES:
         by_dtype = {name: models.build(family, DTYPES[name], tiny=True) for name in ("fp32", "bf16")}
         z = latent(family, by_dtype["fp32"])
         outputs = {}

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from bench import models
 from bench.common import machine_summary, print_table, run_worker, scratch_dir
+from vae import families
 from vae.run import memory, planning
 
 COLUMNS = [("mode", "mode", "s"), ("shape", "TxHxW", "s"), ("tile", "tile/overlap px", "s"), ("time", "median s", ".2f"),
@@ -81,7 +82,7 @@ def causal_cache_report(args) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="seedvr2", choices=models.FAMILIES)
+    parser.add_argument("--family", default=families.SEEDVR2.name, choices=models.FAMILIES)
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--size", default="256x384", help="HxW in pixels")
     parser.add_argument("--tile", type=int, default=128, help="tile size, pixels")

@@ -26,6 +26,7 @@ import torch
 import vae
 from bench import models
 from bench.common import machine_summary, print_table
+from vae import families
 
 COLUMNS = [("row", "tiles (size/overlap px)", "s"), ("plan", "plan", "s"), ("time", "median s", ".2f"),
            ("ratio", "time vs untiled", ".2f"), ("cpu", "median CPU s", ".2f"), ("cpu_ratio", "CPU vs untiled", ".2f"),
@@ -39,7 +40,7 @@ def pair(text: str) -> tuple[int, int]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="wan21", choices=models.FAMILIES)
+    parser.add_argument("--family", default=families.WAN21.name, choices=models.FAMILIES)
     parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--size", default="128x128", help="HxW in pixels")
     parser.add_argument("--tiles", nargs="*", type=pair, default=[(17, 3), (16, 15), (24, 0)], help="size/overlap px")

@@ -36,6 +36,7 @@ from bench.common import ceilings, machine_summary, print_table, psnr, run_worke
 from bench.core_vae import TREES
 from bench.models import FAMILIES
 from bench.variants import NOT_MEASURED, SWITCHES, VARIANTS, is_extra, variant, verdict
+from vae import families
 from vae.kernels.backend import DTYPES
 from vae.kernels import kernel_choice
 
@@ -115,7 +116,7 @@ def tuning_text(kernels: dict | None) -> str | None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--families", nargs="+", default=["seedvr2"], choices=FAMILIES)
+    parser.add_argument("--families", nargs="+", default=[families.SEEDVR2.name], choices=FAMILIES)
     parser.add_argument("--ops", nargs="+", default=["decode"], choices=["encode", "decode"])
     parser.add_argument("--frames", nargs="+", type=int, default=[9], help="pixel frames (1 + 4k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")

@@ -35,6 +35,7 @@ import vae
 from bench import models
 from bench.common import machine_summary, peak_rss_bytes, print_table, reset_peak_rss, rss_bytes, run_worker
 from bench.memory_worker import fixed_mmap_threshold
+from vae import families
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GIB = 2**30
@@ -147,7 +148,7 @@ def main() -> None:
         print(json.dumps(worker(spec)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="wan22", choices=("seedvr2", "wan21", "wan22"))
+    parser.add_argument("--family", default=families.WAN22.name, choices=models.FAMILIES)
     parser.add_argument("--size", default="512x512", help="HxW in pixels (default: %(default)s)")
     parser.add_argument("--frames", type=int, nargs="+", default=[17, 257, 1001], help="clip lengths for the RAM table")
     parser.add_argument("--timing-frames", type=int, default=257, help="clip length for the time table")

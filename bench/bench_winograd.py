@@ -43,6 +43,8 @@ SWEEP = [(c, c, 3, 6, 64, 64) for c in (16, 32, 64, 128, 256, 512)] + [(c, c, 1,
 LTX2 = [(128, 128, 3, 11, 176, 320), (256, 256, 3, 7, 88, 160), (512, 512, 3, 5, 44, 80), (1024, 1024, 3, 4, 22, 40)]
 QUICK = [(512, 512, 3, 4, 32, 32), (256, 256, 3, 6, 64, 64), (128, 128, 3, 6, 128, 128),
          (64, 64, 3, 6, 64, 64), (16, 16, 3, 6, 64, 64)]
+# --layers: the SeedVR2 decoder's shapes and the channel sweep, either, a few small layers, or LTX-2's
+LAYER_SETS = dict(all=DECODER + SWEEP, decoder=DECODER, sweep=SWEEP, quick=QUICK, ltx2=LTX2)
 ACCURACY = [(256, 256, 3, 3, 32, 32), (512, 512, 3, 3, 16, 16), (128, 128, 1, 2, 33, 31)]
 
 
@@ -110,7 +112,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--layers", choices=["all", "decoder", "sweep", "quick", "ltx2"], default="all",
+    parser.add_argument("--layers", choices=list(LAYER_SETS), default="all",
                         help="SeedVR2 decoder shapes, the channel sweep, both, a few small layers, or LTX-2's")
     parser.add_argument("--layout", choices=list(FORMATS), default="ncdhw", help="activations' and weights' layout")
     parser.add_argument("--gemm", choices=list(GEMM_ROUTES), default="mkl", help="the Winograd GEMM route")
@@ -127,7 +129,7 @@ def main():
         columns += [(f"F{m}_ms", f"F({m}) ms", ".1f"), (f"F{m}_x", "speed-up", ".2f"),
                     (f"F{m}_gflops", "GF/s", ".0f"), (f"F{m}_err", "max|d|", ".1e")]
     rows = []
-    for shape in dict(all=DECODER + SWEEP, decoder=DECODER, sweep=SWEEP, quick=QUICK, ltx2=LTX2)[args.layers]:
+    for shape in LAYER_SETS[args.layers]:
         rows.append(bench_layer(shape, args.tiles, args.repeats, args.warmup, args.layout, args.gemm))
         print(f"  {rows[-1]['layer']} done", file=sys.stderr, flush=True)
     print_table(rows, columns)

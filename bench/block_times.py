@@ -25,7 +25,9 @@ import torch
 from bench import models
 from bench.common import machine_summary, print_table
 from bench.core_vae import TREES
+from vae import families
 
+FAMILY = families.LTX2.name  # the decoder this tool times, block by block
 CORE_NORM_OUT = ("conv_norm_out", "conv_act")  # core's norm and SiLU before conv_out: StreamVAE's conv_out norm
 
 
@@ -83,18 +85,18 @@ def main():
     parser.add_argument("--frames", type=int, default=9, help="pixel frames (1 + 8k)")
     parser.add_argument("--size", default="256x256", help="HxW in pixels")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--core", default="0.33.0", choices=[v for v, t in TREES.items() if "ltx2" in t.modules])
+    parser.add_argument("--core", default="0.33.0", choices=[v for v, t in TREES.items() if FAMILY in t.modules])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--profile", type=int, default=0, help="also list this many ops of each side's decode")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     height, width = (int(v) for v in args.size.lower().split("x"))
-    z = models.make_input("ltx2", dict(op="decode", frames=args.frames, height=height, width=width))
+    z = models.make_input(FAMILY, dict(op="decode", frames=args.frames, height=height, width=width))
     per_round = {"ours": [], "core": []}
     current = {"ours": defaultdict(float), "core": defaultdict(float)}
-    ours = timed_ours(models.drop_other_half(models.build("ltx2", torch.float32), "decode"), current["ours"])
-    core = timed_core(models.drop_other_half(models.build("ltx2", torch.float32, core=args.core), "decode"),
+    ours = timed_ours(models.drop_other_half(models.build(FAMILY, torch.float32), "decode"), current["ours"])
+    core = timed_core(models.drop_other_half(models.build(FAMILY, torch.float32, core=args.core), "decode"),
                       current["core"])
     runs = {"ours": lambda: models.run(ours, "decode", z), "core": lambda: core.decode(z)}
     with torch.inference_mode():

@@ -25,6 +25,7 @@ import torch
 
 from bench import models
 from bench.common import run_worker
+from vae import families
 from vae.run import memory
 from vae.kernels.backend import DTYPES
 
@@ -44,32 +45,23 @@ CUDA_FIT_POINTS = {"untiled": [(256, None), (512, None)], "exact": [(384, 128), 
 CUDA_CHECK_POINTS = {"untiled": [(384, None), (768, None)], "exact": [(768, 256)], "fast": [(768, 256)],
                      "streamed": [(1024, 256)]}
 CUDA_DTYPES = {"decode": "bf16", "encode": "fp32"}
-FRAMES = 5
-# LTX-2's latent cells are 32 px (sizes and tiles multiples of 32, tiles of at least 64 px) and a latent
-# frame is 8 pixel frames; its decoder's convs look ahead, so most of a short clip comes out with its
-# last chunk (streamed a chunk at a time, `engine._run_chunk`): 4 latent frames make a chunk's peak.
-# oneDNN's copy of its largest conv weight (the first depth-to-space conv, 0.42 GiB in fp32) is a fixed
-# peak that hides the per-pixel terms below about 320 px, so its points are larger (a process holds
-# 8-9 GiB at 448 px: the weights, their Winograd transforms, the caches).
-FAMILY_POINTS = {"ltx2": {"untiled": [(384, None), (448, None)], "exact": [(384, 128), (448, 128), (448, 192)],
-                          "streamed": [(384, 128), (448, 128), (448, 192), (384, 192)]}}
-FAMILY_CHECK_POINTS = {"ltx2": {"untiled": [(416, None)], "exact": [(416, 160)], "fast": [(416, 160)],
-                                "streamed": [(416, 160)]}}
-FAMILY_FRAMES = {"ltx2": 25}
 
 
 def points(family: str, mode: str, check: bool, cuda: bool) -> list:
-    """The (size, tile) points a mode is fitted on (or checked at) for a family on this device type."""
+    """The (size, tile) points a mode is fitted on (or checked at) for a family on this device type: on the
+    CPU the family's own where its spec has them (`Calibration`: LTX-2's, with the reasons), else the above."""
     if cuda:
         return (CUDA_CHECK_POINTS if check else CUDA_FIT_POINTS)[mode]
-    table = (FAMILY_CHECK_POINTS if check else FAMILY_POINTS).get(family) or (CHECK_POINTS if check else FIT_POINTS)
+    own = families.spec(family).bench.calibration
+    table = (own.check_points if check else own.points) or (CHECK_POINTS if check else FIT_POINTS)
     return table[mode]
 
 
 def point_spec(family: str, op: str, size: int, tile, mode: str, device: str) -> dict:
-    spec = dict(family=family, op=op, frames=FAMILY_FRAMES.get(family, FRAMES), height=size, width=size, tile_size=tile,
+    own = families.spec(family).bench.calibration
+    spec = dict(family=family, op=op, frames=own.frames, height=size, width=size, tile_size=tile,
                 tiling="fast" if mode == "fast" else "exact", temporal_chunk=1, device=device,
-                drop_other_half=family in FAMILY_FRAMES)
+                drop_other_half=own.decoder_only)
     if mode == "streamed":
         # The default kernels: streamed frames in small tiles make many distinct conv shapes, and
         # measuring each (kernel_choice.py) would take most of the calibration.

@@ -13,26 +13,15 @@ import torch
 
 import vae
 from bench import models
+from vae import families
 from vae.run.geometry import input_shape
 
 GB = 10**9
 GIB = 2**30
 CARDS = (8, 12, 16, 24)
 CARD_RESERVE = 0.8 * GIB  # the CUDA context and what else a card holds (display, other processes)
-# (label, family, op, frames, height, width)
-WORKLOADS = [
-    ("SeedVR2 upscale to 1080p, decode", "seedvr2", "decode", 21, 1080, 1920),
-    ("SeedVR2 upscale to 1080p, encode", "seedvr2", "encode", 21, 1080, 1920),
-    ("SeedVR2 upscale to 4K, decode", "seedvr2", "decode", 21, 2160, 3840),
-    ("Wan2.1 720p, 81 frames, decode", "wan21", "decode", 81, 720, 1280),
-    ("Wan2.1 1080p, 81 frames, decode", "wan21", "decode", 81, 1080, 1920),
-    ("Wan2.2-5B 720p, 121 frames, decode", "wan22", "decode", 121, 704, 1280),
-    ("LTX-2 720p, 241 frames, decode", "ltx2", "decode", 241, 720, 1280),
-    ("LTX-2 1088p, 241 frames, decode", "ltx2", "decode", 241, 1088, 1920),
-    ("LTX-2 4K, 121 frames, decode", "ltx2", "decode", 121, 2176, 3840),
-    ("HunyuanVideo 1.5 720p, 121 frames, decode", "hv15", "decode", 121, 720, 1280),
-    ("HunyuanVideo 1.5 1080p, 121 frames, decode", "hv15", "decode", 121, 1080, 1920),
-]
+# (family, its `CardRow`): the rows the families' specs declare, in the registry's order
+WORKLOADS = [(spec.name, row) for spec in families.SPECS for row in spec.bench.cards]
 
 
 def cell(model, op: str, shape, card_gb: int) -> str:
@@ -50,11 +39,13 @@ def cell(model, op: str, shape, card_gb: int) -> str:
 def main() -> None:
     print("| workload | " + " | ".join(f"{c} GB card" for c in CARDS) + " |")
     print("|---|" + "---|" * len(CARDS))
-    for label, family, op, frames, height, width in WORKLOADS:
+    for family, row in WORKLOADS:
         model = models.meta_model(family)
         model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-        shape = input_shape(op, frames, height, width, model.latent_channels, model.spatial_factor, model.temporal_factor)
-        print(f"| {label} | " + " | ".join(cell(model, op, shape, c) for c in CARDS) + " |")
+        clip = row.clip
+        shape = input_shape(row.op, clip.frames, clip.height, clip.width, model.latent_channels, model.spatial_factor,
+                            model.temporal_factor)
+        print(f"| {row.label} | " + " | ".join(cell(model, row.op, shape, c) for c in CARDS) + " |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """ComfyUI core's own VAE of a family, loaded with the same state dict as StreamVAE's, for comparison.
 
-Two cores (`TREES`), each a ComfyUI source tree found as below:
+Which module of core holds a family's VAE, and the first core version it is compared on, is the family's
+spec's (`FamilySpec.core`); how to build and call the VAE of each such module is here (`BUILDS`). Two cores
+(`TREES`), each a ComfyUI source tree found as below:
 - "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan (comfy/ldm/wan/vae.py,
   vae2_2.py) and HunyuanVideo 1.5 (comfy/ldm/hunyuan_video/vae_refiner.py).
 - "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
@@ -23,24 +25,37 @@ import: --cpu unless the model is to run on CUDA.
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from vae import families
+
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
 
 
 @dataclass(frozen=True)
 class CoreTree:
+    version: str
     env: str  # the variable that overrides where the tree is
     default: Path
-    modules: dict  # family -> the core module with its VAE
     site_venv: Path | None = None  # a venv whose site-packages hold the core's own packages (CPU builds)
 
     @property
     def path(self) -> Path:
         return Path(os.environ.get(self.env, self.default)).resolve()
+
+    @property
+    def modules(self) -> dict[str, str]:
+        """family -> the module of this core with its VAE: the families whose `FamilySpec.core` this version has."""
+        return {spec.name: spec.core.module for spec in families.SPECS
+                if spec.core is not None and _version(self.version) >= _version(spec.core.since)}
 
     def sites(self) -> list[Path]:
         """Folders with the core's own packages (comfy-kitchen, comfy-aimdo), appended to the import path."""
@@ -52,15 +67,11 @@ class CoreTree:
         return [p for p in [self.site_venv / "lib" / version / "site-packages"] if p.is_dir()]
 
 
-WAN = {"wan21": "comfy.ldm.wan.vae", "wan22": "comfy.ldm.wan.vae2_2"}
-HV15 = {"hv15": "comfy.ldm.hunyuan_video.vae_refiner"}
-TREES = {
-    "0.3.75": CoreTree("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI", {**WAN, **HV15}),
-    "0.33.0": CoreTree("STREAMVAE_COMFYUI_033", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI",
-                       {**WAN, "seedvr2": "comfy.ldm.seedvr.vae", **HV15,
-                        "ltx2": "comfy.ldm.lightricks.vae.causal_video_autoencoder"},
-                       REPO / ".cache" / "venv-comfy-0.33.0"),
-}
+TREES = {tree.version: tree for tree in (
+    CoreTree("0.3.75", "STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI"),
+    CoreTree("0.33.0", "STREAMVAE_COMFYUI_033", REPO / ".cache" / "comfyui-0.33.0" / "ComfyUI",
+             REPO / ".cache" / "venv-comfy-0.33.0"),
+)}
 # The core packages whose versions a row records.
 CORE_PACKAGES = ("comfy_kitchen", "comfy_aimdo")
 
@@ -175,30 +186,48 @@ class CoreHv15(torch.nn.Module):
         return self.decoder(z)
 
 
+def _wan(core, cfg) -> torch.nn.Module:
+    kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
+                  attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
+    if hasattr(cfg, "dec_dim"):
+        kwargs["dec_dim"] = cfg.dec_dim
+    return core.WanVAE(**kwargs)
+
+
+def _ltx(core, cfg) -> torch.nn.Module:
+    from vae.model.ltx2.checkpoint import upstream_config
+
+    return core.VideoVAE(config=upstream_config(cfg))
+
+
+@dataclass(frozen=True)
+class CoreBuild:
+    """How to build a core module's VAE for a StreamVAE config (`build(module, cfg)`, on the meta device) and
+    wrap the loaded model so that it takes and gives raw latents (`wrap(model, cfg)`)."""
+
+    build: Callable
+    wrap: Callable = lambda model, cfg: model
+
+
+# Keyed by core's module (`CoreVAE.module` of the families' specs): what it takes is that module's API.
+BUILDS = {
+    "comfy.ldm.wan.vae": CoreBuild(_wan),
+    "comfy.ldm.wan.vae2_2": CoreBuild(_wan),
+    "comfy.ldm.seedvr.vae": CoreBuild(_seedvr2, lambda model, cfg: RawLatentDecode(model, cfg.scaling_factor)),
+    "comfy.ldm.hunyuan_video.vae_refiner": CoreBuild(CoreHv15),
+    "comfy.ldm.lightricks.vae.causal_video_autoencoder": CoreBuild(_ltx, lambda model, cfg: NormalizedLatentVAE(model)),
+}
+
+
 def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dtype, device="cpu") -> torch.nn.Module:
     """Core `version`'s VAE of `family` for StreamVAE config `cfg`, with `state_dict` loaded (strict),
     in `dtype` on `device`, eval mode; `decode` takes the raw latent, as StreamVAE's."""
     tree = TREES[version]
     if family not in tree.modules:
         raise ValueError(f"ComfyUI {version} has no VAE to compare for {family!r} (has {sorted(tree.modules)})")
-    core = _import_core(version, tree.modules[family], cpu=torch.device(device).type != "cuda")
+    module = tree.modules[family]
+    core = _import_core(version, module, cpu=torch.device(device).type != "cuda")
     with torch.device("meta"):
-        if family == "seedvr2":
-            model = _seedvr2(core, cfg)
-        elif family == "hv15":
-            model = CoreHv15(core, cfg)
-        elif family == "ltx2":
-            from vae.model.ltx2_layout import upstream_config
-
-            model = core.VideoVAE(config=upstream_config(cfg))
-        else:
-            kwargs = dict(dim=cfg.dim, z_dim=cfg.z_dim, dim_mult=list(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks,
-                          attn_scales=[], temperal_downsample=list(cfg.temperal_downsample), dropout=0.0)
-            if hasattr(cfg, "dec_dim"):
-                kwargs["dec_dim"] = cfg.dec_dim
-            model = core.WanVAE(**kwargs)
+        model = BUILDS[module].build(core, cfg)
     model.load_state_dict(state_dict, strict=True, assign=True)
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    if family == "ltx2":
-        return NormalizedLatentVAE(model)
-    return RawLatentDecode(model, cfg.scaling_factor) if family == "seedvr2" else model
+    return BUILDS[module].wrap(model.to(device=device, dtype=dtype).eval().requires_grad_(False), cfg)

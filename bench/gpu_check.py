@@ -36,19 +36,16 @@ import torch
 from bench import models
 from bench.common import REPO, git_commit, print_table, psnr, rate
 from bench.variants import parse_row, prepared, variant
+from vae import families
 from vae.kernels.backend import DTYPES
 from vae.run.geometry import min_tile
 
-# Realistic clips per family (issue 15): (frames, height, width). The tiny CPU dry run shrinks them.
-WORKLOADS = {
-    "seedvr2": [(21, 720, 1280), (21, 1080, 1920)],
-    "wan21": [(81, 480, 832), (81, 720, 1280)],
-    "wan22": [(81, 704, 1280)],
-    "ltx2": [(121, 720, 1280), (241, 1088, 1920)],
-    "hv15": [(121, 720, 1280), (121, 1080, 1920)],  # issue 41: its 6 and 8 GiB targets
-}
-DRY_WORKLOADS = {"seedvr2": [(5, 64, 96)], "wan21": [(5, 64, 96)], "wan22": [(5, 64, 96)], "ltx2": [(17, 64, 96)],
-                 "hv15": [(5, 64, 96)]}
+# Realistic clips per family (issue 15; `Bench.gpu` of its spec): (frames, height, width), smallest first,
+# for the families measured here. The tiny CPU dry run takes its own (`Bench.dry`).
+WORKLOADS = {spec.name: [(clip.frames, clip.height, clip.width) for clip in spec.bench.gpu]
+             for spec in families.SPECS if spec.bench.gpu}
+DRY_WORKLOADS = {spec.name: [(spec.bench.dry.frames, spec.bench.dry.height, spec.bench.dry.width)]
+                 for spec in families.SPECS if spec.bench.dry is not None}
 DRY_TILE, DRY_OVERLAP = 32, 8  # the dry run's frames are smaller than a real tile (at least the family's smallest)
 
 DEFAULT_VARIANTS = ["reference", "fp32", "bf16", "bf16-kernels_defaults", "bf16-no-triton_norm", "bf16-tiles"]

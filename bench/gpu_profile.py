@@ -16,6 +16,7 @@ import torch
 
 from bench import models
 from bench.common import machine_summary
+from vae import families
 from vae.kernels.backend import DTYPES
 
 KINDS = [  # (kind, substrings of kernel names), first match wins
@@ -35,7 +36,7 @@ def kind_of(name: str) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="wan21", choices=models.FAMILIES)
+    parser.add_argument("--family", default=families.WAN21.name, choices=models.FAMILIES)
     parser.add_argument("--size", default="81x480x832", help="pixel frames x height x width")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--device", default="cuda")

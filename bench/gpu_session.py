@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import REPO
+from vae import families
 
 LEDGER = REPO / "bench" / "results" / "gpu" / "ledger.jsonl"
 FINGERPRINTED = ("vae", "bench", "tests")  # the sources a result depends on (*.py, *.sh)
@@ -73,8 +74,8 @@ PARTS = [
     _decode("encode-wan21-480p", "wan21:81x480x832", 90, "Wan2.1 encode: NDHWC against NCDHW", op="encode",
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",
-         ("bench.calibrate_memory", "--device", "{device}", "--modes", "streamed", "--families", "seedvr2", "wan21",
-          "--ops", "decode"), keeps=("vae/run/memory_calibration.json",)),
+         ("bench.calibrate_memory", "--device", "{device}", "--modes", "streamed", "--families", families.SEEDVR2.name,
+          families.WAN21.name, "--ops", "decode"), keeps=("vae/run/memory_calibration.json",)),
     _sweep("seedvr2-1080p-cards", "1080x1920", ["8", "12", "16"], 300, "SeedVR2 1080p within 8, 12 and 16 GiB cards",
            untiled=False),
     _sweep("seedvr2-4k-cards", "2160x3840", ["10", "16"], 240, "SeedVR2 4K within 10 and 16 GiB cards", untiled=False),

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from bench import models
 from bench.common import git_commit, machine_summary, run_worker
+from vae import families
 
 GIB = 2**30
 
@@ -39,7 +41,7 @@ def worker(spec: dict, timeout: float | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--family", default="seedvr2")
+    parser.add_argument("--family", default=families.SEEDVR2.name, choices=models.FAMILIES)
     parser.add_argument("--op", default="decode", choices=["decode", "encode"])
     parser.add_argument("--frames", type=int, default=5)
     parser.add_argument("--sizes", nargs="+", default=["192x192", "256x256"], help="HxW in pixels")

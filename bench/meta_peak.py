@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map
 import vae
 import vae.model.layers
 from bench import models
+from vae import families
 from vae.run import memory
 from vae.run.stream_context import StreamContext
 from vae.run.strategies.exact_tiles import ExactTiles
@@ -150,7 +151,7 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", default="seedvr2")
+    parser.add_argument("--family", default=families.SEEDVR2.name, choices=models.FAMILIES)
     parser.add_argument("--op", default="decode", choices=["decode", "encode"])
     parser.add_argument("--size", default="1080x1920", help="HxW in pixels")
     parser.add_argument("--tile", type=int, default=64)

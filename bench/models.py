@@ -1,10 +1,10 @@
 """The models and inputs every benchmark runs, built in one place, and the one place that runs them.
 
-A family's network is either its full released config with seeded random weights (conv and linear
+A family (`vae.families`) is its full released config with seeded random weights (conv and linear
 weights N(0,1)/sqrt(fan_in), norm scales 1, biases 0, latent statistics the identity: activations stay
-O(1) through the depth; no
-released checkpoint is needed), or, with `tiny`, the tiny test checkpoint of the shared reference
-fixtures (what the CPU dry runs use). `weights` gives the config and the state dict; `build` loads them
+O(1) through the depth; no released checkpoint is needed), or, with `tiny`, its tiny test model
+(`FamilySpec.tiny`: the tiny checkpoint of the shared reference fixtures, or a small config with those
+random weights; what the CPU dry runs use). `weights` gives the config and the state dict; `build` loads them
 into StreamVAE's model or into ComfyUI core's own VAE of a version (bench/core_vae.py), so two rows
 with the same family, size and seed compare the same network on the same input (`make_input`).
 `run` and `plan` are the benchmarks' only calls of the engine (`vae.encode`/`vae.decode`/`vae.plan`).
@@ -14,30 +14,16 @@ import dataclasses
 import torch
 
 import vae
-from vae.model.ltx2_blocks import LTXBlock
+from vae import families
 
-CONFIGS = {"seedvr2": (vae.SeedVR2VAE, vae.SeedVR2Config), "wan21": (vae.Wan21VAE, vae.Wan21Config),
-           "wan22": (vae.Wan22VAE, vae.Wan22Config), "qwen21": (vae.Qwen21VAE, vae.Qwen21Config),
-           "ltx2": (vae.LTX2VAE, vae.LTX2Config), "hv15": (vae.Hv15VAE, vae.Hv15Config)}
-FAMILIES = tuple(CONFIGS)
-# Families without a tiny checkpoint among the reference fixtures: a small config with random weights
-# (the released latent channels and factors, so `make_input` holds for them too: LTX-2's core VAE holds
-# 128-channel latent statistics).
-TINY_CONFIGS = {"ltx2": vae.LTX2Config(
-    encoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1) for name in (
-        "res_x", "compress_space_res", "res_x", "compress_time_res", "res_x", "compress_all_res", "res_x",
-        "compress_all_res", "res_x")),
-    decoder_blocks=tuple(LTXBlock(name, multiplier=2 if name != "res_x" else 1, residual=name != "res_x")
-                         for name in ("res_x", "compress_all", "res_x", "compress_all", "res_x", "compress_all", "res_x")),
-    encoder_channels=8, decoder_channels=64),
-    "hv15": vae.Hv15Config(block_out_channels=(16, 32, 32, 64, 64), layers_per_block=1)}
+FAMILIES = families.NAMES
 
 
 def meta_model(family: str) -> vae.VideoVAE:
     """The full released network of `family` on the meta device: shapes only, no memory."""
-    family_cls, config_cls = CONFIGS[family]
+    spec = families.spec(family)
     with torch.device("meta"):
-        return family_cls(config_cls())
+        return spec.vae_class(spec.config_class())
 
 
 def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -61,16 +47,17 @@ def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.
 
 def weights(family: str, tiny: bool = False, seed: int = 0) -> tuple[object, dict[str, torch.Tensor]]:
     """(config, float32 state dict in StreamVAE's key names): the released config with `seed`'s random
-    weights, or the tiny test checkpoint's (the reference fixtures; `seed` unused; `TINY_CONFIGS` with
-    `seed`'s random weights where there is none)."""
-    if tiny and family in TINY_CONFIGS:
+    weights, or the tiny test model's (`FamilySpec.tiny`: the reference fixture's checkpoint, `seed`
+    unused; or its small config with `seed`'s random weights)."""
+    spec = families.spec(family)
+    if tiny and spec.tiny.config is not None:
         with torch.device("meta"):
-            small = CONFIGS[family][0](TINY_CONFIGS[family])
+            small = spec.vae_class(spec.tiny.config)
         return small.config, random_state_dict(small, seed)
     if tiny:
-        from tests.reference import TINY_CONFIG_OVERRIDES, tiny_checkpoint
+        from tests.reference import tiny_checkpoint
 
-        model = vae.load(tiny_checkpoint(family), config=TINY_CONFIG_OVERRIDES[family])
+        model = vae.load(tiny_checkpoint(family), config=spec.tiny.fixture_config)
         return model.config, model.state_dict()
     meta = meta_model(family)
     return meta.config, random_state_dict(meta, seed)
@@ -123,7 +110,7 @@ def model_flops(family: str, op: str, spec: dict, tiny: bool = False) -> int:
 
     config = weights(family, tiny)[0] if tiny else meta_model(family).config
     with torch.device("meta"):
-        model = CONFIGS[family][0](config)
+        model = families.spec(family).vae_class(config)
     x = make_input(family, dict(spec, op=op)).to("meta")
     io = dict(out_device="meta") if op == "decode" else {}
     return count_flops(lambda: run(model, op, x, None, vae.Optimizations.straightforward(), **io))

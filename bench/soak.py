@@ -39,15 +39,14 @@ from bench import models
 
 try:  # the tests' ComfyUI harness, imported as pytest imports it (top-level names from tests/)
     from comfy_support.server import ComfyServer, build_base_directory, unlink_working_tree
+    from reference import TINY_FAMILIES
     from test_bad_inputs_server import interrupt_at_first_step
     from test_nodes_server import as_uint8, node, saved_images, saved_latent, vae_file, video_of
 except ModuleNotFoundError as error:
     raise SystemExit(f"bench.soak drives the tests' ComfyUI harness ({error}): run it from the repository root as "
                      "`PYTHONPATH=tests .venv/bin/python -m bench.soak`") from None
 
-FAMILIES = models.FAMILIES
-CHANNELS = {"seedvr2": 16, "wan21": 16, "wan22": 48}
-SPATIAL = {"seedvr2": 8, "wan21": 8, "wan22": 16}
+FAMILIES = TINY_FAMILIES  # the families whose tiny checkpoints the server has (comfy_support.environment.FIXTURE_VAES)
 MEMORY_TOLERANCE = 0.05
 FAULTS = [None, None, None, "interrupt", None, None, None, "oom"]  # one prompt in 8 each, in a fixed rhythm
 
@@ -99,7 +98,7 @@ class Soak:
         lib = lib if lib.get("tiling") == "fast" else {}  # exact tiles and chunks equal the untiled result
         if kind == "decode":
             t, h, w = self.rng.randint(1, 3), self.rng.randint(2, 12), self.rng.randint(2, 12)
-            z = torch.randn(1, CHANNELS[family], t, h, w, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
+            z = torch.randn(1, model.latent_channels, t, h, w, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
             prompt = {"1": node(self.info, "LoadLatent", latent=self.latent_file(z)),
                       "2": node(self.info, "StreamVAELoader", vae_name=vae_file(family)),
                       "3": node(self.info, "StreamVAEDecode", vae=["2", 0], samples=["1", 0], **settings),

@@ -26,7 +26,7 @@ import torch
 from comfy_api.latest import io
 
 from .. import vae
-from ..vae import Settings, latent_frames, pixel_frames
+from ..vae import Settings, families, latent_frames, pixel_frames
 from . import core_api, execution
 from .images import check_image
 from .latents import latent_layout, read_latent
@@ -118,7 +118,8 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.upscale_index_formula = self.downscale_index_formula = (tf, f, f)
         self.working_dtypes = [torch.bfloat16, torch.float32]
         self.disable_offload, self.not_video = True, False
-        self.crop_input = handle.family != "seedvr2"  # as core's SeedVR2 and Wan VAEs
+        core = families.spec(handle.family).core  # crops an encode's frames as core's VAE of the family does
+        self.crop_input = core is None or core.crops_input
         self.memory_used_encode = lambda shape, dtype: self.first_stage_model.peak_bytes("encode", shape)
         self.memory_used_decode = lambda shape, dtype: self.first_stage_model.peak_bytes("decode", shape)
         self.size = None

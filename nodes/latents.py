@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..vae import latent_frames, pixel_frames
+from ..vae import families, latent_frames, pixel_frames
 from .core_api import advanced
 
 FRAMES_KEY = "streamvae_frames"
@@ -54,15 +54,15 @@ def latent_layout(z: torch.Tensor, family: str, channels: int) -> tuple[torch.Te
 
     The rule, in this order: 5-D with `channels` on dim 1 is core's layout (it wins when the last dim
     has that size too); 5-D with `channels` last is channels-last B,T,H,W,C; 4-D with `channels` on
-    dim 1 is one frame; 4-D SeedVR2 with a multiple of 16 on dim 1 is core's folded B,16*T,H,W
-    (channel-major, as core's SeedVR2 VAE reads it). Anything else keeps its shape and fails the
-    channel check of `read_latent`.
+    dim 1 is one frame; 4-D with a multiple of `channels` on dim 1, for a family whose core LATENT folds
+    its frames so (`ComfyLatent.folded_frames`: SeedVR2), is core's folded B,C*T,H,W (channel-major, as
+    core's SeedVR2 VAE reads it). Anything else keeps its shape and fails the channel check of `read_latent`.
     """
     if z.dim() == 5 and z.shape[1] != channels and z.shape[-1] == channels:
         return z.permute(0, 4, 1, 2, 3), CHANNELS_LAST_LAYOUT
     if z.dim() == 4 and z.shape[1] == channels:
         return z.unsqueeze(2), IMAGE_LAYOUT
-    if z.dim() == 4 and family == "seedvr2" and z.shape[1] % channels == 0:
+    if z.dim() == 4 and families.spec(family).latent.folded_frames and z.shape[1] % channels == 0:
         return z.reshape(z.shape[0], channels, z.shape[1] // channels, *z.shape[2:]), FOLDED_LAYOUT
     if z.dim() == 4:
         return z.unsqueeze(2), IMAGE_LAYOUT
@@ -109,10 +109,8 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
                 f"this LATENT has {z.shape[1]} channels and one frame: an image model's latent ({image_model}), not a "
                 f"video VAE's. Decode it with core's VAE Decode and that model's VAE; the loaded {family} VAE decodes "
                 f"{channels}-channel video latents.")
-        raise ValueError(
-            f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel latents. "
-            f"Load the VAE that made it: 16 channels = Wan2.1 / Wan2.2-A14B / SeedVR2, 48 channels = Wan2.2-TI2V-5B, "
-            "32 channels = HunyuanVideo 1.5, 128 channels = LTX-2 / LTX-Video.")
+        raise ValueError(f"this LATENT has {z.shape[1]} channels but the loaded {family} VAE decodes {channels}-channel"
+                         f" latents. Load the VAE that made it: {_whose_latents()}.")
     b, _, t, h, w = z.shape
     if min(b, t, h, w) == 0:
         raise ValueError(f"this LATENT is empty (shape {tuple(z.shape)}: batch, channels, frames, height, width); "
@@ -129,13 +127,22 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     # float32 before unscaling, as core's SeedVR2 VAE divides in its float32 compute dtype on the CPU
     samples = model.from_comfy_latent(z.to(torch.float32).contiguous())
     notes = []
-    if family.startswith("wan") and wan_source(latent, samples, model, source) == "WanVideoWrapper":
+    wrapper = families.spec(family).latent.wrapper_normalized
+    if wrapper and wan_source(latent, samples, model, source) == "WanVideoWrapper":
         samples = model.from_model_space(samples)
         notes.append("LATENT in WanVideoWrapper's normalized space: converted to core's raw Wan latent")
     fps = latent.get(FPS_KEY)
     fps = float(fps) if isinstance(fps, (int, float)) and fps > 0 else None
     return LatentClips(samples, list(frames), None if size is None else (int(size[0]), int(size[1])), layout,
                        fps, notes)
+
+
+def _whose_latents() -> str:
+    """The registered families by latent channels: "16 channels = SeedVR2 / Wan2.1 / ..., 32 channels = ..."."""
+    by_channels: dict[int, list[str]] = {}
+    for spec in families.SPECS:
+        by_channels.setdefault(spec.latent_channels, []).extend((spec.display_name, *spec.also))
+    return ", ".join(f"{c} channels = {' / '.join(names)}" for c, names in sorted(by_channels.items()))
 
 
 def latent_source_input(io):

@@ -3,15 +3,15 @@ models/checkpoints whose VAE is inside it (LTX-2's, under `vae.`; only those ten
 STREAMVAE, and the same model as a core VAE (the one-node swap: core's VAE Decode, WanImageToVideo,
 LTXVImgToVideo, HunyuanVideo15ImageToVideo, SeedVR2 nodes then run StreamVAE).
 
-Choices a family declares for its loading (`VideoVAE.load_choices`, no weight says them) are advanced
-inputs: `clip_attention` is HunyuanVideo 1.5's mid-block attention (`attention`: the trained frame-causal
-mask, or the unmasked attention core computes).
+Choices a family declares for its loading (`FamilySpec.load_choices`, no weight says them) are advanced
+inputs, one per choice of the registered families: `clip_attention` is HunyuanVideo 1.5's mid-block
+attention (`attention`: the trained frame-causal mask, or the unmasked attention core computes).
 """
 import logging
 
 from comfy_api.latest import io
 
-from .. import vae
+from ..vae import families
 from . import checkpoints, core_api
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, KERNEL_CHOICES, OFFLOAD_CHOICES, StreamVAEHandle
 from .run_settings import settings_from_inputs
@@ -27,10 +27,8 @@ log = logging.getLogger("streamvae")
 
 # The folders a VAE is listed from, in the order a name found in both is resolved.
 FOLDERS = ("vae", "checkpoints")
-# The node's inputs for load choices a family declares (`VideoVAE.load_choices`): input -> (config field,
-# its values, the default first).
-ATTENTION_CHOICES = vae.Hv15VAE.load_choices["attention"]  # HunyuanVideo 1.5's, the only family with it
-CHOICE_INPUTS = {"clip_attention": ("attention", ATTENTION_CHOICES)}
+# The node's inputs for the load choices the families declare (`FamilySpec.load_choices`): input -> choice.
+CHOICE_INPUTS = {choice.input: choice for choice in families.load_choices()}
 
 
 def vae_files() -> list[str]:
@@ -52,13 +50,13 @@ def load_config(path: str, chosen: dict[str, str]) -> tuple[dict, list[str]]:
     """The config (field -> value) of the node's choice inputs (`chosen`: input -> value) that the file's
     family declares, and a warning for each other one set away from its default (no effect there)."""
     info = checkpoints.inspect_checkpoint(path)
-    declared = type(info.model).load_choices
+    declared = families.spec(info.family).load_choices
     config, ignored = {}, []
     for name, value in chosen.items():
-        field, values = CHOICE_INPUTS[name]
-        if field in declared:
-            config[field] = value
-        elif value != values[0]:
+        choice = CHOICE_INPUTS[name]
+        if choice in declared:
+            config[choice.field] = value
+        elif value != choice.values[0]:
             ignored.append(f"{name} {value}: no effect on {info.family} (it has no such choice)")
     return config, ignored
 
@@ -107,10 +105,9 @@ class LoadVAE(io.ComfyNode):
                                **core_api.advanced(), tooltip=(
                     "measure = the fastest exact kernels on this machine, timed once per layer shape and remembered; "
                     "defaults = fixed rules, for reproducible timings.")),
-                io.Combo.Input("clip_attention", options=list(ATTENTION_CHOICES), default=ATTENTION_CHOICES[0],
-                               optional=True, **core_api.advanced(), tooltip=(
-                    "HunyuanVideo 1.5's attention across frames. causal = the trained model (exact); full = "
-                    "unmasked, as ComfyUI core computes it, to match core's output. Other families: no effect.")),
+                *(io.Combo.Input(name, options=list(choice.values), default=choice.values[0], optional=True,
+                                 **core_api.advanced(), tooltip=f"{choice.help} Other families: no effect.")
+                  for name, choice in CHOICE_INPUTS.items()),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
                     "Optional torch.compile settings from StreamVAE Torch Compile Settings; unconnected: eager.")),
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(
@@ -152,13 +149,13 @@ class LoadVAE(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae_name, encode_dtype="auto", decode_dtype="auto", device="auto", offload_device="auto",
-                kernels="measure", clip_attention=ATTENTION_CHOICES[0], compile=None, gpu_options=None,
-                devices=None) -> io.NodeOutput:
+                kernels="measure", compile=None, gpu_options=None, devices=None, **chosen) -> io.NodeOutput:
+        """`chosen`: the load-choice inputs (`CHOICE_INPUTS`) set on the node."""
         path = vae_path(vae_name)
         if path is None:
             raise FileNotFoundError(f"{vae_name!r} is in neither models/vae nor models/checkpoints; put the file there "
                                     "and press R to refresh the list.")
-        config, ignored = load_config(path, {"clip_attention": clip_attention})
+        config, ignored = load_config(path, chosen)
         handle = StreamVAEHandle.load(path, vae_name, encode_dtype, decode_dtype, device, offload_device,
                                       kernels=kernels, compile_settings=compile, gpu=gpu_options, devices=devices,
                                       config=config)

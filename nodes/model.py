@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from .. import vae
-from ..vae import CompileSettings, compile_blocks
+from ..vae import CompileSettings, compile_blocks, families
 from ..vae.kernels import BackendFlags, Optimizations, attention, backend, kernel_choice
 from ..vae.kernels.backend import DTYPES, dtype_name
 
@@ -124,7 +124,7 @@ class StreamVAEHandle:
     def load(cls, path: str, name: str, encode_dtype="auto", decode_dtype="auto", device="auto",
              offload_device="auto", kernels="measure", compile_settings=None, gpu=None,
              devices=None, config: dict | None = None) -> "StreamVAEHandle":
-        """`config`: the family's load choices (`VideoVAE.load_choices`), e.g. {"attention": "full"}; a
+        """`config`: the family's load choices (`FamilySpec.load_choices`), e.g. {"attention": "full"}; a
         choice away from its default is shown on the node."""
         load_device = resolve_device(device)
         offload = resolve_offload(offload_device, load_device)
@@ -134,9 +134,10 @@ class StreamVAEHandle:
         with torch.inference_mode(False):
             model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec, config=config or None)
         handle = cls(model, name, load_device, offload, compile_settings, gpu, devices, kernels)
+        defaults = {choice.field: choice.values[0] for choice in families.spec(model.family).load_choices}
         for field, value in (config or {}).items():
-            if value != type(model).load_choices[field][0]:
-                handle.note(f"{field} {value} (chosen at load; the default is {type(model).load_choices[field][0]})")
+            if value != defaults[field]:
+                handle.note(f"{field} {value} (chosen at load; the default is {defaults[field]})")
         if device == "gpu" and load_device.type == "cpu":
             handle.warn("device gpu: ComfyUI has no GPU here (CPU-only machine or --cpu), running on the CPU")
         log.info("StreamVAE: loaded %s", handle.describe())

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from comfy_api.latest import io, ui
 
+from ..vae import families
 from ..vae.video_codecs import BIT_DEPTHS, CODECS, MAX_CRF, PIXEL_FORMATS, resolve
 from ..vae.video_file import FileSink
 from ..vae.video_writer import VideoWriter
@@ -24,14 +25,6 @@ try:
 except ImportError:
     folder_paths = comfy_args = InputImpl = None
 
-# The frame rate each family's video model makes (Wan2.1 and Wan2.2-A14B, which share the Wan2.1 VAE:
-# 16 fps; Wan2.2-TI2V-5B and HunyuanVideo 1.5: 24 fps). SeedVR2 restores videos of any rate: 24 unless
-# the source is known. LTX-2 makes the rate its conditioning asks for (core's LTXVConditioning
-# frame_rate), 24 where unknown.
-DEFAULT_FPS = 24.0
-FAMILY_FPS = {"wan21": 16.0, "wan22": 24.0, "seedvr2": DEFAULT_FPS, "ltx2": DEFAULT_FPS, "hv15": 24.0}
-FAMILY_NAMES = {"wan21": "Wan2.1", "wan22": "Wan2.2-5B", "seedvr2": "SeedVR2", "ltx2": "LTX-2", "hv15": "HunyuanVideo 1.5"}
-LTX_CONDITIONING = "LTXVConditioning"  # core's node that gives an LTX model its frame rate
 PREVIEW_FRAMES = 8
 PREVIEW_EDGE = 256  # pixels, the longer side of a preview frame
 
@@ -81,12 +74,12 @@ def _metadata(prompt, extra_pnginfo, description: str) -> dict[str, str]:
     return tags
 
 
-def conditioned_rate(prompt) -> float | None:
-    """The frame rate the workflow's LTX conditioning gives its model: the `frame_rate` of its
-    LTXVConditioning nodes (the API prompt: {id: {"class_type", "inputs"}}) where they agree on a set
-    value; None where there is none, one is linked to another node, or they differ."""
+def conditioned_rate(prompt, node_class: str) -> float | None:
+    """The frame rate the workflow's `node_class` nodes (LTX-2's LTXVConditioning) give its model: their
+    `frame_rate` (the API prompt: {id: {"class_type", "inputs"}}) where they agree on a set value; None
+    where there is none, one is linked to another node, or they differ."""
     rates = {node.get("inputs", {}).get("frame_rate") for node in (prompt or {}).values()
-             if isinstance(node, dict) and node.get("class_type") == LTX_CONDITIONING}
+             if isinstance(node, dict) and node.get("class_type") == node_class}
     if len(rates) != 1:
         return None
     rate = rates.pop()
@@ -95,15 +88,17 @@ def conditioned_rate(prompt) -> float | None:
 
 def frame_rate(fps: float, latent: LatentClips, family: str, prompt=None) -> tuple[float, str]:
     """The rate to write at and why: `fps`, or with 0 (auto) the source video's (a LATENT from Encode
-    from Video), else for LTX-2 the workflow's LTX conditioning's (`conditioned_rate`), else the rate
-    `family`'s video model makes."""
+    from Video), else the rate the workflow's node that sets `family`'s rate gives (`FamilySpec.fps_node`:
+    LTX-2's LTXVConditioning, `conditioned_rate`), else the rate `family`'s video model makes
+    (`FamilySpec.fps`)."""
     if fps:
         return fps, "fps as set on the node"
     if latent.fps:
         return latent.fps, "the source video's rate (fps 0 = auto)"
-    if family == "ltx2" and (rate := conditioned_rate(prompt)):
-        return rate, f"the frame_rate of the workflow's {LTX_CONDITIONING} (fps 0 = auto)"
-    return FAMILY_FPS.get(family, DEFAULT_FPS), f"{FAMILY_NAMES.get(family, family)}'s rate (fps 0 = auto)"
+    spec = families.spec(family)
+    if spec.fps_node and (rate := conditioned_rate(prompt, spec.fps_node)):
+        return rate, f"the frame_rate of the workflow's {spec.fps_node} (fps 0 = auto)"
+    return spec.fps, f"{spec.display_name}'s rate (fps 0 = auto)"
 
 
 def _audio(audio):

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vae.model.ltx2 import LTX2Config, LTX2VAE
-from vae.model.ltx2_blocks import LTXBlock
-from vae.model.ltx2_layout import upstream_config
+from vae.model.ltx2.blocks import LTXBlock
+from vae.model.ltx2.checkpoint import upstream_config
 
 
 def _b(name, **params) -> LTXBlock:

@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from vae import families
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -42,17 +44,31 @@ def tiny_checkpoint(family: str) -> Path:
     return reference_dir(family) / "tiny_vae.safetensors"
 
 
-# The one config value the tiny SeedVR2 checkpoint's shapes cannot tell (the released file uses 32).
-TINY_CONFIG_OVERRIDES = {"seedvr2": {"norm_num_groups": 8}, "wan21": {}, "wan22": {}}
-# The families with upstream fixtures; the variants (Qwen-Image 2.1 among them) are tested against
-# diffusers' classes in test_wan_variants.py.
-TINY_FAMILIES = tuple(TINY_CONFIG_OVERRIDES)
+# The families with a tiny checkpoint among the upstream fixtures (`TinyModel.fixture_config` of their
+# specs); the others are tested against diffusers' classes (test_wan_variants.py, test_ltx2.py,
+# test_hv15.py), and every family against the contract of test_families.py.
+TINY_FAMILIES = tuple(spec.name for spec in families.SPECS if spec.tiny.fixture_config is not None)
 
 
 @lru_cache(maxsize=None)
 def tensors(family: str, name: str) -> dict:
     """A fixture safetensors file as a dict of tensors (cached; callers must not modify them)."""
     return load_file(str(reference_dir(family) / name))
+
+
+# Each fixture family's upstream clip: (file, video input, file, raw decoder input); 9 frames of 64x64,
+# 3 latent frames (8x8; Wan2.2: 4x4).
+FIXTURE_CLIPS = {
+    "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
+    "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+    "wan22": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
+}
+
+
+def fixture_clip(family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(video B,3,T,H,W, raw latent B,C,T',h,w) of `family`'s upstream fixture (one of `TINY_FAMILIES`)."""
+    video_file, video_key, latent_file, latent_key = FIXTURE_CLIPS[family]
+    return tensors(family, video_file)[video_key], tensors(family, latent_file)[latent_key]
 
 
 @lru_cache(maxsize=None)
@@ -78,6 +94,7 @@ def random_weights(module, seed: int):
 
 
 def load_tiny(family: str, **kwargs):
+    """The tiny fixture model of `family` (one of `TINY_FAMILIES`) with the config its shapes cannot tell."""
     import vae
 
-    return vae.load(tiny_checkpoint(family), config=TINY_CONFIG_OVERRIDES[family], **kwargs)
+    return vae.load(tiny_checkpoint(family), config=families.spec(family).tiny.fixture_config, **kwargs)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import vae
-from reference import REPO, TINY_CONFIG_OVERRIDES, load_tiny, tensors
+from vae import families
+from reference import REPO, load_tiny, tensors
 from test_bad_inputs import node_module
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriteError, VideoWriter
@@ -60,7 +61,7 @@ def test_one_damaged_shape_is_named_alone(family, key, dim):
     shape[dim] += 1
     damaged[key] = torch.zeros(shape)
     with pytest.raises(vae.CheckpointError) as refused:
-        vae.load(damaged, config=TINY_CONFIG_OVERRIDES[family])
+        vae.load(damaged, config=families.spec(family).tiny.fixture_config)
     message = str(refused.value)
     named = [k for k in damaged if re.search(rf"(?<![\w.]){re.escape(k)} \(", message)]
     assert named == [key], message

@@ -8,8 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
-from tests.reference import TINY_FAMILIES, load_tiny, tensors
-from tests.test_tiling import FIXTURES, _last_causal_conv
+from tests.reference import TINY_FAMILIES, fixture_clip, load_tiny
+from tests.test_tiling import _last_causal_conv
 from vae.run import memory
 from vae.run.causal_cache import CausalCache, _DiskStore, _HostStore
 from vae.kernels import layout
@@ -23,15 +23,10 @@ def model(request):
     return load_tiny(request.param)
 
 
-def fixture_clips(family):
-    video_file, video, latent_file, latent = FIXTURES[family]
-    return tensors(family, video_file)[video], tensors(family, latent_file)[latent]
-
-
 @pytest.mark.parametrize("tile", [None, 32], ids=["untiled", "exact-tile32"])
 def test_caches_on_disk_give_the_same_result(model, tile):
     """("host" is "none" with CPU compute; its store is tested below and on CUDA.)"""
-    video, z = fixture_clips(model.family)
+    video, z = fixture_clip(model.family)
     for run, x in ((vae.encode, video), (vae.decode, z)):
         on_device = run(model, x, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="none"))
         assert torch.equal(run(model, x, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="disk")),
@@ -204,7 +199,7 @@ def test_budget_offloads_the_caches_before_it_tiles(caplog):
 def test_out_of_memory_offloads_the_caches_before_it_tiles(model, monkeypatch, caplog):
     """The last conv runs out of memory while the caches are on the device: the retry moves them to
     disk (rebuilt from the finished first chunk) and stays untiled; the result is unchanged."""
-    z = fixture_clips(model.family)[1]
+    z = fixture_clip(model.family)[1]
     whole = vae.decode(model, z, vae.Settings(temporal_chunk=1))
     conv = _last_causal_conv(model)
     forward, failures, tiled = conv.forward, [], []
@@ -228,14 +223,14 @@ def test_out_of_memory_offloads_the_caches_before_it_tiles(model, monkeypatch, c
 @pytest.mark.gpu
 def test_host_offload_on_cuda_equals_the_caches_on_the_gpu():
     m = load_tiny("seedvr2", device="cuda")
-    z = fixture_clips("seedvr2")[1].cuda()
+    z = fixture_clip("seedvr2")[1].cuda()
     cache = CausalCache("host", "cuda")
     assert cache.offload == "host"
     for tile in (None, 32):
         on_gpu = vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="none"))
         assert torch.equal(vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=tile, cache_offload="host")),
                            on_gpu)
-    video = fixture_clips("seedvr2")[0].cuda()
+    video = fixture_clip("seedvr2")[0].cuda()
     assert torch.equal(vae.encode(m, video, vae.Settings(temporal_chunk=1, cache_offload="host")),
                        vae.encode(m, video, vae.Settings(temporal_chunk=1)))
 

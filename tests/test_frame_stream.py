@@ -8,16 +8,11 @@ import pytest
 import torch
 
 import vae
-from tests.reference import TINY_FAMILIES, load_tiny, magnitude, tensors
+from tests.reference import TINY_FAMILIES, fixture_clip, load_tiny, magnitude
 from vae.kernels import Optimizations
 from vae.run.strategies.frame_stream import FrameStream
 
 EXACT_ATOL = 1e-5
-FIXTURES = {  # (file, video input, file, raw decoder input): 9 frames of 64x64, 3 latent frames
-    "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
-    "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
-    "wan22": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
-}
 # Tile every conv, however small its frame, so the band-wise caches are exercised at every layer.
 TILE_ALL = Optimizations().with_(whole_frame_small_convs=False)
 # (temporal chunk, tile in pixels, where the caches and the waiting frames go)
@@ -32,8 +27,7 @@ def model(request):
 @pytest.fixture(scope="module")
 def whole(model):
     """The untiled, one-chunk encode and decode of the family's fixture (what every mode must equal)."""
-    video_file, video_key, latent_file, latent_key = FIXTURES[model.family]
-    video, z = tensors(model.family, video_file)[video_key], tensors(model.family, latent_file)[latent_key]
+    video, z = fixture_clip(model.family)
     everything = vae.Settings(temporal_chunk=z.shape[2])
     return video, z, vae.encode(model, video, everything), vae.decode(model, z, everything)
 

@@ -2,9 +2,9 @@
 model was trained with) and ComfyUI core's `vae_refiner` (unmasked), with seeded random weights saved
 through real safetensors files in both key layouts (diffusers', and the released / core names).
 
-Encode and decode match diffusers within 1e-4 x max(1, |ref|) at reduced and at the released widths;
-chunks of one and two latent frames, frames streamed and exact tiles equal the whole clip within 1e-5 x
-max(1, |ref|); the chunked frame-causal attention equals the dense masked attention within 1e-6 on a
+Encode and decode match diffusers within 1e-4 x max(1, |ref|) at reduced and at the released widths
+(that chunks, frames streamed and exact tiles equal the whole clip, and the load choices: the contract of
+test_families.py); the chunked frame-causal attention equals the dense masked attention within 1e-6 on a
 long clip; two processes with row bands give the one-process result; `attention="full"` reproduces
 core's encode and decode, which differ visibly from the masked model's; sizes that fit no rule are
 refused by name."""
@@ -22,7 +22,7 @@ from bench.models import meta_model
 from vae.run import memory, planning
 from vae.run.stream_context import StreamContext
 from vae.run.causal_cache import CausalCache
-from vae.model.hv15 import HV15_SCALING_FACTOR, Hv15Attention
+from vae.model.hv15.network import HV15_SCALING_FACTOR, Hv15Attention
 from vae.loading import CheckpointError, save_checkpoint
 from vae.kernels import Optimizations
 from reference import random_weights
@@ -115,24 +115,6 @@ def test_released_widths_match_diffusers():
     torch.testing.assert_close(vae.encode(ours, video, whole, opts=opts), encoded, rtol=0, atol=bound(encoded, 1e-4))
 
 
-RUNS = {
-    "chunk1": vae.Settings(temporal_chunk=1),
-    "chunk2": vae.Settings(temporal_chunk=2),
-    "tiles": vae.Settings(temporal_chunk=2, tile_size=32),
-    "streamed": vae.Settings(stream_frames=True),
-    "streamed-tiles-disk": vae.Settings(stream_frames=True, tile_size=32, cache_offload="disk"),
-}
-
-
-@pytest.mark.parametrize("run", list(RUNS))
-def test_chunks_streams_and_tiles_equal_the_whole_clip(models, run):
-    """Decode and encode the whole clip in one chunk, then as `run` says: equal within 1e-5."""
-    model, z, video = models["released"], _latent(frames=4), _video(frames=13)
-    whole_z, whole_x = vae.decode(model, z, vae.Settings(temporal_chunk=4)), vae.encode(model, video, vae.Settings(temporal_chunk=4))
-    torch.testing.assert_close(vae.decode(model, z, RUNS[run]), whole_z, rtol=0, atol=bound(whole_z, 1e-5))
-    torch.testing.assert_close(vae.encode(model, video, RUNS[run]), whole_x, rtol=0, atol=bound(whole_x, 1e-5))
-
-
 def test_chunked_attention_equals_the_dense_masked_attention_on_a_long_clip():
     """diffusers' attention block (its dense frame-causal mask) on 40 frames at once, against ours with the
     same weights chunk by chunk (1, 3 and 7 frames, the keys and values kept on the device or on disk)."""
@@ -210,7 +192,8 @@ def test_full_attention_reproduces_core(models, core):
     z, video = _latent(frames=5), _video(frames=17)
     with torch.no_grad():
         decoded, encoded = core.decode(z), core.encode(video)
-    for settings in (vae.Settings(temporal_chunk=5), RUNS["chunk2"], RUNS["streamed-tiles-disk"]):
+    for settings in (vae.Settings(temporal_chunk=5), vae.Settings(temporal_chunk=2),
+                     vae.Settings(stream_frames=True, tile_size=32, cache_offload="disk")):
         torch.testing.assert_close(vae.decode(full, z, settings), decoded, rtol=0, atol=bound(decoded, 1e-4))
         torch.testing.assert_close(vae.encode(full, video, settings), encoded, rtol=0, atol=bound(encoded, 1e-4))
     image_units = (vae.decode(masked, z) - decoded).abs().max().item() / 2 * 255  # [-1, 1] -> 0..255
@@ -239,16 +222,6 @@ def test_shapes_that_fit_no_rule_are_refused(models):
         vae.load(state)
     with pytest.raises(ValueError, match="attention must be one of"):
         vae.load(models["released"].state_dict(), config={"attention": "sliding"})
-
-
-def test_load_choices_are_config_values_the_default_first(models):
-    """What a front end offers (`load_choices`: Load VAE's clip_attention) is what `vae.load(config=)` takes,
-    its first value the config's default."""
-    assert set(vae.Hv15VAE.load_choices) == {"attention"}
-    for field, values in vae.Hv15VAE.load_choices.items():
-        assert getattr(vae.Hv15Config(), field) == values[0]
-        for value in values:
-            assert getattr(vae.load(models["released"].state_dict(), config={field: value}).config, field) == value
 
 
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")

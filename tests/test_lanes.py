@@ -72,16 +72,6 @@ def test_every_module_that_starts_comfyui_is_marked_comfy():
             "test_variants_server.py", "test_old_torch.py"} <= set(modules)  # the detection sees them
 
 
-def test_an_unmarked_server_module_is_caught():
-    """The detection follows fixtures built on the server (object_info over comfy_client) and ignores a
-    module-level mark that is not `comfy`."""
-    server = ast.parse("import pytest\n@pytest.fixture\ndef object_info(comfy_client):\n    return 1\n")
-    user = ast.parse("pytestmark = pytest.mark.comfy_trees('0.33.0')\ndef test_x(object_info):\n    pass\n")
-    assert _fixtures_over(server, STARTS_COMFYUI) == {"object_info"}
-    assert _used_names(user) & {"object_info"}
-    assert not re.search(r"\bpytest\.mark\.comfy\b(?!_)", _marks(user))
-
-
 def test_ci_lanes_split_the_suite_in_two():
     """.ci/run's two lanes together select every test once: the second is the first's complement."""
     run = (TESTS.parent / ".ci" / "run").read_text()

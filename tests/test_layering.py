@@ -6,7 +6,9 @@ import, at module level or inside a function):
   (`model.execution`);
 - `vae.run` never imports `vae.distributed` (the engine takes row bands through `strategies.Bands`);
 - the import graph of `vae` has no circle;
-- the nodes import the library only through its public surface (`PUBLIC`).
+- the nodes import the library only through its public surface (`PUBLIC`);
+- no family is named outside its folder: a registered family's name is no string in `vae/` (outside
+  `vae/model/<family>/`), `nodes/` or `bench/`, which read it from the family's spec (`vae.families`).
 """
 import ast
 from pathlib import Path
@@ -17,13 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 # What the nodes may import of the library (vae/__init__.py's docstring): the package's names, these
 # modules, and the switches of `vae.kernels`.
-PUBLIC = {"vae", "vae.loading", "vae.doctor", "vae.video_codecs", "vae.video_reader", "vae.video_writer",
-          "vae.video_file"}
+PUBLIC = {"vae", "vae.families", "vae.loading", "vae.doctor", "vae.video_codecs", "vae.video_reader",
+          "vae.video_writer", "vae.video_file"}
 PUBLIC_PACKAGES = ("vae.kernels",)
 
-FORBIDDEN = {"vae.kernels": ("vae.model", "vae.run", "vae.distributed", "vae.loading", "vae.doctor", "vae.video"),
-             "vae.model": ("vae.run", "vae.distributed", "vae.loading", "vae.doctor"),
-             "vae.run": ("vae.distributed", "vae.loading", "vae.doctor")}
+FORBIDDEN = {"vae.kernels": ("vae.model", "vae.run", "vae.distributed", "vae.families", "vae.loading", "vae.doctor",
+                             "vae.video"),
+             "vae.model": ("vae.run", "vae.distributed", "vae.families", "vae.loading", "vae.doctor"),
+             "vae.run": ("vae.distributed", "vae.families", "vae.loading", "vae.doctor")}
 
 
 def module_name(path: Path) -> str:
@@ -133,3 +136,17 @@ def _relative_imports(path: Path) -> set[str]:
             found.update(f"{target}.{a.name}" if target else a.name for a in node.names
                          if _is_module(f"{target}.{a.name}" if target else a.name))
     return found
+
+
+def test_no_family_is_named_outside_its_folder():
+    """A family's name ("wan21") as a string constant in the product or the benchmarks outside its own folder
+    is a fact of that family kept elsewhere: it belongs in its spec (`vae/model/<family>/spec.py`)."""
+    from vae.families import NAMES
+
+    own = [REPO / "vae" / "model" / name for name in NAMES]
+    paths = [p for root in ("vae", "nodes", "bench") for p in sorted((REPO / root).rglob("*.py"))
+             if not any(folder in p.parents for folder in own)] + [REPO / "__init__.py"]
+    named = [f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}"
+             for path in paths for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value in NAMES]
+    assert not named, "family names outside their folders (read them from the spec):\n" + "\n".join(named)

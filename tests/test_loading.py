@@ -16,12 +16,6 @@ def load(sd):
     return vae.load(sd, config={"norm_num_groups": 8})
 
 
-def test_detects_family_from_keys(seedvr2_state):
-    cls, _ = vae.detect_family(seedvr2_state)
-    assert cls.family == "seedvr2"
-    assert load(seedvr2_state).family == "seedvr2"
-
-
 def test_missing_key_is_named(seedvr2_state):
     sd = dict(seedvr2_state)
     del sd["decoder.up_blocks.1.resnets.2.conv2.bias"]

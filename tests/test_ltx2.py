@@ -1,4 +1,4 @@
-"""The LTX-2 VAE family (`vae/model/ltx2.py`): against diffusers' `AutoencoderKLLTX2Video` at small widths
+"""The LTX-2 VAE family (`vae/model/ltx2/`): against diffusers' `AutoencoderKLLTX2Video` at small widths
 (seeded random weights saved in diffusers' names; reflect and zero padding; a timestep-conditioned
 decoder), encode and decode within 1e-4 x max(1, |ref|); both key layouts and the full LTX-2
 checkpoint load the same model, reading only the VAE's tensors; every temporal chunking, frames

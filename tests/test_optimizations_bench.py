@@ -5,8 +5,8 @@ import torch
 import vae
 
 from bench.core_vae import TREES, core_model
-from bench.variants import SWITCHES, options, parse_row, prepared
-from vae.kernels import Optimizations, filter_cache
+from bench.variants import prepared
+from vae.kernels import filter_cache
 from reference import assert_exact, load_tiny
 
 
@@ -22,19 +22,6 @@ def test_core_wan_vae_with_our_weights_decodes_like_streamvae(family):
         expected, got = vae.decode(ours, z), core.decode(z)
     assert got.shape == expected.shape == (1, 3, 9, 4 * ours.spatial_factor, 4 * ours.spatial_factor)
     assert_exact(got, expected, rtol=0, atol=1e-4)
-
-
-def test_variant_switches():
-    assert options("optimized") == Optimizations() and options("straightforward") == Optimizations.straightforward()
-    for name in SWITCHES:
-        off = options(f"no-{name}")
-        assert getattr(off, name) is False and off == Optimizations().with_(**{name: False})
-    with pytest.raises(ValueError):
-        options("no-such_switch")
-    assert parse_row("bf16-tiles") == ("bf16", "tiles") and parse_row("bf16") == ("bf16", "optimized")
-    assert parse_row("reference") == ("fp32", "reference") and parse_row("bf16-no-triton_norm")[1] == "no-triton_norm"
-    with pytest.raises(ValueError):
-        parse_row("bf16-no-such_switch")
 
 
 def test_prepared_extras_are_applied_and_undone():

@@ -8,18 +8,12 @@ import pytest
 import torch
 
 import vae
-from tests.reference import TINY_FAMILIES, assert_exact, load_tiny, magnitude, tensors
+from tests.reference import TINY_FAMILIES, assert_exact, fixture_clip, load_tiny, magnitude, tensors
 from vae.run import memory, recovery
 from vae.kernels import Optimizations
 from vae.model.blocks import CausalConv3d
 
 FAMILIES = list(TINY_FAMILIES)
-# (file, video input, raw decoder input) of each family's upstream fixture
-FIXTURES = {
-    "seedvr2": ("tiny_inputs.safetensors", "video", "tiny_outputs.safetensors", "dec.input"),
-    "wan21": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
-    "wan22": ("reference_io.safetensors", "video_in", "reference_io.safetensors", "dec_in_z_raw"),
-}
 EXACT_ATOL = 1e-5  # x max(1, max |ref|): what the README promises; measured up to 5.4e-6 on the fixtures (fp32)
 # pixels on the fixtures' 64x64 frames: the smallest tile (2 latent cells of Wan2.2, 4 of the others),
 # one that does not divide the frame, and an uneven (h, w) pair; overlaps are ignored by exact mode.
@@ -37,13 +31,11 @@ def model(request):
 
 
 def fixture_video(family):
-    file, name, _, _ = FIXTURES[family]
-    return tensors(family, file)[name]
+    return fixture_clip(family)[0]
 
 
 def fixture_latent(family):
-    _, _, file, name = FIXTURES[family]
-    return tensors(family, file)[name]
+    return fixture_clip(family)[1]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ A14B, and the VAEs of its architecture at other sizes: Qwen-Image, RGBA Qwen-Ima
 widths, 2x upscale decoders), Wan2.2 (`wan22`: TI2V-5B), Qwen-Image 2.1 (`qwen21`, an image VAE),
 HunyuanVideo 1.5 (`hv15`) and LTX-2 (`ltx2`: LTX-2 2.0/2.3/2.5 and LTX-Video 0.9.x, read straight out
 of the full LTX-2 checkpoint), the Wan, HunyuanVideo and LTX files in upstream/ComfyUI or diffusers key
-names, every size read from the shapes (`wan_layout.py`, `hv15_layout.py`, `ltx2_layout.py`). Encode takes
+names, every size read from the shapes (each family's `checkpoint.py` in `vae/model/`). Encode takes
 `m.in_channels` image channels (4: RGBA), decode gives `m.out_channels`, at `m.decode_upscale` times the encoded size.
 `m.to_model_space(z)` / `m.from_model_space(z)` convert between raw latents and the latent the
 diffusion model sees (SeedVR2 and HunyuanVideo 1.5 scaling; Wan per-channel (z - mean) / std).
@@ -31,10 +31,11 @@ together with `vae.decode(m, z, settings, bands=vae.RowBands(group))` (torch.dis
 `vae.decode_to_file(m, z, "clip.mp4")` / `vae.encode_from_file(m, "clip.mp4")` stream to and from video
 files, so host memory does not grow with the clip's length (they need PyAV, imported on first use).
 
-The public surface is this package's names and its modules `loading`, `doctor`, `video_codecs`,
-`video_reader`, `video_writer`, `video_file` and `kernels` (the switches: `Optimizations`,
-`BackendFlags`, `KernelLog`, `backend`, `kernel_choice`, `attention`, `devices`); the node pack uses
-nothing else (tests/test_layering.py). `model`, `run` and `distributed` are the library's inside.
+The public surface is this package's names and its modules `families` (the registered families' specs,
+`vae/model/<family>/spec.py`), `loading`, `doctor`, `video_codecs`, `video_reader`, `video_writer`,
+`video_file` and `kernels` (the switches: `Optimizations`, `BackendFlags`, `KernelLog`, `backend`,
+`kernel_choice`, `attention`, `devices`); the node pack uses nothing else (tests/test_layering.py).
+`model`, `run` and `distributed` are the library's inside.
 """
 from .distributed.row_bands import RowBands
 from .distributed.workers import RankWorkers

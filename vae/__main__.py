@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import load
+from . import families, load
 from .kernels.backend import DTYPES
 from .run import engine
 from .run.geometry import latent_frames
@@ -41,21 +41,24 @@ LATENT_SPACE_KEY = "streamvae_latent_space"  # latent file metadata: "comfyui" (
 log = logging.getLogger("streamvae")
 
 
-FIXTURE_CONFIGS = {"seedvr2": {"norm_num_groups": 8}, "wan21": {}, "wan22": {}}  # what their shapes cannot tell
+# The family whose tiny test model runs without --checkpoint: the first registered (SeedVR2).
+DEFAULT_FAMILY = families.SPECS[0].name
 
 
 class CommandError(ValueError):
     """Bad input or setup, said in the command line's words."""
 
 
-def tiny_fixture(family: str = "seedvr2") -> tuple[Path, dict]:
-    """The tiny test model of `family` from the reference data folder, and its config overrides."""
+def tiny_fixture(family: str = DEFAULT_FAMILY) -> tuple[Path, dict]:
+    """The tiny test model of `family` from the reference data folder, and the config values its shapes
+    cannot tell (`TinyModel.fixture_config` of the family's spec)."""
     shared = Path(os.environ.get("STREAMVAE_SHARED", REPO.parent / "shared"))
     path = shared / "reference" / family / "tiny_vae.safetensors"
-    if family not in FIXTURE_CONFIGS or not path.is_file():
+    config = families.spec(family).tiny.fixture_config if family in families.NAMES else None
+    if config is None or not path.is_file():
         raise CommandError(f"no --checkpoint given and there is no tiny {family} test model at {path}; pass "
                            f"--checkpoint with the {family} VAE file")
-    return path, FIXTURE_CONFIGS[family]
+    return path, dict(config)
 
 
 def check_device(name: str) -> None:
@@ -105,7 +108,7 @@ class Progress:
         print(f"\r{self.label:7s} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} steps {elapsed:6.1f}s", end=end, file=sys.stderr, flush=True)
 
 
-def load_model(args: argparse.Namespace, family: str = "seedvr2"):
+def load_model(args: argparse.Namespace, family: str = DEFAULT_FAMILY):
     """The --checkpoint model, or the tiny test model of `family`."""
     check_device(args.device)
     if args.checkpoint:
@@ -261,7 +264,7 @@ def decode(args: argparse.Namespace) -> None:
     if not args.checkpoint and "family" not in metadata:
         raise CommandError(f"{args.latent} does not say which VAE made it (Save Latent's files do not): pass --checkpoint "
                            "with that VAE file")
-    model = load_model(args, metadata.get("family", "seedvr2"))
+    model = load_model(args, metadata.get("family", DEFAULT_FAMILY))
     checked_latent(model, z, metadata, args.latent)
     # Files from before this key held the raw latent; every other one holds ComfyUI's LATENT.
     if metadata.get(LATENT_SPACE_KEY, "comfyui" if "streamvae_frames" not in metadata else "raw") == "comfyui":

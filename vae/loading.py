@@ -19,16 +19,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .model.hv15 import Hv15VAE
-from .model.ltx2 import LTX2VAE
-from .model.qwen21 import Qwen21VAE
-from .model.seedvr2 import SeedVR2VAE
+from .families import SPECS
 from .model.video_vae import LayoutError, VideoVAE
-from .model.wan21 import Wan21VAE
-from .model.wan22 import Wan22VAE
 
-# Qwen-Image 2.1 before Wan2.2: it claims the Wan2.2 key layout's image-only (one-frame conv) checkpoints.
-FAMILIES: list[type[VideoVAE]] = [SeedVR2VAE, Wan21VAE, Qwen21VAE, Wan22VAE, LTX2VAE, Hv15VAE]
+# The registry's order (`families.SPECS`), which is detection's.
+FAMILIES: list[type[VideoVAE]] = [spec.vae_class for spec in SPECS]
 
 CONFIG_METADATA_KEY = "streamvae_config"
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -242,10 +237,8 @@ def detect_family(state_dict: Mapping[str, torch.Tensor]) -> tuple[type[VideoVAE
     head = f"this looks like {looks}. " if looks else ""
     raise CheckpointError(
         f"not a video VAE checkpoint StreamVAE knows: {head}({len(sd)} tensors, e.g. {sample}). Families tried: {tried}. "
-        "Pick a SeedVR2 (ema_vae_fp16.safetensors), Wan2.1 (wan_2.1_vae.safetensors), Wan2.2 (wan2.2_vae.safetensors), "
-        "Qwen-Image (qwen_image_vae.safetensors, or its RGBA Layered one), Qwen-Image 2.1 "
-        "(qwen_image_2.1_vae_bf16.safetensors), LTX-2 (the LTX-2 checkpoint itself, or its split video VAE) or "
-        "HunyuanVideo 1.5 (hunyuanvideo15_vae_fp16.safetensors) VAE file.")
+        f"Pick a {', '.join(f'{spec.display_name} ({spec.download})' for spec in SPECS[:-1])} or "
+        f"{SPECS[-1].display_name} ({SPECS[-1].download}) VAE file.")
 
 
 def _one_wrong_tensor(cls: type[VideoVAE], cfg, given: Mapping[str, torch.Tensor], wrong: list[str]):

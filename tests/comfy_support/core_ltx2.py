@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from bench.core_vae import _import_core  # noqa: E402
-from vae.model.ltx2_blocks import seeded_normal  # noqa: E402
+from vae.model.ltx2.blocks import seeded_normal  # noqa: E402
 
 
 def _core_vae(checkpoint: str):

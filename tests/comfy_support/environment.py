@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from vae import families
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("STREAMVAE_SHARED", REPO.parent / "shared")).resolve()
 COMFYUI = Path(os.environ.get("STREAMVAE_COMFYUI", REPO / ".cache" / "ComfyUI")).resolve()
@@ -33,16 +35,15 @@ STUBS = Path(__file__).resolve().parent / "stubs"
 PACK_FOLDER = "StreamVAE"
 PROBE_FOLDER = "streamvae_test_probes"  # comfy_support/probe_nodes
 
-# Tiny fixture checkpoints, installed into models/vae under names a test can recognise.
-FIXTURE_VAES = {
-    "streamvae_tiny_seedvr2.safetensors": "reference/seedvr2/tiny_vae.safetensors",
-    "streamvae_tiny_wan21.safetensors": "reference/wan21/tiny_vae.safetensors",
-    "streamvae_tiny_wan22.safetensors": "reference/wan22/tiny_vae.safetensors",
-}
+# Tiny fixture checkpoints (of the families whose spec names one, `TinyModel.fixture_config`), installed into
+# models/vae under names a test can recognise.
+FIXTURE_VAES = {f"streamvae_tiny_{spec.name}.safetensors": f"reference/{spec.name}/tiny_vae.safetensors"
+                for spec in families.SPECS if spec.tiny.fixture_config is not None}
 
 # Config the tensor shapes cannot tell, written into the installed copy's safetensors metadata (the key
 # layout stays the real one): the tiny SeedVR2 model uses 8 norm groups where the released file uses 32.
-FIXTURE_CONFIGS = {"streamvae_tiny_seedvr2.safetensors": {"norm_num_groups": 8}}
+FIXTURE_CONFIGS = {f"streamvae_tiny_{spec.name}.safetensors": dict(spec.tiny.fixture_config)
+                   for spec in families.SPECS if spec.tiny.fixture_config}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""What the networks are: `VideoVAE` (video_vae.py) and the families (seedvr2, wan21, wan22, qwen21, ltx2),
-their blocks and layers, and how checkpoint shapes map to their configs (`*_layout.py`).
+"""What the networks are: `VideoVAE` (video_vae.py), the blocks and layers the families share, and one
+folder per family (seedvr2/, wan21/, wan22/, qwen21/, ltx2/, hv15/; wan/ holds what the Wan-architecture
+families share): its network and how checkpoint shapes map to its config (`checkpoint.py`).
 
 The model knows nothing of how it is run: its blocks take the run's `execution.StreamState` and ask
 its declared `Execution` strategy for tiles or bands. It imports only `vae.kernels`, never `vae.run`.

@@ -49,9 +49,6 @@ class VideoVAE(nn.Module):
 
     # --- what a family defines -------------------------------------------------------------
     probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints
-    # Config fields a caller chooses when loading (`vae.load(config=)`), which no weight says, and their
-    # values, the default first: a front end offers them only where the family declares them.
-    load_choices: dict[str, tuple[str, ...]] = {}
 
     @classmethod
     def native_state_dict(cls, state_dict: dict) -> dict | None:

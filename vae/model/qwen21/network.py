@@ -1,6 +1,6 @@
 """Qwen-Image 2.1 VAE (ComfyUI `qwen_image_2.1_vae_bf16.safetensors`, diffusers `AutoencoderKLQwenImage21`).
 
-The Wan2.2 layout (`wan22.py`: residual stage blocks with `WanAvgDown3D` / `WanDupUp3D` shortcuts, a
+The Wan2.2 layout (`vae/model/wan22/network.py`: residual stage blocks with `WanAvgDown3D` / `WanDupUp3D` shortcuts, a
 separate decoder width) generalised: five stages (`dim_mult` (1, 2, 4, 8, 8)), no patchify, 16x
 spatial compression, 64 latent channels, encoder width 96 and decoder width 144, RGBA in and out.
 Its convs are one frame deep (temporal kernel 1: diffusers stores them as 2-D convs), so it is an
@@ -17,10 +17,10 @@ from functools import partial
 
 import torch
 
-from . import wan_layout
-from .execution import StreamState
-from .video_vae import Stage, run_stages
-from .wan22 import Wan22Config, Wan22VAE
+from ..execution import StreamState
+from ..video_vae import Stage, run_stages
+from ..wan import checkpoint
+from ..wan22.network import Wan22Config, Wan22VAE
 
 # Per-channel latent statistics of the released model (diffusers `AutoencoderKLQwenImage21` config);
 # not stored in the checkpoint. Model space = (raw - mean) / std.
@@ -81,9 +81,9 @@ class Qwen21VAE(Wan22VAE):
     def native_state_dict(cls, state_dict):
         """The Wan2.2 key layout (upstream or diffusers names) with one-frame convs, as 5-D weights."""
         native = super().native_state_dict(state_dict)
-        if native is None or wan_layout.temporal_kernel(native) != 1:
+        if native is None or checkpoint.temporal_kernel(native) != 1:
             return None
-        return wan_layout.with_frame_axis(native)
+        return checkpoint.with_frame_axis(native)
 
     def __init__(self, cfg: Qwen21Config = Qwen21Config()):
         super().__init__(cfg)

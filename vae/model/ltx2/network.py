@@ -2,7 +2,7 @@
 
 A re-implementation of Lightricks' `CausalVideoAutoencoder` with the checkpoint's module names (ComfyUI
 core loads them as they are; diffusers' `AutoencoderKLLTX2Video` names are mapped on load,
-`ltx2_layout.py`). Layout B,C,T,H,W; pixels in [-1, 1]; 128 latent channels; a 4x4 patchify around
+`checkpoint.py`). Layout B,C,T,H,W; pixels in [-1, 1]; 128 latent channels; a 4x4 patchify around
 the network and three 2x space(-time) resamplers: 32x spatial, 8x temporal (T = 1 + 8k <-> 1 + k).
 Every norm is a per-position RMS norm over the channels ("pixel norm"); there is no attention.
 
@@ -17,7 +17,7 @@ Every norm is a per-position RMS norm over the channels ("pixel norm"); there is
   with the rearranged input repeated over the channels added where `residual`; a temporal one drops
   its first frame (T -> 2T - 1).
 - Spatial padding: zeros in the encoder, reflect in the 2.0/2.3 decoder, zeros in 2.5 (not in the
-  weights: the checkpoint's metadata config says, `ltx2_layout.py`).
+  weights: the checkpoint's metadata config says, `checkpoint.py`).
 - LTX-Video 0.9.1-0.9.8 decoders are conditioned on a decode timestep (0.05): per-channel scale and
   shift after the norms from small MLPs, and noise: the latent mixed with Gaussian noise (scale
   0.025, in the normalised latent space) and per-channel noise maps after the convs of some blocks.
@@ -32,10 +32,11 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from . import ltx2_layout
-from .execution import StreamState
-from .layers import patchify, unpatchify
-from .ltx2_blocks import (
+from ..execution import StreamState
+from ..layers import patchify, unpatchify
+from ..video_vae import Stage, VideoVAE, run_stages
+from . import checkpoint
+from .blocks import (
     PIXEL_NORM,
     ConvKind,
     LTX2Config,
@@ -48,7 +49,6 @@ from .ltx2_blocks import (
     PixelNormAct,
     seeded_normal,
 )
-from .video_vae import Stage, VideoVAE, run_stages
 
 
 class LTXEncoder(nn.Module):
@@ -159,15 +159,15 @@ class LTX2VAE(VideoVAE):
 
     @classmethod
     def native_state_dict(cls, state_dict):
-        return ltx2_layout.native(state_dict, cls.probe_keys)
+        return checkpoint.native(state_dict, cls.probe_keys)
 
     @classmethod
     def metadata_overrides(cls, metadata):
-        return ltx2_layout.from_metadata(metadata)
+        return checkpoint.from_metadata(metadata)
 
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        return ltx2_layout.config(sd, overrides)
+        return checkpoint.config(sd, overrides)
 
     @classmethod
     def refusal(cls, sd):

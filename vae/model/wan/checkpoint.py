@@ -20,7 +20,7 @@ Shapes that fit none of these rules are refused with a `LayoutError` naming them
 """
 import re
 
-from .video_vae import LayoutError
+from ..video_vae import LayoutError
 
 IMAGE_CHANNELS = (3, 4)  # RGB, RGBA
 PATCH_SIZES = (1, 2)

@@ -18,8 +18,8 @@ diffusers' `AutoencoderKLLTX2Video` names are mapped to the checkpoint's (`from_
 import json
 import re
 
-from .ltx2_blocks import LOG_VARIANCES, PADDINGS, LTX2Config, LTXBlock
-from .video_vae import LayoutError
+from ..video_vae import LayoutError
+from .blocks import LOG_VARIANCES, PADDINGS, LTX2Config, LTXBlock
 
 # Keys of the checkpoint the model does not use (upstream keeps them for reference).
 UNUSED = ("per_channel_statistics.channel", "per_channel_statistics.mean-of-stds")

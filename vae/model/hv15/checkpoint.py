@@ -1,5 +1,5 @@
 """HunyuanVideo 1.5 checkpoints: every size read from the tensor shapes, and diffusers' key names
-(`AutoencoderKLHunyuanVideo15`) mapped to the released ones (ComfyUI core's, `hv15.py`'s modules).
+(`AutoencoderKLHunyuanVideo15`) mapped to the released ones (ComfyUI core's, `network.py`'s modules).
 
 Released names: `encoder.down.i.block.j.*`, `encoder.down.i.downsample.conv.conv.*`, `{encoder,decoder}.mid.
 {block_1,attn_1,block_2}.*` (attention `q`, `k`, `v`, `proj_out`), `decoder.up.i.block.j.*`,
@@ -9,7 +9,7 @@ resnets.j`, `downsamplers.0`, `mid_block.resnets.0/1`, `mid_block.attentions.0` 
 """
 import re
 
-from .video_vae import LayoutError
+from ..video_vae import LayoutError
 
 _DIFFUSERS = (
     (re.compile(r"^(encoder|decoder)\.mid_block\.resnets\.0\."), r"\1.mid.block_1."),

@@ -1,7 +1,7 @@
 """Wan2.2 causal 3-D VAE (TI2V-5B: `Wan2.2_VAE.pth`, ComfyUI `wan2.2_vae.safetensors`).
 
-A re-implementation of Wan-Video/Wan2.2 `wan/modules/vae2_2.py` (`WanVAE_`), 196 keys. It reuses the
-Wan2.1 blocks (`wan21.py`: residual, attention, resample, first-chunk rules) and adds what differs:
+A re-implementation of Wan-Video/Wan2.2 `wan/modules/vae2_2.py` (`WanVAE_`), 196 keys. It reuses the Wan
+blocks (`vae/model/wan/network.py`: residual, attention, resample, first-chunk rules) and adds what differs:
 - a 2x2 patchify around the network (`b c t (h q) (w r) -> b (c r q) t h w`), so 16x spatial
   compression with 12-channel conv input/output;
 - stages grouped in blocks (`encoder.downsamples.i.downsamples.j`, `decoder.upsamples.i.upsamples.j`)
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..kernels.layout import cat_frames, empty_video
-from . import wan_layout
-from .execution import StreamState
-from .layers import residual_add
-from .video_vae import Stage
-from .wan21 import (
+from ...kernels.layout import cat_frames, empty_video
+from ..execution import StreamState
+from ..layers import residual_add
+from ..video_vae import Stage
+from ..wan import checkpoint
+from ..wan.network import (
     WanDecoderStages,
     WanEncoderStages,
     WanHead,
@@ -217,14 +217,14 @@ class Wan22VAE(WanVAEBase):
                             "decoder.norm_out.gamma")
 
     config_class = Wan22Config
-    temporal_kernels = (3,)  # Qwen-Image 2.1 (`qwen21.py`) is this layout with 1
+    temporal_kernels = (3,)  # Qwen-Image 2.1 (`vae/model/qwen21/network.py`) is this layout with 1
 
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        """Every size from the shapes (`wan_layout.read`): encoder and decoder widths, depth, RGB or
+        """Every size from the shapes (`checkpoint.read`): encoder and decoder widths, depth, RGB or
         RGBA, patch size; the decoder gives the image channels the encoder takes."""
-        sizes = wan_layout.read(sd, nested=True)
-        wan_layout.refuse(sizes, {"temporal_kernel": (cls.temporal_kernels, "Wan2.2 convs are 3 frames deep, "
+        sizes = checkpoint.read(sd, nested=True)
+        checkpoint.refuse(sizes, {"temporal_kernel": (cls.temporal_kernels, "Wan2.2 convs are 3 frames deep, "
                                                       "Qwen-Image 2.1's 1"),
                                   "upscale": ((1,), "no upscale decoder of this layout is known")}, cls.family)
         fields = {k: sizes[k] for k in ("dim", "dec_dim", "z_dim", "dim_mult", "num_res_blocks", "temperal_downsample",

@@ -3,7 +3,7 @@ Image 2.1 refiner's weights, which core loads as this network).
 
 A re-implementation of the network diffusers calls `AutoencoderKLHunyuanVideo15` and ComfyUI core
 `comfy/ldm/hunyuan_video/vae_refiner.py`, with core's module names (those of the released file), so
-its keys load strictly; diffusers' names are mapped on load (`hv15_layout.py`, which also reads every
+its keys load strictly; diffusers' names are mapped on load (`checkpoint.py`, which also reads every
 size from the shapes). Layout B,C,T,H,W; pixels in [-1, 1]; 16x spatial and 4x temporal compression
 (T = 1 + 4k <-> 1 + k latent frames); 32 latent channels; `encode` returns the raw posterior mean.
 
@@ -25,11 +25,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
-from .blocks import CausalConv3d, Conv3d
-from .execution import StreamState
-from .layers import FrameCausalAttention, RMSNorm, residual_convs
-from .video_vae import Stage, VideoVAE
+from ...kernels.layout import cat_frames, empty_video
+from ..blocks import CausalConv3d, Conv3d
+from ..execution import StreamState
+from ..layers import FrameCausalAttention, RMSNorm, residual_convs
+from ..video_vae import Stage, VideoVAE
 
 # ComfyUI's latent format `HunyuanVideo15` (and diffusers' config): the diffusion model sees raw * 1.03682.
 HV15_SCALING_FACTOR = 1.03682
@@ -315,7 +315,6 @@ class Hv15VAE(VideoVAE):
     latent_channels = 32
     probe_keys = ("encoder.conv_in.conv.weight", "encoder.down.0.block.0.conv1.conv.weight", "encoder.mid.attn_1.q.weight",
                   "decoder.conv_in.conv.weight", "decoder.mid.attn_1.q.weight", "decoder.up.0.block.0.conv1.conv.weight")
-    load_choices = {"attention": ATTENTION_MODES}  # the trained frame-causal mask, or core's unmasked attention
 
     def __init__(self, cfg: Hv15Config = Hv15Config()):
         super().__init__()
@@ -327,15 +326,15 @@ class Hv15VAE(VideoVAE):
 
     @classmethod
     def native_state_dict(cls, state_dict):
-        from . import hv15_layout
+        from . import checkpoint
 
-        return hv15_layout.native(state_dict, cls.probe_keys)
+        return checkpoint.native(state_dict, cls.probe_keys)
 
     @classmethod
     def config_from_state_dict(cls, sd, overrides):
-        from . import hv15_layout
+        from . import checkpoint
 
-        return Hv15Config(**{**hv15_layout.read(sd), **overrides})
+        return Hv15Config(**{**checkpoint.read(sd), **overrides})
 
     def encode_stages(self) -> list[Stage]:
         return self.encoder.stages()

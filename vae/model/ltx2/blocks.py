@@ -1,4 +1,4 @@
-"""The LTX VAE's blocks (`vae/model/ltx2.py` puts them together): the conv wrapper and how each half pads
+"""The LTX VAE's blocks (`vae/model/ltx2/network.py` puts them together): the conv wrapper and how each half pads
 (`ConvKind`), the pixel norm with its optional timestep conditioning (`PixelNormAct`), the residual
 block and its group, the encoder's space-to-depth and the decoder's depth-to-space resamplers, the
 timestep MLP. Layout B,C,T,H,W; every block takes the run's `blocks.StreamState`.
@@ -16,12 +16,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
-from ..kernels.norm_act import pixel_norm_act
-from .blocks import CausalConv3d, Conv3d
-from .execution import StreamState
-from .layers import lagged, residual_add
-from .video_vae import Stage
+from ...kernels.layout import cat_frames, empty_video
+from ...kernels.norm_act import pixel_norm_act
+from ..blocks import CausalConv3d, Conv3d
+from ..execution import StreamState
+from ..layers import lagged, residual_add
+from ..video_vae import Stage
 
 STRIDES = {"time": (2, 1, 1), "space": (1, 2, 2), "all": (2, 2, 2)}
 PIXEL_NORM_EPS = 1e-8
@@ -297,7 +297,7 @@ def _blocks(*entries) -> tuple[LTXBlock, ...]:
 
 @dataclass(frozen=True)
 class LTX2Config:
-    """The released LTX-2 VAE; every size is read from a checkpoint's weights (`ltx2_layout.read`),
+    """The released LTX-2 VAE; every size is read from a checkpoint's weights (`checkpoint.read`),
     what the weights cannot say from its metadata config. Decoder blocks are in the order they run
     (upstream lists them in the encoder's order)."""
 

@@ -13,10 +13,10 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from .blocks import CausalConv3d, Conv3d, upsampling_fill
-from .execution import StreamState
-from .layers import FrameGroupNorm, FrameSelfAttention, residual_convs
-from .video_vae import Stage, VideoVAE, run_stages
+from ..blocks import CausalConv3d, Conv3d, upsampling_fill
+from ..execution import StreamState
+from ..layers import FrameGroupNorm, FrameSelfAttention, residual_convs
+from ..video_vae import Stage, VideoVAE, run_stages
 
 
 @dataclass(frozen=True)
