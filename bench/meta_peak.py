@@ -121,7 +121,7 @@ def flash_attention_counted():
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
+    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"), frames_are_images=model.frames_are_images)
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
     assert ctx.cache.keys_values.offload == "none"
@@ -137,8 +137,8 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     # frames (each one frame behind the one before it): until a chunk leaves the caches' shapes as they were.
     chunks_max = memory.STEADY_CHUNKS_MAX if model.looks_ahead(op) else 1
     with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
-        stream.run(first, ctx, lambda y: None)
-        ctx.first_chunk, shapes = False, None
+        stream.run(first, ctx, lambda y: None)  # each stage's first call: FrameStream knows it had frame 0
+        shapes = None
         for _ in range(chunks_max):
             live.peak = live.live  # the steady chunk's peak
             stream.run(steady, ctx, lambda y: None)
