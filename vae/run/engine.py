@@ -98,11 +98,12 @@ def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None,
 
 def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
          whole: Callable[[Steps], None], fast: Callable[[Steps], None]) -> None:
-    """The one driver of an encode or decode, without autograd, started again where
-    `recovery.run_restarting` says a failure restarts the run: `whole(steps)` streams the clip through
-    the model (frames and rows as the plan and partition say), or, for a fast-tiled plan (`grid` not
-    None), `fast(steps)` runs the tiles as independent streams and blends them; `steps` counts progress
-    and checks `cancel`."""
+    """The one driver of an encode or decode: the model's weights in the plan's activation layout
+    first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
+    then without autograd, started again where `recovery.run_restarting` says a failure restarts the
+    run: `whole(steps)` streams the clip through the model (frames and rows as the plan and partition
+    say), or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent
+    streams and blends them; `steps` counts progress and checks `cancel`."""
     def run():
         if grid is None:
             modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
@@ -110,6 +111,7 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
         else:
             fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
+    layout.weights_in(model, plan.activation_layout)
     with torch.inference_mode():
         recovery.run_restarting(model, plan.op, run)
 
