@@ -211,7 +211,7 @@ class CausalConv3d(Conv3d):
             h_out = (buf.shape[3] + 2 * self.padding[1] - kh) // sh + 1
             w_out = (buf.shape[4] + 2 * self.padding[2] - kw) // sw + 1
             return empty_video(buf, (buf.shape[0], self.out_channels, 0, h_out, w_out))
-        return self.conv5d(buf, ctx)
+        return conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options)  # conv5d's
 
     def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""

@@ -19,6 +19,7 @@ computed once, or given by the caller; out-of-memory and fp16 overflow are recov
 """
 import dataclasses
 import logging
+from functools import partial
 from typing import Callable
 
 import torch
@@ -100,20 +101,18 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
          whole: Callable[[Steps], None], fast: Callable[[Steps], None]) -> None:
     """The one driver of an encode or decode: the model's weights in the plan's activation layout
     first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
-    then without autograd, started again where `recovery.run_restarting` says a failure restarts the
+    then without autograd, started again where `recovery.attempts` says a failure restarts the
     run: `whole(steps)` streams the clip through the model (frames and rows as the plan and partition
     say), or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent
     streams and blends them; `steps` counts progress and checks `cancel`."""
-    def run():
-        if grid is None:
-            modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
-            whole(_steps(plan, progress, cancel, partition, modules))
-        else:
-            fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
-
     layout.weights_in(model, plan.activation_layout)
-    with torch.inference_mode():
-        recovery.run_restarting(model, plan.op, run)
+    for attempt in recovery.attempts(model, plan.op):
+        with attempt, torch.inference_mode():
+            if grid is None:
+                modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
+                whole(_steps(plan, progress, cancel, partition, modules))
+            else:
+                fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
 
 def _stream_plan(model, plan: Plan, input_shape) -> Plan:
@@ -220,7 +219,9 @@ def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> 
     elif ctx.last_chunk and model.looks_ahead(plan.op):
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     else:
-        emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
+        for stage in stages:  # `run_stages`, written out: one Python frame less under every layer
+            x = stage(x, ctx)
+        emit(x)
 
 
 def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
@@ -271,7 +272,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         return parts
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=lambda steps: _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log),
+         whole=partial(_encode_stream, model, video, outputs, n_moments, plan, opts, partition=partition,
+                       kernel_log=kernel_log),
          fast=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
         return None
@@ -379,7 +381,8 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
         return tile_out
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=lambda steps: _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log),
+         whole=partial(_decode_stream, model, z, shape[2:], deliver, plan, opts, partition=partition,
+                       kernel_log=kernel_log),
          fast=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
         return None

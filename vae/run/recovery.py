@@ -8,7 +8,7 @@ the one place that knows which failure restarts what (`restart_point`), at one o
 - fp16 overflow (`HalfOverflow`: non-finite output from a finite input, the "black frames"
   complaint): the op's precision becomes bf16 where the device computes it natively, else float32,
   and the model stays there (said when it happens, so once) -> `Restart.RUN`: the encode or decode
-  again from frame 0 (`run_restarting`);
+  again from frame 0 (`attempts`);
 - a block that failed to compile in the middle of a run (`compile.CompileFallback`): every block is
   eager again (one warning, `compile.py`) -> `Restart.RUN`: its causal caches may hold part of the
   failed step.
@@ -119,17 +119,36 @@ def restart_point(error: BaseException) -> Restart | None:
     return None
 
 
-def run_restarting(model, op: str, run):
-    """run() of `op`, run again from the start after a failure whose restart point is the run: fp16
-    overflow (the model falls back from half precision first: `fall_back_from_half`) or a block that
-    failed to compile (every block is eager already). Once per kind: neither can happen twice."""
-    restarted = set()
+def attempts(model, op: str):
+    """The attempts of a run of `op`: `for attempt in attempts(model, op): with attempt: <the run>`
+    runs it once, and again from the start after a failure whose restart point is the run
+    (`Restart.RUN`), once per kind: fp16 overflow, the model then falling back from half precision
+    (`fall_back_from_half`), or a block that failed to compile (every block is eager already).
+    Every other failure propagates. (A loop, not a wrapper around the run: no frame of its own on
+    the stack of every layer.)"""
+    restarted: set[type] = set()
     while True:
-        try:
-            return run()
-        except Exception as error:
-            if restart_point(error) is not Restart.RUN or type(error) in restarted:
-                raise
-            restarted.add(type(error))
-            if isinstance(error, HalfOverflow):
-                fall_back_from_half(model, op)
+        attempt = _Attempt(restarted)
+        yield attempt
+        if attempt.failed is None:
+            return
+        if attempt.failed is HalfOverflow:
+            fall_back_from_half(model, op)
+
+
+class _Attempt:
+    """One attempt of `attempts`: a failure whose restart point is the run ends it (`failed`: its
+    type; the failure itself is dropped, with the failed run's tensors), the first of its kind."""
+
+    def __init__(self, restarted: set):
+        self.restarted, self.failed = restarted, None
+
+    def __enter__(self) -> "_Attempt":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or restart_point(error) is not Restart.RUN or kind in self.restarted:
+            return False
+        self.restarted.add(kind)
+        self.failed = kind
+        return True
