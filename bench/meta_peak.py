@@ -148,6 +148,25 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     return live
 
 
+def run_peak(family: str, op: str, size: int, frames: int, settings: vae.Settings) -> tuple[vae.Plan, int]:
+    """(the CPU plan of `settings`, the peak bytes of live tensors) of one `vae.encode`/`vae.decode` of
+    `family`'s released network on the meta device, through the engine as a run takes it: what its code
+    path holds at once (the input and output made outside it and not counted; no kernel workspaces, no
+    allocator overhead; attention as flash attention). Fixed default kernels."""
+    model = models.meta_model(family).requires_grad_(False)
+    x = models.make_input(family, dict(op=op, frames=frames, height=size, width=size)).to("meta")
+    opts = vae.Optimizations(kernel_choice="defaults")
+    plan = vae.plan(model, op, tuple(x.shape), settings, device="cpu", io_on_device=(False, False), opts=opts)
+    io = {}
+    if op == "decode":
+        of = model.spatial_factor * model.decode_upscale
+        io["out"] = torch.empty((x.shape[0], model.out_channels, plan.clip.frames, x.shape[3] * of, x.shape[4] * of),
+                                device="meta")
+    with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
+        (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
+    return plan, live.peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", default="seedvr2")
