@@ -3,8 +3,9 @@
     z = vae.encode(model, video)                          # B,3,T,H,W in [-1, 1] -> raw posterior mean
     y = vae.decode(model, z, vae.Settings(tile_size=256))  # raw latent -> B,3,T'',H'',W'' (not clamped)
 
-The model says what the network does to one temporal chunk (`encode_chunk`/`decode_chunk`); the
-engine does the rest, in one loop (`_stream`) whatever the strategy. The causal caches in the
+The model says what the network is, as the stages a temporal chunk passes through
+(`encode_stages`/`decode_stages`); the engine does the rest, in one loop (`_stream`, over the chunks
+`StreamContext.chunks` gives) whatever the strategy. The causal caches in the
 `StreamContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
 written into a preallocated output (optionally on another device) or handed to a `sink` (a video file
 writer), and encode reads its input chunk by chunk (also from a video file), so memory does not grow
