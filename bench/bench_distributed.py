@@ -98,14 +98,13 @@ def chunk_traffic(family: str, height: int, width: int, world: int, chunk: int =
     bands, rank = Bands.split(h, world), world // 2
     names = {m: n for n, m in model.named_modules()}
     counter = TrafficCount(bands, rank, world, names)
-    ctx = StreamContext(Optimizations(), counter, CausalCache("none", "meta"))
+    ctx = StreamContext(Optimizations(), counter, CausalCache("none", "meta"), frames_are_images=model.frames_are_images)
     lo, hi = bands.rows(rank, 1)
     z = torch.empty((1, model.latent_channels, chunk, hi - lo, w), device="meta", dtype=torch.bfloat16)
     with torch.inference_mode():
-        model.decode_chunk(z[:, :, :1], ctx)  # first chunk: one latent frame
-        ctx.first_chunk = False
-        counter.sent_bytes, counter.exchanges, counter.per_layer = 0, 0, defaultdict(int)
-        model.decode_chunk(z, ctx)  # a steady chunk
+        for first, _ in ctx.chunks(2, 1, ending=False):  # the first chunk (one latent frame), then a steady one
+            counter.sent_bytes, counter.exchanges, counter.per_layer = 0, 0, defaultdict(int)
+            model.decode_chunk(z[:, :, :1] if first == 0 else z, ctx)
     return counter.sent_bytes, counter.exchanges, dict(counter.per_layer), model
 
 

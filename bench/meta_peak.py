@@ -122,7 +122,7 @@ def flash_attention_counted():
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"))
+    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"), frames_are_images=model.frames_are_images)
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
     assert ctx.cache.keys_values.offload == "none"
@@ -138,8 +138,8 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     # frames (each one frame behind the one before it): until a chunk leaves the caches' shapes as they were.
     chunks_max = memory.STEADY_CHUNKS_MAX if model.looks_ahead(op) else 1
     with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
-        stream.run(first, ctx, lambda y: None)
-        ctx.first_chunk, shapes = False, None
+        stream.run(first, ctx, lambda y: None)  # each stage's first call: FrameStream knows it had frame 0
+        shapes = None
         for _ in range(chunks_max):
             live.peak = live.live  # the steady chunk's peak
             stream.run(steady, ctx, lambda y: None)
@@ -147,6 +147,25 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
             if shapes == before:
                 break
     return live
+
+
+def run_peak(family: str, op: str, size: int, frames: int, settings: vae.Settings) -> tuple[vae.Plan, int]:
+    """(the CPU plan of `settings`, the peak bytes of live tensors) of one `vae.encode`/`vae.decode` of
+    `family`'s released network on the meta device, through the engine as a run takes it: what its code
+    path holds at once (the input and output made outside it and not counted; no kernel workspaces, no
+    allocator overhead; attention as flash attention). Fixed default kernels."""
+    model = models.meta_model(family).requires_grad_(False)
+    x = models.make_input(family, dict(op=op, frames=frames, height=size, width=size)).to("meta")
+    opts = vae.Optimizations(kernel_choice="defaults")
+    plan = vae.plan(model, op, tuple(x.shape), settings, device="cpu", io_on_device=(False, False), opts=opts)
+    io = {}
+    if op == "decode":
+        of = model.spatial_factor * model.decode_upscale
+        io["out"] = torch.empty((x.shape[0], model.out_channels, plan.clip.frames, x.shape[3] * of, x.shape[4] * of),
+                                device="meta")
+    with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
+        (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
+    return plan, live.peak
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from .. import vae
-from ..vae import Settings, budget_from_free, collected_warnings, doctor, dynamo_limits, run_with_fallback
+from ..vae import Settings, budget_from_free, collected_warnings, doctor, dynamo_limits
 from ..vae.kernels import KernelLog, backend, kernel_choice
 from ..vae.kernels.backend import same_device
 from . import core_api, multi_device
@@ -176,9 +176,8 @@ def encode_clips(handle, n: int, clip: Callable[[int], torch.Tensor], shape: tup
                                    cancel=_cancel).to(out_device)
                 report.kernel_log = None
             else:
-                z = run_with_fallback(vae.encode, handle.model, video, report.plan, opts=handle.opts,
-                                      out_device=out_device, progress=progress, cancel=_cancel,
-                                      kernel_log=report.kernel_log)
+                z = vae.encode(handle.model, video, report.plan, opts=handle.opts, out_device=out_device,
+                               progress=progress, cancel=_cancel, kernel_log=report.kernel_log)
             z = handle.model.to_comfy_latent(z)
             if samples is None:
                 samples = torch.empty((n,) + tuple(z.shape[1:]), dtype=core_api.intermediate_dtype(), device=out_device)
@@ -225,9 +224,8 @@ def decode_clips(handle, latent: LatentClips, settings: Settings, target: Callab
                                cancel=_cancel, **target(i))
                 report.kernel_log = None
                 continue
-            run_with_fallback(vae.decode, handle.model, z[i:i + 1], report.plan, opts=handle.opts,
-                              progress=progress, cancel=_cancel, nonfinite=nonfinite, kernel_log=report.kernel_log,
-                              **target(i))
+            vae.decode(handle.model, z[i:i + 1], report.plan, opts=handle.opts, progress=progress, cancel=_cancel,
+                       nonfinite=nonfinite, kernel_log=report.kernel_log, **target(i))
     return _finish(handle, report)
 
 

@@ -211,25 +211,50 @@ def test_on_cuda_ndhwc_equals_ncdhw_and_every_conv_is_channels_last(family, op):
     assert not fell, f"{len(fell)} of {len(probe.seen)} convs not NDHWC, first at conv {fell[0]}: {probe.seen}"
 
 
+def _parameters(model) -> list:
+    """What a run may not change of the model's parameters: each one, its storage, strides, dtype, values."""
+    return [(p, p.data_ptr(), p.stride(), p.dtype, p.detach().clone()) for p in model.parameters()]
+
+
+def _unchanged(model, before) -> None:
+    for (param, pointer, stride, dtype, values), now in zip(before, model.parameters(), strict=True):
+        assert now is param and now.data_ptr() == pointer and now.stride() == stride and now.dtype == dtype
+        assert torch.equal(now.detach(), values)
+
+
+def test_planning_leaves_the_model_as_it_found_it():
+    """`vae.plan` decides and changes nothing: whatever layout, budget or mode it plans, every
+    parameter keeps its tensor, storage, strides, dtype and values (the weights are in NCDHW, and the
+    plans are NDHWC)."""
+    model = load_tiny("wan21")
+    z = torch.randn(1, model.latent_channels, 3, 6, 8)
+    before = _parameters(model)
+    opts = FIXED.with_(activation_layout="ndhwc")
+    for op, shape in (("decode", z.shape), ("encode", (1, 3, 9, 48, 64))):
+        for settings in (vae.Settings(), vae.Settings(temporal_chunk=2, tile_size=24),
+                         vae.Settings(memory_budget=2**20), vae.Settings(temporal_chunk=1, stream_frames=True)):
+            assert vae.plan(model, op, shape, settings, opts=opts).activation_layout == "ndhwc"
+    _unchanged(model, before)
+
+
 @pytest.mark.parametrize("setting", ["ndhwc", "ncdhw"])
-def test_the_plan_puts_the_weights_in_its_layout_and_a_decode_leaves_them(setting):
-    """The plan decides the activation layout and puts the weights in it; a decode run by that plan
-    (chunks, exact tiles, frames streamed) leaves every parameter as it found it: the same tensor,
-    the same strides, the same values."""
+def test_a_run_puts_the_weights_in_its_plans_layout_and_a_decode_leaves_them(setting):
+    """The engine puts the weights in the plan's activation layout before the run (the one change a
+    run may make to the model); a decode whose weights are in its layout already (chunks, exact tiles,
+    frames streamed) leaves every parameter as it found it: the same tensor, strides and values."""
     model = load_tiny("wan21")
     other = "ncdhw" if setting == "ndhwc" else "ndhwc"
-    opts = vae.Optimizations(activation_layout=other)
     z = torch.randn(1, model.latent_channels, 3, 6, 8)
-    vae.plan(model, "decode", z.shape, vae.Settings(), opts=opts)  # the weights in the other layout first
-    opts = opts.with_(activation_layout=setting)
+    vae.decode(model, z[:, :, :1], opts=FIXED.with_(activation_layout=other))  # the weights in the other layout
+    weights = [p for p in model.parameters() if p.dim() == 5 and p.shape[1] > 1 and p[0, 0].numel() > 1]
+    assert all(layout.layout_of(w) == other for w in weights)
+    opts = FIXED.with_(activation_layout=setting)
+    vae.decode(model, z[:, :, :1], opts=opts)
+    assert all(layout.layout_of(w) == setting for w in weights)
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=24),
                      vae.Settings(temporal_chunk=1, stream_frames=True)):
         plan = vae.plan(model, "decode", z.shape, settings, opts=opts)
         assert plan.activation_layout == setting
-        weights = [p for p in model.parameters() if p.dim() == 5]
-        assert all(layout.layout_of(w) == setting for w in weights if w.shape[1] > 1 and w[0, 0].numel() > 1)
-        before = [(p, p.data_ptr(), p.stride(), p.detach().clone()) for p in model.parameters()]
+        before = _parameters(model)
         vae.decode(model, z, plan, opts=opts)
-        for (param, pointer, stride, values), now in zip(before, model.parameters()):
-            assert now is param and now.data_ptr() == pointer and now.stride() == stride
-            assert torch.equal(now.detach(), values)
+        _unchanged(model, before)

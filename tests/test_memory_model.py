@@ -1,12 +1,14 @@
 """The memory model (vae/run/memory.py, calibrated by bench/calibrate_memory.py) predicts the peak of a
 real full-size decode within 15%: each measurement is a fresh process's peak RSS (bench/memory_worker.py),
-at sizes the calibration did not use; and the meta-device count behind its CUDA streamed coefficients
-counts a steady chunk."""
+at sizes the calibration did not use (SeedVR2: a full-size point costs 25-60 s of CPU, so one family);
+and for every family, op and mode it covers the tensors the code path holds at once, counted on the
+meta device at full size (seconds, no compute)."""
 import pytest
 
-import vae.model.layers
+import vae
+from bench import models
 from bench.common import run_worker
-from bench.meta_peak import count
+from bench.meta_peak import run_peak
 from vae.run import memory
 
 # (size in pixels, tile in pixels or None, where the causal caches wait, kernel choice): untiled and
@@ -32,12 +34,40 @@ def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, of
     assert abs(error) <= 0.15, (result, f"{100 * error:+.1f}%")
 
 
-def test_the_meta_count_of_a_decoder_that_looks_ahead_reaches_its_last_stage():
-    """`bench.meta_peak.count` (the CUDA streamed coefficients of LTX-2 and HV1.5) counts a steady chunk: for
-    LTX-2, whose every layer gives a frame one frame late, only after about 22 latent frames does a chunk
-    run the last stage (pixels of a quarter of the output's side, before the unpatchify). Two chunks, as a
-    causal decoder needs, counted only the latent stages."""
-    sdpa = vae.model.layers.sdpa
-    live = count("ltx2", "decode", 128, 128, 128, chain=False)
-    assert max(shape[-1] for _, shape in live.at_peak) >= 128 // 4, live.at_peak
-    assert vae.model.layers.sdpa is sdpa  # the count's stand-in attention is gone: this process computes again
+# Every family, op and mode the CPU calibration holds, at 128 px (5 frames; LTX-2's latent frame is 8 pixel
+# frames: 17), one latent frame per chunk, the caches on the device (an untiled frame streamed is one tile).
+MODES = {"untiled": dict(), "exact": dict(tile_size=64), "streamed": dict(stream_frames=True)}
+CASES = [(family, op, mode) for family in models.FAMILIES for op in ("decode", "encode") for mode in MODES
+         if (family, op, mode) in {(f, o, m) for f, ops in memory._calibration().get("cpu", {}).items()
+                                   for o, modes in ops.items() for m in modes}]
+LOW, HIGH = 0.9, 2.5  # predicted activations / live tensors (above: without the calibration's fixed term)
+# The calibration's fit puts all of LTX-2's streamed activations in its tile term (fitted on 128-192 px tiles
+# of 384-448 px frames); an untiled 128 px frame, one tile, is predicted at ten times its live tensors.
+OVER = {("ltx2", "decode", "streamed")}
+# The decode of Qwen-Image 2.1 is predicted at half its activations: 99 MB at 256 px where a fresh process
+# measures 211 MB (bench.memory_worker, decoder only, untiled, 2 frames); its calibration needs redoing.
+UNDER = {("qwen21", "decode", "untiled")}
+
+
+@pytest.mark.measurement  # 27 runs of the released networks on the meta device: about 40 s of CPU
+@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
+@pytest.mark.parametrize("family,op,mode", [
+    pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="under-predicted: recalibrate")) if case in UNDER
+    else case for case in CASES])
+def test_the_memory_model_covers_the_live_tensors_of_every_family_and_mode(family, op, mode):
+    """`memory.estimate`'s activations (the plan's peak without the weights and what stays resident) for
+    the released network of every family, op and calibrated mode, against the peak of the tensors its code
+    path holds at once, counted on the meta device through the engine (`bench.meta_peak.run_peak`): a CPU
+    process holds at least those (its peak RSS adds kernel workspaces and allocator overhead), so a
+    prediction below them is a run that will not fit its budget; more than HIGH times them (beyond the
+    fitted fixed term, kernel workspaces), a plan that tiles or streams for nothing."""
+    frames = 17 if family == "ltx2" else 5
+    plan, live = run_peak(family, op, 128, frames, vae.Settings(temporal_chunk=1, cache_offload="none", **MODES[mode]))
+    model = models.meta_model(family)
+    predicted = plan.peak_bytes - memory.weight_bytes(model) - memory.resident_cache_bytes(
+        model, op, "cpu", vae.Optimizations(kernel_choice="defaults"))
+    assert predicted >= LOW * live, f"{family} {op} {mode}: predicted {predicted / 2**20:.0f} MiB, live {live / 2**20:.0f} MiB"
+    basis, scale = model.memory_calibration(op)  # the fixed term: mostly kernel workspaces, which no count sees
+    fixed = memory.coefficients(basis, op, mode, "cpu").get("fixed", 0) * scale * 4  # float32 elements
+    ratio = (predicted - fixed) / live
+    assert ratio <= HIGH or (family, op, mode) in OVER, f"{family} {op} {mode}: over-predicted {ratio:.2f}x"

@@ -9,7 +9,7 @@ import torch
 
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, fixture_clip, load_tiny, magnitude, tensors
-from vae.run import memory, recovery
+from vae.run import engine, memory, recovery
 from vae.kernels import Optimizations
 from vae.model.blocks import CausalConv3d
 
@@ -138,14 +138,14 @@ def test_low_resolution_convs_run_on_the_whole_frame(monkeypatch):
     z = torch.randn(1, 16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     whole = vae.decode(m, z, vae.Settings(temporal_chunk=1))
     chunks, widths = [], {}
-    conv5d, decode_chunk = CausalConv3d.conv5d, m.decode_chunk
+    conv5d, run_chunk = CausalConv3d.conv5d, engine._run_chunk
 
     def counted(self, buf, ctx, padded=True):
         widths.setdefault((len(chunks), self), []).append(buf.shape[-1])
         return conv5d(self, buf, ctx, padded)
 
     monkeypatch.setattr(CausalConv3d, "conv5d", counted)
-    monkeypatch.setattr(m, "decode_chunk", lambda zc, ctx: chunks.append(1) or decode_chunk(zc, ctx))
+    monkeypatch.setattr(engine, "_run_chunk", lambda *args: chunks.append(1) or run_chunk(*args))
     got = vae.decode(m, z, vae.Settings(temporal_chunk=1, tile_size=128))
     assert (got - whole).abs().max() <= EXACT_ATOL * magnitude(whole)
     last = {conv: w for (chunk, conv), w in widths.items() if chunk == 3}
@@ -175,9 +175,9 @@ def test_out_of_memory_retries_with_smaller_tiles_and_keeps_finished_chunks(mode
         return forward(x, ctx, *args, **kwargs)
 
     chunks = []
-    decode_chunk = model.decode_chunk
+    run_chunk = engine._run_chunk
     monkeypatch.setattr(conv, "forward", flaky)
-    monkeypatch.setattr(model, "decode_chunk", lambda zc, ctx: chunks.append(zc.shape[2]) or decode_chunk(zc, ctx))
+    monkeypatch.setattr(engine, "_run_chunk", lambda m, zc, *args: chunks.append(zc.shape[2]) or run_chunk(m, zc, *args))
     reports = []
     with caplog.at_level(logging.WARNING, logger="streamvae"):
         got = vae.decode(model, z, vae.Settings(temporal_chunk=1, cache_offload="none"), progress=lambda d,

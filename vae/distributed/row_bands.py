@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..kernels.layout import empty_video
 from ..model.blocks import CausalConv3d, FrameConv2d
+from ..model.execution import Attention, Conv, Norm, require
 from ..model.layers import residual_sequence
 from ..run import planning
 from ..run.strategies import ConvWindow
@@ -216,9 +217,9 @@ class RowBands:
         for start, part in received:
             window[..., start:start + part.shape[-2], :] = part
 
-    def conv(self, conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
-        """A (causal) conv over new frames of `shape` (B,C,T,rows,W: this rank's band), as
-        `ExactTiles.conv` computes one tile: own rows from `fill`, halo rows from their owners."""
+    def conv(self, conv: Conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
+        """A conv over new frames of `shape` (B,C,T,rows,W: this rank's band), as `ExactTiles.conv`
+        computes one tile: own rows from `fill`, halo rows from their owners."""
         b, c, t, band_rows, w = shape
         scale = self._scale(band_rows)
         height = scale * self.bands.latent_rows
@@ -231,17 +232,17 @@ class RowBands:
         if not iy0 <= lo < hi <= iy1:
             raise ValueError(f"{type(conv).__name__} reads rows {iy0}..{iy1} for its output band but the band is "
                              f"{lo}..{hi}: band execution needs convs whose outputs read their own band")
-        head, n_head = conv.head(ctx)
-        n = n_head + t
-        n_out, keep = conv.output_frames(n), conv.kept_from(n)
-        buf, inner, rows_in, _ = window.buffer(like, n, (iy0, iy1), cols)
+        time = require(conv, Conv).time_window(ctx, t)
+        o0, o1 = self.bands.rows(self.rank, out_scale)
+        if time is None:  # a conv that looks ahead has not started: no output, nothing kept
+            return empty_video(like, (b, conv.out_channels, 0, o1 - o0, wo))
+        buf, inner, rows_in, _ = window.buffer(like, time.total, (iy0, iy1), cols)
         own = inner[..., lo - rows_in.start:hi - rows_in.start, :]
-        fill(own[:, :, n_head:], slice(0, band_rows), slice(0, w))
-        conv.write_head(own, head, n_head)
+        fill(own[:, :, time.head:time.head + t], slice(0, band_rows), slice(0, w))
+        conv.pad_in_time(own, ctx.cache.get(conv) if time.cached else None, time)
         if conv.temporal:
-            ctx.cache.put(conv, own[:, :, keep:])
-        if not n_out:
-            o0, o1 = self.bands.rows(self.rank, out_scale)
+            ctx.cache.put(conv, own[:, :, time.keep:])
+        if not time.outputs:
             return empty_video(like, (b, conv.out_channels, 0, o1 - o0, wo))
         inside = [(max(a, 0), min(z, height)) for (a, z), _ in reads]
         self._exchange(inner, rows_in.start, scale, inside)
@@ -263,18 +264,18 @@ class RowBands:
         self._exchange(window, a, s, wants)
         return fn(window)[..., (lo - a) * scale:(hi - a) * scale, :]
 
-    def norm_stats(self, norm, x: torch.Tensor, ctx):
+    def norm_stats(self, norm: Norm, x: torch.Tensor, ctx):
         """Whole-frame statistics of `norm` from this rank's band x (B,C,T,rows,W): GroupNorm's per-band
         (mean, var) of every rank merged (in rank order, so every rank gets the same numbers)."""
-        moments = norm.part_moments(x, ctx)
+        moments = require(norm, Norm).part_moments(x, ctx)
         if moments is None:
             return None  # per-position norms (Wan's RMSNorm) need no statistics
-        mean, var, _ = moments  # the other ranks' counts follow from their rows
+        mean, var, count = moments  # the other ranks' counts follow from their rows
         mine = torch.stack([mean, var]).contiguous()
         parts = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(parts, mine, group=self.group)
         self.sent_bytes += mine.numel() * mine.element_size() * (self.world - 1)
-        per_row = x.shape[-1] * (x.shape[1] // norm.num_groups)
+        per_row = count // x.shape[-2]  # elements per group, frame and row
         s = self._scale(x.shape[-2])
         counts = [per_row * (hi - lo) for lo, hi in (self.bands.rows(r, s) for r in range(self.world))]
         return norm.stats_of_parts([(p[0], p[1], n) for p, n in zip(parts, counts)])
@@ -283,11 +284,11 @@ class RowBands:
         """A residual block conv by conv, each over this rank's band."""
         return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
 
-    def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
+    def attention(self, attention: Attention, x: torch.Tensor, ctx) -> torch.Tensor:
         """The mid-block attention for this rank's query rows against the whole frame's keys."""
         s = self._scale(x.shape[-2])
         lo, hi = self.bands.rows(self.rank, s)
-        return attention.attend(self._all_rows(x, s), ctx, rows=slice(lo, hi))
+        return require(attention, Attention).attend(self._all_rows(x, s), ctx, rows=slice(lo, hi))
 
     def _all_rows(self, x: torch.Tensor, scale: int) -> torch.Tensor:
         """Every rank's band x (B,C,T,rows,W) of a layer at `scale`, as whole frames on every rank."""

@@ -19,7 +19,7 @@ CPU oneDNN direct vs Winograd with each GEMM route; GPU cuDNN as PyTorch calls i
 activations) channels-last 3-D vs cuDNN called directly (the PyTorch 2.9 workaround; half precision).
 Every kernel returns its output in the layout of its input (layout.py).
 """
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -182,7 +182,7 @@ def conv_candidates(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         if workaround or (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and torch.version.hip is None):
             candidates["cudnn_direct"] = lambda inp: backend.cudnn_conv3d(inp, weight, bias, stride, padding)
         return candidates, "cudnn_direct" if workaround else "torch"
-    candidates = {"onednn": lambda inp: _cpu_direct(inp, weight, bias, stride, padding)}
+    candidates = {"onednn": partial(_cpu_direct, weight=weight, bias=bias, stride=stride, padding=padding)}
     if (winograd is not None and not torch.compiler.is_compiling() and winograd_eligible(x, weight, stride, padding)
             and transform_pays(x, weight, winograd)):
         for route in GEMM_ROUTES:

@@ -7,9 +7,9 @@ input and the output of every conv, and channels-last weights alone are slower s
 activation is then converted. So a run is in one layout from the first conv to the last (measured on
 CPUs and on an H100: bench/RESULTS.md sections 0, 11 and 12):
 
-- the planner records the run's layout in its `Plan` and puts the conv weights in it
-  (`run.kernel_plan`, `weights_in`); the engine puts each chunk's input in it, and the output is
-  copied into the caller's NCDHW tensor;
+- the planner records the run's layout in its `Plan` (`run.kernel_plan`); the engine puts the conv
+  weights in it before the run (`weights_in`, a no-op when they are) and each chunk's input, and the
+  output is copied into the caller's NCDHW tensor;
 - every buffer a block allocates takes the layout of the tensor it is made from (`empty_video`), and
   convs, norms, adds and copies keep the layout of their input, so the activations never fall back.
 

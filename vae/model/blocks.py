@@ -12,24 +12,87 @@ import torch.nn as nn
 
 from ..kernels import conv3d
 from ..kernels.layout import PADDING_MODES, Fill, cat_frames, empty_video, interior, pad_border, padded_buffer
-from .execution import StreamState
+from .execution import StreamState, TimeWindow
 
 
 def _triple(v) -> tuple[int, int, int]:
     return (v, v, v) if isinstance(v, int) else tuple(v)
 
 
-class Conv3d(nn.Conv3d):
-    """nn.Conv3d through the pack's conv dispatch (fast half precision where the CPU lacks it; the run's
-    PyTorch 2.9 cuDNN workaround). SeedVR2's 1x1x1 convs: no Winograd, nothing to measure."""
+class ConvLayer:
+    """The one implementation of `execution.Conv` for every conv of the pack: its frames per call
+    (`time_window`) and their head and tail (`pad_in_time`), the same code for the whole-frame path
+    and for every execution strategy, so the causal cache logic exists once.
+
+    The temporal state is the class's: none by default (a frame-wise or a pointwise conv: no head, no
+    tail, an output per new frame, nothing kept between calls); `CausalConv3d` sets its own (head
+    frames of padding, a temporal kernel and stride, `lookahead`). No spatial padding by default."""
+
+    head_frames = 0
+    head_mode = "zeros"
+    lookahead = 0
+    temporal = False
+    padding_mode = "zeros"
+    spatial_pad = (0, 0, 0, 0)
+
+    def time_window(self, ctx: StreamState, new: int) -> TimeWindow | None:
+        """The frames of a call on `new` new frames (`execution.TimeWindow`), or None when a conv that
+        looks ahead has not started and gets none. The head: the previous call's kept input (its
+        cache), or on the clip's first call `head_frames` frames of padding (a conv that looks ahead
+        pads on its first call with frames: a lagging layer before it may give none at first); the
+        tail: `lookahead` copies of the clip's last frame on the call with `ctx.last_chunk`."""
+        cached = self.temporal and self in ctx.cache
+        if self.lookahead and not new and not cached:
+            return None
+        if cached:
+            head = ctx.cache.frames(self)
+        else:
+            head = self.head_frames if self.temporal and (ctx.first_chunk or self.lookahead) else 0
+        # `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not
+        # guard on it (a middle chunk would trace a third graph).
+        tail = self.lookahead if self.lookahead and ctx.last_chunk else 0
+        kt, st = (self.kernel_size[0], self.stride[0]) if len(self.kernel_size) == 3 else (1, 1)
+        total = head + new + tail
+        outputs = (total - kt) // st + 1 if total >= kt else 0
+        return TimeWindow(head, new, tail, outputs, outputs * st, cached)
+
+    def pad_in_time(self, frames: torch.Tensor, head: torch.Tensor | None, window: TimeWindow,
+                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
+        """Fill the first `window.head` frames of `frames` (the unpadded frame region of a conv buffer,
+        or rows x cols of it for a tile; the new frames written) from `head` (the cached frames: rows x
+        cols of them are read) or with padding, zeros or copies of the first new frame; and the last
+        `window.tail` frames with copies of the frame before them, the clip's last."""
+        n_head, n_tail = window.head, window.tail
+        if head is not None:
+            frames[:, :, :n_head] = head[..., rows, cols]
+        elif n_head and self.head_mode == "replicate":
+            frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
+        elif n_head:
+            frames[:, :, :n_head].zero_()
+        if n_tail:
+            last = frames.shape[2] - n_tail
+            frames[:, :, last:] = frames[:, :, last - 1:last]
+
+    def _no_output(self, like: torch.Tensor, shape) -> torch.Tensor:
+        """The empty output (B,C',0,H',W') of a call on new frames of `shape` that convolves nothing."""
+        (kh, kw), (sh, sw) = self.kernel_size[-2:], self.stride[-2:]
+        h_out = (shape[3] + sum(self.spatial_pad[2:]) - kh) // sh + 1
+        w_out = (shape[4] + sum(self.spatial_pad[:2]) - kw) // sw + 1
+        return empty_video(like, (shape[0], self.out_channels, 0, h_out, w_out))
+
+
+class Conv3d(nn.Conv3d, ConvLayer):
+    """A pointwise (1x1x1) conv through the pack's conv dispatch (fast half precision where the CPU
+    lacks it; the run's PyTorch 2.9 cuDNN workaround): no Winograd, nothing to measure. No temporal
+    state, no padding (`ConvLayer`)."""
 
     def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         return self.conv5d(x, ctx)
 
-    def conv5d(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def conv5d(self, x: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
         """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
-        return conv3d(x, self.weight, self.bias, self.stride, self.padding, cudnn_workaround=ctx.opts.conv3d_workaround,
-                      log=ctx.kernel_log)
+        return conv3d(x, self.weight, self.bias, self.stride, self.padding if padded else (0, 0, 0),
+                      cudnn_workaround=ctx.opts.conv3d_workaround, log=ctx.kernel_log)
 
 
 class CausalConv3d(Conv3d):
@@ -39,7 +102,7 @@ class CausalConv3d(Conv3d):
     is what the previous chunk left unconsumed (its cache) or, on the first chunk, `head_frames`
     frames of padding: zeros (Wan) or copies of frame 0 (SeedVR2, head="replicate"). The cache after
     a call is exactly the input frames a whole-clip pass would still read, so any temporal chunking
-    reproduces the whole-clip result, strided convs included.
+    reproduces the whole-clip result, strided convs included (`ConvLayer.time_window`).
 
     `lookahead` > 0 makes a conv centred in time (LTX-2's decoder): each output reads `lookahead` later
     frames, the clip's start gets `kt - 1 - lookahead` copies of frame 0 and its end `lookahead`
@@ -78,80 +141,18 @@ class CausalConv3d(Conv3d):
 
     def forward(self, x: torch.Tensor, ctx: StreamState, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
-        opts = ctx.opts
-        if self.waiting(ctx, x.shape[2]):
-            return self.no_output(x, x.shape)
+        if not x.shape[2] and self.lookahead and self not in ctx.cache:
+            return self._no_output(x, x.shape)  # nothing to normalise: a conv that looks ahead has not started
         if ctx.execution is not None:
             # Whole-frame statistics first (per-frame GroupNorm), then tile by tile (or band by band).
             stats = ctx.execution.norm_stats(norm, x, ctx) if norm is not None else None
             fill = norm_fill(x, norm, ctx, stats) if norm is not None else _copy_fill(x)
             return ctx.execution.conv(self, ctx, x.shape, x, fill)
-        if norm is not None and not opts.fused_norm_act:
+        if norm is not None and not ctx.opts.fused_norm_act:
             x, norm = norm.act(x, ctx), None
         if norm is None and not self.temporal and not any(self.buffer_pad):
             return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
         return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
-
-    # -- the causal state, one definition for the untiled path and for exact tiles ------------------
-    def waiting(self, ctx: StreamState, frames: int) -> bool:
-        """Whether a call with `frames` new frames has nothing to do: a conv that looks ahead has not
-        started (it needs its first frame to pad the clip's start with) and gets none."""
-        return bool(self.lookahead) and frames == 0 and self not in ctx.cache
-
-    def no_output(self, like: torch.Tensor, shape) -> torch.Tensor:
-        """The empty output (B,C',0,H',W') of a call on new frames of `shape` that convolves nothing."""
-        h_out = (shape[3] + sum(self.spatial_pad[2:]) - self.kernel_size[1]) // self.stride[1] + 1
-        w_out = (shape[4] + sum(self.spatial_pad[:2]) - self.kernel_size[2]) // self.stride[2] + 1
-        return empty_video(like, (shape[0], self.out_channels, 0, h_out, w_out))
-
-    def head(self, ctx: StreamState) -> tuple[torch.Tensor | None, int]:
-        """(cached frames or None, how many head frames go before this call's new frames): the
-        previous chunk's unconsumed input, or on the first chunk `head_frames` frames of padding."""
-        head = ctx.cache.get(self) if self.temporal else None
-        if head is not None:
-            return head, head.shape[2]
-        return None, self.head_count(ctx)
-
-    def head_count(self, ctx: StreamState) -> int:
-        """How many head frames go before this call's new frames, without reading the cache."""
-        if not self.temporal:
-            return 0
-        if self in ctx.cache:
-            return ctx.cache.frames(self)
-        return self.head_frames if ctx.first_chunk or self.lookahead else 0
-
-    def tail_count(self, ctx: StreamState) -> int:
-        """How many copies of the last frame go after this call's new frames: `lookahead` at the clip's end.
-        `last_chunk` is read only by a conv that looks ahead, so a compiled causal block does not guard
-        on it (a middle chunk would trace a third graph)."""
-        return self.lookahead if self.lookahead and ctx.last_chunk else 0
-
-    def write_head(self, frames: torch.Tensor, head: torch.Tensor | None, n_head: int,
-                   rows: slice = slice(None), cols: slice = slice(None)) -> None:
-        """Fill the first `n_head` frames of `frames` (the unpadded frame region of a conv buffer, or
-        rows x cols of it for a tile), whose later frames already hold the new input."""
-        if head is not None:
-            frames[:, :, :n_head] = head[..., rows, cols]
-        elif n_head and self.head_mode == "replicate":
-            frames[:, :, :n_head] = frames[:, :, n_head:n_head + 1]
-        elif n_head:
-            frames[:, :, :n_head].zero_()
-
-    def write_tail(self, frames: torch.Tensor, n_tail: int) -> None:
-        """Fill the last `n_tail` frames of `frames` (as in `write_head`, head and new frames written)
-        with copies of the frame before them, the clip's last."""
-        if n_tail:
-            last = frames.shape[2] - n_tail
-            frames[:, :, last:] = frames[:, :, last - 1:last]
-
-    def output_frames(self, n: int) -> int:
-        """Output frames of a window of `n` input frames (head included)."""
-        kt, st = self.kernel_size[0], self.stride[0]
-        return (n - kt) // st + 1 if n >= kt else 0
-
-    def kept_from(self, n: int) -> int:
-        """The first of `n` input frames that the next chunk still reads: the cache is frames [kept_from, n)."""
-        return self.output_frames(n) * self.stride[0]
 
     def run(self, ctx: StreamState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
@@ -162,17 +163,14 @@ class CausalConv3d(Conv3d):
         """
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, shape, like, fill)
-        if self.waiting(ctx, shape[2]):
-            return self.no_output(like, shape)
-        head, n_head = self.head(ctx)
-        n_tail = self.tail_count(ctx)
-        if (head is None and n_head and self.head_mode == "zeros"
-                and self.stride[0] == 1 and n_head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
-            return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), n_head, ctx)
-        buf = padded_buffer(like, shape, n_head, self.buffer_pad, fill, n_tail, self.padding_mode)
-        frames = interior(buf, self.buffer_pad)
-        self.write_head(frames, head, n_head)
-        self.write_tail(frames, n_tail)
+        window = self.time_window(ctx, shape[2])
+        if window is None:
+            return self._no_output(like, shape)
+        if (not window.cached and window.head and self.head_mode == "zeros" and self.stride[0] == 1
+                and window.head + shape[2] >= self.kernel_size[0] and self.padding_mode == "zeros"):
+            return self._convolve_after_zeros(padded_buffer(like, shape, 0, self.buffer_pad, fill), window.head, ctx)
+        buf = padded_buffer(like, shape, window.head, self.buffer_pad, fill, window.tail, self.padding_mode)
+        self.pad_in_time(interior(buf, self.buffer_pad), ctx.cache.get(self) if window.cached else None, window)
         if self.padding_mode != "zeros":  # read the written frames: after them
             pad_border(buf, self.buffer_pad, self.padding_mode)
         return self._convolve(buf, ctx)
@@ -202,17 +200,18 @@ class CausalConv3d(Conv3d):
         return cat_frames(outs) if len(outs) > 1 else outs[0]
 
     def _convolve(self, buf: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        n = buf.shape[2]
-        n_out = self.output_frames(n)
+        """conv5d of a buffer that holds a call's whole window, keeping what the next call reads."""
+        (kt, kh, kw), (st, sh, sw) = self.kernel_size, self.stride
+        n_out = (buf.shape[2] - kt) // st + 1 if buf.shape[2] >= kt else 0
         if self.temporal:
             # Keep what the next window still reads (unpadded, as exact tiling stores it too); a
             # copy, so the chunk's buffer can be freed.
-            ctx.cache.put(self, interior(buf, self.buffer_pad)[:, :, self.kept_from(n):])
+            ctx.cache.put(self, interior(buf, self.buffer_pad)[:, :, n_out * st:])
         if n_out == 0:
-            h_out = (buf.shape[3] + 2 * self.padding[1] - self.kernel_size[1]) // self.stride[1] + 1
-            w_out = (buf.shape[4] + 2 * self.padding[2] - self.kernel_size[2]) // self.stride[2] + 1
+            h_out = (buf.shape[3] + 2 * self.padding[1] - kh) // sh + 1
+            w_out = (buf.shape[4] + 2 * self.padding[2] - kw) // sw + 1
             return empty_video(buf, (buf.shape[0], self.out_channels, 0, h_out, w_out))
-        return self.conv5d(buf, ctx)
+        return conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options)  # conv5d's
 
     def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
@@ -229,13 +228,14 @@ def norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamState, stats=None) ->
     return lambda view, rows, cols: norm.act(x[..., rows, cols], ctx, out=view, stats=stats)
 
 
-class FrameConv2d(nn.Conv2d):
+class FrameConv2d(nn.Conv2d, ConvLayer):
     """A 2-D conv applied to every frame of B,C,T,H,W input; the weight keeps its 4-D checkpoint shape.
+    A conv without temporal state (`ConvLayer`): nothing is carried between chunks.
 
     `spatial_pad` is zero padding (left, right, top, bottom) as in `CausalConv3d`: symmetric padding
     is done by the conv, asymmetric padding (Wan's right/bottom downsampler pad) in the input buffer.
     The optimized path convolves the 5-D tensor with a (1, k, k) view of the weight, so frames are
-    never folded into the batch (no transpose copies); no state is carried between chunks.
+    never folded into the batch (no transpose copies).
     """
 
     def __init__(self, in_channels, out_channels, kernel_size: int, stride: int = 1, *, spatial_pad=None):
@@ -244,50 +244,13 @@ class FrameConv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding=(pad[2], pad[0]) if symmetric else 0)
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
-        self.temporal = False
-        self.lookahead = 0
-        self.padding_mode = "zeros"
-
-    # -- no causal state: the same interface as CausalConv3d, for exact tiles ----------------------
-    def waiting(self, ctx: StreamState, frames: int) -> bool:
-        return False
-
-    def head(self, ctx: StreamState) -> tuple[None, int]:
-        return None, 0
-
-    def head_count(self, ctx: StreamState) -> int:
-        return 0
-
-    def tail_count(self, ctx: StreamState) -> int:
-        return 0
-
-    def write_head(self, frames, head, n_head, rows=slice(None), cols=slice(None)) -> None:
-        pass
-
-    def write_tail(self, frames, n_tail) -> None:
-        pass
-
-    def output_frames(self, n: int) -> int:
-        return n
-
-    def kept_from(self, n: int) -> int:
-        return n
 
     def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, x.shape, x, _copy_fill(x))
         if not any(self.buffer_pad):
-            return self._convolve(x, ctx)
-        return self.run(ctx, x.shape, x, _copy_fill(x))
-
-    def run(self, ctx: StreamState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
-        """Convolve frames of `shape` (B,C,T,H,W) that `fill` writes straight into the input buffer."""
-        if ctx.execution is not None:
-            return ctx.execution.conv(self, ctx, shape, like, fill)
-        return self._convolve(padded_buffer(like, shape, 0, self.buffer_pad, fill), ctx)
-
-    def _convolve(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        return self.conv5d(x, ctx)
+            return self.conv5d(x, ctx)
+        return self.conv5d(padded_buffer(x, x.shape, 0, self.buffer_pad, _copy_fill(x)), ctx)
 
     def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
         """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""

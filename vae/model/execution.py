@@ -1,9 +1,12 @@
-"""What a model's blocks ask of the run that executes them, declared here so the model never imports
-the run (`vae.run`): the blocks take a `StreamState` (the run's `run.stream_context.StreamContext`)
-and read its switches, its causal caches (`CausalState`, the run's `run.causal_cache.CausalCache`)
-and its `Execution` strategy (`run.strategies`: exact tiles; `distributed.row_bands`: row bands).
-Tensors are B,C,T,H,W.
+"""What a model's blocks ask of the run that executes them, and what they hand it, declared here so
+the model never imports the run (`vae.run`): the blocks take a `StreamState` (the run's
+`run.stream_context.StreamContext`) and read its switches, its causal caches (`CausalState`, the run's
+`run.causal_cache.CausalCache`) and its `Execution` strategy (`run.strategies`: exact tiles;
+`distributed.row_bands`: row bands). A strategy gets back from the layers what `Conv`, `Norm` and
+`Attention` declare (a conv's frames of one call: `TimeWindow`), checked by type where it takes them
+(`require`). Tensors are B,C,T,H,W.
 """
+from dataclasses import dataclass
 from typing import Callable, Protocol, runtime_checkable
 
 import torch
@@ -67,6 +70,88 @@ class StreamState(Protocol):
     conv_options: dict
 
 
+@dataclass(frozen=True)
+class TimeWindow:
+    """The input frames of one conv call over `new` new frames, in time order [head | new | tail]:
+    `head` frames before them (the previous call's input that the conv still reads, kept in the
+    causal cache under the conv when `cached`; else padding), `tail` copies of the clip's last frame
+    after them (a conv that looks ahead, on the clip's last call); `outputs` output frames; the next
+    call's cache is input frames [keep, total). A conv without temporal state (a frame-wise or a
+    pointwise one) has no head, no tail, as many outputs as new frames and keeps nothing."""
+
+    head: int
+    new: int
+    tail: int
+    outputs: int
+    keep: int
+    cached: bool
+
+    @property
+    def total(self) -> int:
+        return self.head + self.new + self.tail
+
+
+@runtime_checkable
+class Conv(Protocol):
+    """What a conv hands an execution strategy (`Execution.conv`; a residual's shortcut is called
+    through `conv5d` alone): its spatial window, its frames per call, and the convolution of a buffer
+    the strategy prepared. `blocks.ConvLayer` is the one implementation, for every conv of the pack.
+
+    `kernel_size` / `stride` end with (rows, columns) (`(kt, kh, kw)`, or `(kh, kw)` for a conv applied
+    to every frame); `spatial_pad` is (left, right, top, bottom) pixels of `padding_mode` ("zeros",
+    "reflect", "replicate") at the frame border; `temporal`: the conv keeps input frames between calls
+    (in `ctx.cache`, keyed by the conv itself: the strategy stores `TimeWindow.keep` onwards)."""
+
+    out_channels: int
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    spatial_pad: tuple[int, int, int, int]
+    padding_mode: str
+    temporal: bool
+
+    def time_window(self, ctx: StreamState, new: int) -> TimeWindow | None:
+        """The frames of a call on `new` new frames, or None when the call has nothing to do (a conv
+        that looks ahead has not started: it needs its first frame to pad the clip's start with)."""
+
+    def pad_in_time(self, frames: torch.Tensor, head: torch.Tensor | None, window: TimeWindow,
+                    rows: slice = slice(None), cols: slice = slice(None)) -> None:
+        """Write the head and tail frames of `frames` (the window's input frames, or rows x cols of them
+        for a tile; the new frames written already): `head` (the cached frames of the whole frame,
+        read by the strategy where `window.cached`, or rows x cols of them) or padding, then the tail."""
+
+    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+        """The convolution of a prepared buffer B,C,total,H,W: with the conv's own symmetric spatial
+        padding, or none (`padded=False`: the buffer holds its region's halo)."""
+
+
+@runtime_checkable
+class Norm(Protocol):
+    """What a norm hands a strategy (a conv's `norm=`, a residual's norms): whole-frame statistics
+    computed once, or merged from parts (tiles, bands), then SiLU(norm(x)) of any region with them.
+    A per-position norm (RMS, pixel norm) has no statistics: None."""
+
+    def stats(self, x: torch.Tensor, ctx: StreamState):
+        """The whole-frame statistics of x (B,C,T,H,W: whole frames), or None."""
+
+    def part_moments(self, x: torch.Tensor, ctx: StreamState):
+        """(mean, biased variance, elements per group and frame) of a part x of the frames, or None."""
+
+    def stats_of_parts(self, parts: list):
+        """The whole-frame statistics from the `part_moments` of parts that cover the frames once."""
+
+    def act(self, x: torch.Tensor, ctx: StreamState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+        """SiLU(norm(x)) of a region x, with `stats` of the whole frame, into `out` when given."""
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """What a mid-block attention hands a strategy: x + attention(x) of whole frames, for the query
+    rows `rows` only (a row band's queries attend to every key of the frame)."""
+
+    def attend(self, x: torch.Tensor, ctx: StreamState, rows: slice = slice(None)) -> torch.Tensor:
+        """x (B,C,T,H,W) + attention output, B,C,T,len(rows),W."""
+
+
 @runtime_checkable
 class Execution(Protocol):
     """How the layers of a chunk cover the frame (`StreamState.execution`; None = whole frames).
@@ -77,16 +162,17 @@ class Execution(Protocol):
     # Why a compiled block must run its steps eagerly under this strategy (torch.compile traces none).
     eager_reason: str
 
-    def conv(self, conv, ctx, shape, like: torch.Tensor, fill) -> torch.Tensor:
-        """A (causal) conv over new frames of `shape` whose input `fill(view, rows, cols)` writes."""
+    def conv(self, conv: Conv, ctx: StreamState, shape, like: torch.Tensor, fill) -> torch.Tensor:
+        """A conv over new frames of `shape` whose input `fill(view, rows, cols)` writes."""
 
-    def norm_stats(self, norm, x: torch.Tensor, ctx):
+    def norm_stats(self, norm: Norm, x: torch.Tensor, ctx: StreamState):
         """The norm's whole-frame statistics of x (None for per-position norms)."""
 
-    def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
+    def residual(self, x: torch.Tensor, ctx: StreamState, conv1: Conv, norm1: Norm, conv2: Conv, norm2: Norm,
+                 shortcut: Conv | None) -> torch.Tensor:
         """A residual block, conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) (`layers.residual_convs`)."""
 
-    def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
+    def attention(self, attention: Attention, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
         """The mid-block attention of x (every position attends to the whole frame)."""
 
     def local(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:
@@ -94,3 +180,15 @@ class Execution(Protocol):
 
     def steps_per_conv(self) -> int:
         """How many progress steps one conv makes (0: none; the engine counts chunks)."""
+
+
+def require(layer, kind: type):
+    """`layer` where it is a `kind` (`Conv`, `Norm`, `Attention`); else a TypeError naming what it
+    lacks: a strategy takes only the declared contract."""
+    if not isinstance(layer, kind):
+        declared = [*vars(kind).get("__annotations__", {}), *(name for name, value in vars(kind).items()
+                                             if callable(value) and not name.startswith("_"))]
+        missing = [name for name in declared if not hasattr(layer, name)]
+        raise TypeError(f"{type(layer).__name__} is not a model.execution.{kind.__name__}"
+                        + (f" (it lacks {', '.join(sorted(missing))})" if missing else ""))
+    return layer

@@ -46,6 +46,9 @@ class VideoVAE(nn.Module):
     in_channels: int = 3  # image channels encode takes: 3 (RGB) or 4 (RGBA)
     out_channels: int = 3  # image channels decode gives
     decode_upscale: int = 1  # decoded frames are this many times the encoded size (2 for 2x upscale decoders)
+    # Whether every frame is an image of its own (an image network run on a clip: Qwen-Image 2.1): a
+    # run then marks every chunk as one that holds its clip's frame 0 (`ctx.first_chunk`).
+    frames_are_images: bool = False
 
     # --- what a family defines -------------------------------------------------------------
     probe_keys: tuple[str, ...] = ()  # keys whose presence identifies the family's checkpoints

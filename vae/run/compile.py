@@ -10,13 +10,14 @@ offloaded caches: `StreamContext.eager_reason`) run the blocks eagerly, and the 
 When the backend cannot work here (inductor needs Triton on GPUs, e.g. Windows without
 triton-windows, and a C++ compiler on CPUs) or a block fails to compile on its first call, every
 block goes back to eager execution and ONE warning says why; nothing crashes. A failure in the
-middle of a clip restarts that encode/decode eagerly (`run_with_fallback`), because the blocks'
-causal caches may already hold part of the failed step.
+middle of a clip raises `CompileFallback`, and the engine runs that encode/decode again from its
+start, eagerly (`recovery.Restart.RUN`), because the blocks' causal caches may already hold part of
+the failed step.
 
     report = compile_blocks(model, CompileSettings(mode="max-autotune-no-cudagraphs"))
     report.status   # "compiled 16 blocks", "eager (fallback: ...)"
     with dynamo_limits(settings):
-        y = run_with_fallback(vae.decode, model, z)
+        y = vae.decode(model, z)
 """
 import contextlib
 import functools
@@ -204,7 +205,8 @@ class CompileFallback(RuntimeError):
 
     Blocks carry state between chunks (causal caches), and a block that fails after a graph break
     may already have run part of its work, so the block cannot simply be re-run eagerly. Every block
-    is eager again when this is raised; run the whole operation again (`run_with_fallback`).
+    is eager again when this is raised; the engine runs the whole operation again
+    (`recovery.restart_point`).
     """
 
 
@@ -276,11 +278,9 @@ def _describe(error: BaseException, limit: int = 400) -> str:
 
 
 def run_with_fallback(fn, *args, **kwargs):
-    """`fn(*args, **kwargs)`, run once more from the start if a block fell back to eager mid-way."""
-    try:
-        return fn(*args, **kwargs)
-    except CompileFallback:
-        return fn(*args, **kwargs)
+    """`fn(*args, **kwargs)`: kept for callers written when the caller ran an encode/decode again after
+    a block fell back to eager mid-way; the engine does that itself now (`recovery.Restart.RUN`)."""
+    return fn(*args, **kwargs)
 
 
 def _is_compile_error(error: Exception) -> bool:

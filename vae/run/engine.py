@@ -3,8 +3,9 @@
     z = vae.encode(model, video)                          # B,3,T,H,W in [-1, 1] -> raw posterior mean
     y = vae.decode(model, z, vae.Settings(tile_size=256))  # raw latent -> B,3,T'',H'',W'' (not clamped)
 
-The model says what the network does to one temporal chunk (`encode_chunk`/`decode_chunk`); the
-engine does the rest, in one loop (`_stream`) whatever the strategy. The causal caches in the
+The model says what the network is, as the stages a temporal chunk passes through
+(`encode_stages`/`decode_stages`); the engine does the rest, in one loop (`_stream`, over the chunks
+`StreamContext.chunks` gives) whatever the strategy. The causal caches in the
 `StreamContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
 written into a preallocated output (optionally on another device) or handed to a `sink` (a video file
 writer), and encode reads its input chunk by chunk (also from a video file), so memory does not grow
@@ -19,13 +20,14 @@ computed once, or given by the caller; out-of-memory and fp16 overflow are recov
 """
 import dataclasses
 import logging
+from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels import KernelLog, Optimizations, layout
-from ..kernels.backend import is_oom, same_device
+from ..kernels.backend import same_device
 from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
 from . import geometry, planning, recovery
@@ -98,19 +100,20 @@ def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None,
 
 def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
          whole: Callable[[Steps], None], fast: Callable[[Steps], None]) -> None:
-    """The one driver of an encode or decode, without autograd and with the half-precision fallback:
-    `whole(steps)` streams the clip through the model (frames and rows as the plan and partition say),
-    or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent streams
-    and blends them; `steps` counts progress and checks `cancel`."""
-    def run():
-        if grid is None:
-            modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
-            whole(_steps(plan, progress, cancel, partition, modules))
-        else:
-            fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
-
-    with torch.inference_mode():
-        recovery.with_half_fallback(model, plan.op, run)
+    """The one driver of an encode or decode: the model's weights in the plan's activation layout
+    first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
+    then without autograd, started again where `recovery.attempts` says a failure restarts the
+    run: `whole(steps)` streams the clip through the model (frames and rows as the plan and partition
+    say), or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent
+    streams and blends them; `steps` counts progress and checks `cancel`."""
+    layout.weights_in(model, plan.activation_layout)
+    for attempt in recovery.attempts(model, plan.op):
+        with attempt, torch.inference_mode():
+            if grid is None:
+                modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
+                whole(_steps(plan, progress, cancel, partition, modules))
+            else:
+                fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
 
 def _stream_plan(model, plan: Plan, input_shape) -> Plan:
@@ -132,7 +135,6 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     model's stages; recount the steps of the `chunks_left` chunks to go."""
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
                             attention_frames=plan.clip.latent_frames)
-    ctx.first_chunk, ctx.last_chunk = True, False
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
@@ -146,66 +148,46 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
 
 
 def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
-    """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames until
-    the clip is done or step returns False; the causal caches are closed at the end. The context
-    says which chunk holds the clip's first frame and which its last (`first_chunk`, `last_chunk`).
+    """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames
+    (`ctx.chunks`, which says which chunk holds the clip's first frame and which its last) until the
+    clip is done or step returns False, after the model's prefill (`_prefill`); the causal caches are
+    closed at the end.
 
-    Out of memory inside a step (where the partition allows it) goes on with a smaller plan, made by
-    `_recover`; the output written so far stays."""
-    n_lat, first = plan.clip.latent_frames, 0
-    _prepare(model, ctx, plan, steps, partition, plan.clip.chunks(plan.temporal_chunk))
+    Out of memory inside a step (`recovery.Restart.CHUNK`, where the partition allows it) goes on with
+    the next smaller plan (`recovery.smaller_plan`, up to its floor, where it raises): the causal
+    caches are rebuilt by running latent frames [0, done) again without writing them (their output is
+    already written and stays), then the failed chunk runs again. No copy of the caches is kept for
+    this: it would double their memory, the largest part of a chunk's peak. Every chunk after the first
+    has the same size, so an out-of-memory error nearly always comes in the second chunk, and the
+    rebuild is the first chunk's single latent frame."""
+    n_lat, done = plan.clip.latent_frames, 0
     try:
-        _prefill(model, ctx, plan, steps, step)
-        while first < n_lat:
-            n = min(plan.temporal_chunk, n_lat - first)
-            ctx.last_chunk = first + n == n_lat  # convs that look ahead pad the clip's end now
+        while True:
+            _prepare(model, ctx, plan, steps, partition, -(-(n_lat - done) // plan.temporal_chunk))
             try:
-                more = step(first, n, True)
-            except (RuntimeError, MemoryError) as error:
-                if not (partition.recoverable and is_oom(error)):
+                with steps.muted():  # cancellable, but no progress to report
+                    _prefill(model, ctx, plan, step)
+                    for first, n in ctx.chunks(n_lat, plan.temporal_chunk, stop=done):
+                        step(first, n, False)
+                for first, n in ctx.chunks(n_lat, plan.temporal_chunk, start=done):
+                    more = step(first, n, True)
+                    done = first + n
+                    steps.chunk_done()
+                    if more is False:
+                        break
+                return
+            except Exception as error:
+                if not partition.recoverable or recovery.restart_point(error) is not recovery.Restart.CHUNK:
                     raise
                 reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
-            else:
-                ctx.first_chunk = False
-                first += n
-                steps.chunk_done()
-                if more is False:
-                    return
-                continue
-            plan = _recover(model, ctx, steps, plan, partition, step, first, reason)
+            ctx.cache.close()
+            recovery.free_cached_memory(model.device)
+            plan = recovery.smaller_plan(model, plan, reason)
     finally:
         ctx.cache.close()  # the disk file of offloaded caches goes with it
 
 
-def _recover(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step, done: int,
-             reason: str) -> Plan:
-    """The plan to go on with after running out of memory with `plan` at latent frame `done`.
-
-    A smaller plan (`recovery.smaller_plan`: caches offloaded, then smaller exact tiles, then a shorter
-    chunk, up to its floor, where it raises), with the causal caches rebuilt by running latent frames
-    [0, done) again without writing them (their output is already written and stays). No copy of the
-    caches is kept for this: it would double their memory, the largest part of a chunk's peak. Every
-    chunk after the first has the same size, so an out-of-memory error nearly always comes in the
-    second chunk, and the rebuild is the first chunk's single latent frame."""
-    while True:
-        ctx.cache.close()
-        recovery.free_cached_memory(model.device)
-        plan = recovery.smaller_plan(model, plan, reason)
-        _prepare(model, ctx, plan, steps, partition, -(-(plan.clip.latent_frames - done) // plan.temporal_chunk))
-        try:
-            _prefill(model, ctx, plan, steps, step)
-            with steps.muted():  # cancellable, but no progress to report
-                for first in range(0, done, plan.temporal_chunk):
-                    step(first, min(plan.temporal_chunk, done - first), False)
-                    ctx.first_chunk = False
-            return plan
-        except (RuntimeError, MemoryError) as error:
-            if not is_oom(error):
-                raise
-            reason = str(error) or type(error).__name__
-
-
-def _prefill(model, ctx: StreamContext, plan: Plan, steps: Steps, step) -> None:
+def _prefill(model, ctx: StreamContext, plan: Plan, step) -> None:
     """Run the model's `prefill_stages` (those that must see every frame before the clip runs: a full
     attention gathering its keys) over the whole clip, chunk by chunk as the plan runs it, with
     `ctx.prefill` set and nothing written; then the causal state starts again at frame 0 (what the
@@ -213,19 +195,14 @@ def _prefill(model, ctx: StreamContext, plan: Plan, steps: Steps, step) -> None:
     stages = model.prefill_stages(plan.op)
     if not stages:
         return
-    whole = ctx.frame_stream
-    ctx.prefill, ctx.frame_stream = True, FrameStream(stages) if whole is not None else None
+    clip_stream = ctx.frame_stream
+    ctx.prefill, ctx.frame_stream = True, FrameStream(stages) if clip_stream is not None else None
     try:
-        with steps.muted():
-            for first in range(0, plan.clip.latent_frames, plan.temporal_chunk):
-                n = min(plan.temporal_chunk, plan.clip.latent_frames - first)
-                ctx.last_chunk = first + n == plan.clip.latent_frames
-                step(first, n, False)
-                ctx.first_chunk = False
+        for first, n in ctx.chunks(plan.clip.latent_frames, plan.temporal_chunk):
+            step(first, n, False)
     finally:
-        ctx.prefill, ctx.frame_stream = False, whole
+        ctx.prefill, ctx.frame_stream = False, clip_stream
     ctx.cache.clear()
-    ctx.first_chunk, ctx.last_chunk = True, False
 
 
 def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
@@ -243,7 +220,9 @@ def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> 
     elif ctx.last_chunk and model.looks_ahead(plan.op):
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     else:
-        emit(model.decode_chunk(x, ctx) if plan.op == "decode" else run_stages(stages, x, ctx))
+        for stage in stages:  # `run_stages`, written out: one Python frame less under every layer
+            x = stage(x, ctx)
+        emit(x)
 
 
 def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
@@ -294,7 +273,8 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         return parts
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=lambda steps: _encode_stream(model, video, outputs, n_moments, plan, opts, steps, partition, kernel_log),
+         whole=partial(_encode_stream, model, video, outputs, n_moments, plan, opts, partition=partition,
+                       kernel_log=kernel_log),
          fast=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
         return None
@@ -312,7 +292,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     clip = plan.clip
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
-    ctx = StreamContext(opts, kernel_log=kernel_log)
+    ctx = StreamContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
     run_layout = plan.activation_layout
 
     def step(first, n, write):
@@ -402,7 +382,8 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
         return tile_out
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=lambda steps: _decode_stream(model, z, shape[2:], deliver, plan, opts, steps, partition, kernel_log),
+         whole=partial(_decode_stream, model, z, shape[2:], deliver, plan, opts, partition=partition,
+                       kernel_log=kernel_log),
          fast=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
         return None
@@ -421,7 +402,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     t_out, h_out, w_out = size_thw
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
-    ctx = StreamContext(opts, kernel_log=kernel_log)
+    ctx = StreamContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
     run_layout = plan.activation_layout
     pos = 0
 

@@ -1,8 +1,8 @@
 """Which kernels and activation layout a run takes, decided with its `Plan` (`planning.plan`) before it
 runs: the layout (NCDHW or NDHWC, `kernels.layout`) by device type, or on CUDA with measured
 kernels timed once on the GPU that runs; and the kernels its convs, norms and attention may take
-(`KernelPlan`), named as the run's `KernelLog` names what ran. `planning.plan` also puts the model's
-weights in the layout; a decode only reads the plan."""
+(`KernelPlan`), named as the run's `KernelLog` names what ran. The engine puts the model's weights
+in the layout before the run (`kernels.layout.weights_in`); planning leaves the model as it is."""
 from dataclasses import dataclass
 from functools import lru_cache
 

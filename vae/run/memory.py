@@ -118,15 +118,13 @@ def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
         dtype, run = model.encode_dtype, model.encode_chunk
         first = torch.zeros(frame[:2] + (1,) + frame[3:], dtype=dtype, device=model.device)
     steady = torch.zeros(frame, dtype=dtype, device=model.device)
-    ctx = StreamContext(opts or Optimizations())
+    ctx = StreamContext(opts or Optimizations(), frames_are_images=model.frames_are_images)
     sizes = None
     with torch.inference_mode():
-        run(first, ctx)
-        ctx.first_chunk = False
-        for _ in range(STEADY_CHUNKS_MAX):
-            run(steady, ctx)
-            before, sizes = sizes, sorted(ctx.cache.sizes())
-            if sizes == before:
+        for chunk, _ in ctx.chunks(1 + STEADY_CHUNKS_MAX, 1, ending=False):
+            run(steady if chunk else first, ctx)
+            before, sizes = sizes, sorted(ctx.cache.sizes()) if chunk else None
+            if sizes is not None and sizes == before:
                 break
     return ctx.cache.sizes()
 

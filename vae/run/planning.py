@@ -29,7 +29,6 @@ import torch
 
 from ..kernels import Optimizations, kernel_choice
 from ..kernels.backend import host_free
-from ..kernels.layout import weights_in
 from . import geometry, kernel_plan, memory
 from .causal_cache import check_offload
 from .geometry import Clip
@@ -93,7 +92,7 @@ class Plan:
     this plan. `kernel_choice` is how each layer's exact kernel is picked ("measure": the fastest
     measured on this machine, `kernels_on_record` layer shapes of which are measured already;
     "defaults": fixed rules). `activation_layout` is the layout of the run's activations ("ncdhw" or
-    "ndhwc", `run.kernel_plan`), in which `plan` put the model's weights: the run only reads it.
+    "ndhwc", `run.kernel_plan`), in which the engine puts the model's weights before the run.
     `kernels` names the kernels its convs, norms and attention may take (`kernel_plan.KernelPlan`).
     """
 
@@ -259,8 +258,8 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     fits=False. `io_on_device`: whether the whole input and the whole output live on the compute
     device (`memory.estimate`). Raises ValueError for settings this family cannot run, with what to do.
 
-    The plan decides the activation layout, and this is where the model's weights are put in it, once
-    (`weights_in` is a no-op when they are): an encode or decode never changes the model."""
+    Planning only decides: it leaves the model as it found it (the engine puts the weights in the
+    plan's activation layout before the run, `kernels.layout.weights_in`)."""
     settings = settings or Settings()
     clip = clip_of(model, op, input_shape)
     error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)
@@ -274,7 +273,6 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     run_layout = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
-    weights_in(model, run_layout)
     kernels = kernel_plan.kernels_for(model, op, device, dtype, run_layout, opts)
 
     def make(candidate: Candidate, peak=None) -> Plan:

@@ -1,23 +1,31 @@
-"""Recovering from faults in the middle of an encode/decode instead of losing the work done so far.
+"""Recovering from faults in the middle of an encode/decode instead of losing the work done so far:
+the one place that knows which failure restarts what (`restart_point`), at one of two declared points.
 
-- Out of memory inside a chunk: the chunk is retried with a smaller plan (`smaller_plan`: caches
-  offloaded, then exact tiles of half the size, then half the temporal chunk). Chunks already
-  written to the output are kept; the causal caches the retry needs are rebuilt by running the
-  finished frames again without writing them (see `engine._stream`). Exact tiling gives the
-  untiled result, so a retry never changes the output.
-- fp16 overflow (non-finite output from finite input, the "black frames" complaint): the op is rerun
-  in bf16 where the device computes it natively, else in float32, and the model stays there (said
-  when it happens: a model that fell back no longer computes in fp16, so it happens once).
+- out of memory in a step (`backend.is_oom`), where the partition allows it: the next smaller plan
+  (`smaller_plan`: caches offloaded, then exact tiles of half the size, then half the temporal chunk,
+  then frames streamed) -> `Restart.CHUNK`: the failed chunk again; the chunks written stay, and the
+  causal caches are rebuilt by running their frames again without writing them (`engine._stream`);
+- fp16 overflow (`HalfOverflow`: non-finite output from a finite input, the "black frames"
+  complaint): the op's precision becomes bf16 where the device computes it natively, else float32,
+  and the model stays there (said when it happens, so once) -> `Restart.RUN`: the encode or decode
+  again from frame 0 (`attempts`);
+- a block that failed to compile in the middle of a run (`compile.CompileFallback`): every block is
+  eager again (one warning, `compile.py`) -> `Restart.RUN`: its causal caches may hold part of the
+  failed step.
+
+Exact tiling gives the untiled result, so a restart never changes the output.
 """
 import dataclasses
+import enum
 import gc
 import logging
 import warnings
 
 import torch
 
-from ..kernels.backend import OOM, native_bf16
+from ..kernels.backend import OOM, is_oom, native_bf16
 from . import geometry
+from .compile import CompileFallback
 from .planning import Plan, grid
 
 log = logging.getLogger("streamvae")
@@ -94,10 +102,53 @@ def check_half(y: torch.Tensor, op: str) -> None:
         raise HalfOverflow(f"fp16 {op} produced Inf/NaN")
 
 
-def with_half_fallback(model, op: str, run):
-    """run(), rerun in bf16/fp32 if fp16 compute overflowed (`fall_back_from_half`)."""
-    try:
-        return run()
-    except HalfOverflow:
-        fall_back_from_half(model, op)
-        return run()
+class Restart(enum.Enum):
+    """Where a run starts again after a failure it recovers from (see the module docstring)."""
+
+    CHUNK = "the failed chunk, with a smaller plan"
+    RUN = "the encode or decode, from frame 0"
+
+
+def restart_point(error: BaseException) -> Restart | None:
+    """Where the run restarts after `error`, or None: it is not recovered from (it propagates; so does
+    `OutOfMemory`, out of memory at the smallest plan)."""
+    if isinstance(error, (HalfOverflow, CompileFallback)):
+        return Restart.RUN
+    if is_oom(error) and not isinstance(error, OutOfMemory):
+        return Restart.CHUNK
+    return None
+
+
+def attempts(model, op: str):
+    """The attempts of a run of `op`: `for attempt in attempts(model, op): with attempt: <the run>`
+    runs it once, and again from the start after a failure whose restart point is the run
+    (`Restart.RUN`), once per kind: fp16 overflow, the model then falling back from half precision
+    (`fall_back_from_half`), or a block that failed to compile (every block is eager already).
+    Every other failure propagates. (A loop, not a wrapper around the run: no frame of its own on
+    the stack of every layer.)"""
+    restarted: set[type] = set()
+    while True:
+        attempt = _Attempt(restarted)
+        yield attempt
+        if attempt.failed is None:
+            return
+        if attempt.failed is HalfOverflow:
+            fall_back_from_half(model, op)
+
+
+class _Attempt:
+    """One attempt of `attempts`: a failure whose restart point is the run ends it (`failed`: its
+    type; the failure itself is dropped, with the failed run's tensors), the first of its kind."""
+
+    def __init__(self, restarted: set):
+        self.restarted, self.failed = restarted, None
+
+    def __enter__(self) -> "_Attempt":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or restart_point(error) is not Restart.RUN or kind in self.restarted:
+            return False
+        self.restarted.add(kind)
+        self.failed = kind
+        return True

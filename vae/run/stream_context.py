@@ -1,5 +1,7 @@
 """The state of one encode or decode that every block of the model reads (`StreamContext`, the run's
 `model.execution.StreamState`): switches, causal caches, the execution strategy, the kernel log."""
+from typing import Iterator
+
 from ..kernels import Optimizations
 from ..kernels.kernel_log import KernelLog
 from ..kernels.filter_cache import filter_cache
@@ -15,6 +17,8 @@ class StreamContext:
     processed; several upstream behaviours (head padding, frame-0 special cases) hinge on it.
     `last_chunk` is True while the chunk that holds the clip's last frame is processed: a conv that
     looks ahead in time (`CausalConv3d.lookahead`) then pads the clip's end and gives its last frames.
+    Both are set in one place, the loop over chunks (`chunks`); `frames_are_images`: every frame is
+    an image of its own (`VideoVAE.frames_are_images`), every chunk then holds its clip's frame 0.
     `execution` is None (whole frames, the blocks' own path) or the `model.execution.Execution` every
     conv, norm and attention then runs under (`strategies.ExactTiles`, `distributed.RowBands`).
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
@@ -24,8 +28,9 @@ class StreamContext:
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
-                 kernel_log: KernelLog | None = None):
+                 kernel_log: KernelLog | None = None, frames_are_images: bool = False):
         self.opts = opts
+        self.frames_are_images = frames_are_images
         self.first_chunk = True
         self.last_chunk = False
         self.cache = cache if cache is not None else CausalCache()
@@ -40,6 +45,22 @@ class StreamContext:
         self.conv_options = {"winograd": filter_cache(opts.winograd_cache_bytes) if opts.winograd_conv else None,
                              "kernels": opts.kernel_choice, "cudnn_workaround": opts.conv3d_workaround,
                              "log": kernel_log}
+
+    def chunks(self, frames: int, size: int, start: int = 0, stop: int | None = None, *, started: bool = False,
+               ending: bool = True) -> Iterator[tuple[int, int]]:
+        """(first, count) of consecutive parts of at most `size` frames over frames [start, stop) (stop:
+        `frames`) of a sequence of `frames` frames: the one loop over a clip's chunks (the engine's
+        run, its prefill, its replay after an out-of-memory error) and over the frames of a stage's
+        input (`strategies.FrameStream`). While a part runs, `first_chunk` says whether it holds the
+        sequence's frame 0 (never when `started`: an earlier call had it; always where
+        `frames_are_images`) and `last_chunk` whether it holds the last (never unless `ending`: a
+        later call brings more)."""
+        stop = frames if stop is None else stop
+        for first in range(start, stop, size):
+            count = min(size, stop - first)
+            self.first_chunk = self.frames_are_images or (first == 0 and not started)
+            self.last_chunk = ending and first + count == frames
+            yield first, count
 
     @property
     def eager_reason(self) -> str | None:

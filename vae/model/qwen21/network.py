@@ -76,6 +76,7 @@ class Qwen21VAE(Wan22VAE):
     latents_mean, latents_std = QWEN21_LATENT_MEAN, QWEN21_LATENT_STD
     config_class = Qwen21Config
     temporal_kernels = (1,)
+    frames_are_images = True
 
     @classmethod
     def native_state_dict(cls, state_dict):
@@ -91,14 +92,9 @@ class Qwen21VAE(Wan22VAE):
 
     @staticmethod
     def _per_image(stages: list[Stage], x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
-        """`stages` on the frames of x (B,C,T,H,W) as images, ctx on a first chunk (each image is one),
+        """`stages` on the frames of x (B,C,T,H,W) as images (each a first chunk: `frames_are_images`),
         then back to B,C',T,H',W'."""
-        first, ctx.first_chunk = ctx.first_chunk, True
-        try:
-            out = run_stages(stages, _frames_as_images(x), ctx)
-        finally:
-            ctx.first_chunk = first
-        return _images_as_frames(out, x.shape[0])
+        return _images_as_frames(run_stages(stages, _frames_as_images(x), ctx), x.shape[0])
 
     def encode_stages(self) -> list[Stage]:
         """One stage: every frame through the Wan2.2-layout encoder as an image."""

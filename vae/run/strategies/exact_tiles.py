@@ -20,6 +20,7 @@ import torch
 
 from ...kernels.layout import empty_video
 from ...model.blocks import norm_fill
+from ...model.execution import Attention, Conv, Norm, TimeWindow, require
 from ...model.layers import residual_sequence
 from ..geometry import exact_cuts, layer_spans
 from . import ConvWindow
@@ -64,19 +65,20 @@ class ExactTiles:
             return [(0, call.window.out_hw[0])], [(0, call.window.out_hw[1])]
         return rows, cols
 
-    def conv(self, conv, ctx, shape, like: torch.Tensor, fill, epilogue=None) -> torch.Tensor:
-        """A (causal) conv over new frames of `shape` (B,C,T,H,W), tile by tile.
+    def conv(self, conv: Conv, ctx, shape, like: torch.Tensor, fill, epilogue=None) -> torch.Tensor:
+        """A conv over new frames of `shape` (B,C,T,H,W), tile by tile.
 
-        `conv` (a blocks.CausalConv3d or FrameConv2d) owns the causal state (`head`, `write_head`,
-        `kept_from`: the same code as its untiled path); `fill(view, rows, cols)` writes input rows/cols
+        `conv` (an `execution.Conv`) owns the causal state (`time_window`, `pad_in_time`: the same code
+        as its untiled path); `fill(view, rows, cols)` writes input rows/cols
         (slices of the unpadded frame) into `view`. A tile's buffer is exactly the input region its
         outputs read, and the conv runs on it unpadded, so it computes nothing beyond the tile (Winograd
         has a valid mode for this: a same-padded conv of the region would also compute the halo).
         `epilogue(tile, rows, cols)` may change each output tile in place (a residual added).
         """
-        if conv.waiting(ctx, shape[2]):
-            return conv.no_output(like, shape)
-        call = _ConvCall(conv, ctx, shape, like)
+        time = require(conv, Conv).time_window(ctx, shape[2])
+        if time is None:  # a conv that looks ahead has not started: no output, nothing kept
+            return empty_video(like, (shape[0], conv.out_channels, 0, *ConvWindow(conv, tuple(shape)).out_hw))
+        call = _ConvCall(conv, ctx, shape, like, time)
         ho, wo = call.window.out_hw
         out = empty_video(like, (shape[0], conv.out_channels, call.n_out, ho, wo))
         rows, cols = self._grid_of(call, ctx)
@@ -98,10 +100,13 @@ class ExactTiles:
     def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
         """conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) on x (B,C,T,H,W), chained when `chain`
         and conv2's frame is tiled (see the module docstring); else conv by conv."""
-        call1 = _ConvCall(conv1, ctx, x.shape, x)
-        h, w = call1.window.out_hw
-        if not self.chain or not call1.n_out or self.spans(h, w) == ([(0, h)], [(0, w)]):
+        time1 = require(conv1, Conv).time_window(ctx, x.shape[2])
+        h, w = ConvWindow(conv1, tuple(x.shape)).out_hw
+        if not self.chain or time1 is None or not time1.outputs or self.spans(h, w) == ([(0, h)], [(0, w)]):
             return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
+        call1 = _ConvCall(conv1, ctx, x.shape, x, time1)
+        for layer, kind in ((norm1, Norm), (norm2, Norm), (conv2, Conv)) + (((shortcut, Conv),) if shortcut else ()):
+            require(layer, kind)
         fill1 = norm_fill(x, norm1, ctx, norm1.stats(x, ctx))
         # Pass 1: conv1's output tile by tile, for norm2's statistics and conv1's next cache (stored
         # but not committed: pass 2 reads the cache this call started with).
@@ -127,13 +132,13 @@ class ExactTiles:
         call1.finish()
         return out
 
-    def norm_stats(self, norm, x: torch.Tensor, ctx):
+    def norm_stats(self, norm: Norm, x: torch.Tensor, ctx):
         """Whole-frame statistics of a norm (None for per-position norms): layer outputs are whole frames."""
-        return norm.stats(x, ctx)
+        return require(norm, Norm).stats(x, ctx)
 
-    def attention(self, attention, x: torch.Tensor, ctx) -> torch.Tensor:
+    def attention(self, attention: Attention, x: torch.Tensor, ctx) -> torch.Tensor:
         """The mid-block attention, untiled: every position attends to the whole frame."""
-        return attention.attend(x, ctx)
+        return require(attention, Attention).attend(x, ctx)
 
     def local(self, fn, x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:
         """fn(x) for a stateless, spatially local fn (radius `halo` input pixels, output `scale` x the
@@ -155,21 +160,20 @@ class ExactTiles:
 
 
 class _ConvCall:
-    """One call of a (causal) conv over new frames of `shape` (B,C,T,H,W) under exact tiles: its window,
-    head frames and next cache. An offloaded cache is read a band of rows at a time (the rows a row of
-    tiles reads: one read per band) and the next one written a row of tiles at a time; on the device
-    the next cache is gathered whole."""
+    """One call of a conv over new frames of `shape` (B,C,T,H,W) under exact tiles: its spatial window,
+    its frames in time (`time`, an `execution.TimeWindow`) and its next cache. An offloaded cache is
+    read a band of rows at a time (the rows a row of tiles reads: one read per band) and the next one
+    written a row of tiles at a time; on the device the next cache is gathered whole."""
 
-    def __init__(self, conv, ctx, shape, like: torch.Tensor):
-        self.conv, self.ctx, self.like = conv, ctx, like
+    def __init__(self, conv: Conv, ctx, shape, like: torch.Tensor, time: TimeWindow):
+        self.conv, self.ctx, self.like, self.time = conv, ctx, like, time
         self.shape = tuple(shape)
         self.window = ConvWindow(conv, self.shape)
-        self.banded = conv.temporal and ctx.cache.offload != "none"
-        self.head, self.n_head = (None, conv.head_count(ctx)) if self.banded else conv.head(ctx)
-        self.n_tail = conv.tail_count(ctx)
         b, c, t, h, w = self.shape
-        self.n = self.n_head + t + self.n_tail
-        self.n_out, self.keep = conv.output_frames(self.n), conv.kept_from(self.n)
+        self.banded = conv.temporal and ctx.cache.offload != "none"
+        self.head = ctx.cache.get(conv) if self.time.cached and not self.banded else None
+        self.n_head, self.n_tail, self.n = self.time.head, self.time.tail, self.time.total
+        self.n_out, self.keep = self.time.outputs, self.time.keep
         self.input_elements = b * c * self.n * h * w
         self.next_cache = empty_video(like, (b, c, self.n - self.keep, h, w)) if conv.temporal and not self.banded else None
         self.band = self.band_rows = None  # this row of tiles' rows and its part of the next cache
@@ -192,8 +196,7 @@ class _ConvCall:
         self.last_buffer = buf.numel()
         fill(inner[:, :, self.n_head:self.n - self.n_tail], rows_in, cols_in)
         head, head_rows = self._head(rows_in)
-        self.conv.write_head(inner, head, self.n_head, head_rows, cols_in)
-        self.conv.write_tail(inner, self.n_tail)
+        self.conv.pad_in_time(inner, head, self.time, head_rows, cols_in)
         self.window.pad(buf, *reads)
         return buf, inner, rows_in, cols_in
 

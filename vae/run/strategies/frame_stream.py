@@ -15,7 +15,8 @@ memory or disk: `causal_cache.py`), else on the device.
 stage that gets no frames (a temporal downsampler's output between its windows, a layer that looks
 ahead waiting for its next frame) passes nothing on. `ctx.last_chunk` is True for the call that
 holds the stage's last frame of the clip: the last frame of the previous stage's last call (a stage
-that looks ahead gives its remaining frames then).
+that looks ahead gives its remaining frames then). Both are the run's one loop over chunks
+(`StreamContext.chunks`), here over the frames of each stage's input.
 """
 import torch
 
@@ -36,11 +37,7 @@ class FrameStream:
         """Every frame of x (B,C,t,H,W, the first stage's input) through the stages; `emit(y)` gets the
         last stage's output as it comes, a frame or less at a time, in order. The chunk's
         `ctx.last_chunk` says whether x ends the clip."""
-        ending = ctx.last_chunk
-        try:
-            self._level(0, [x], ctx, emit, ending)
-        finally:
-            ctx.last_chunk = ending
+        self._level(0, [x], ctx, emit, ctx.last_chunk)
 
     def _level(self, level: int, held: list[torch.Tensor], ctx, emit, ending: bool) -> None:
         """Stage `level` on the frames in `held` (taken out of it: the caller keeps no reference, so
@@ -56,14 +53,13 @@ class FrameStream:
             for j in range(p, n, p):
                 ctx.cache.put((self, level, j), x[:, :, j:j + p])
             x = x[:, :, :p].clone()
-        for j in range(0, n, p):
+        for j, _ in ctx.chunks(n, p, started=self.started[level], ending=ending):
             if n <= p or offloaded:  # x is this piece, or the first one: nothing else keeps it
                 frame = x if j == 0 else ctx.cache.pop((self, level, j))
                 x = None
             else:  # the other pieces wait on the device, as views of x
                 frame = x[:, :, j:j + p]
-            ctx.first_chunk = not self.started[level]
-            ctx.last_chunk = last = ending and j + p >= n
+            last = ctx.last_chunk  # read before the next stage's pieces set it
             self.started[level] = True
             out = [self.stages[level](frame, ctx)]
             del frame
