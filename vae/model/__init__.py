@@ -2,7 +2,7 @@
 folder per family (seedvr2/, wan21/, wan22/, qwen21/, ltx2/, hv15/; wan/ holds what the Wan-architecture
 families share): its network and how checkpoint shapes map to its config (`checkpoint.py`).
 
-The model knows nothing of how it is run: its blocks take the run's `execution.StreamState` and ask
+The model knows nothing of how it is run: its blocks take the run's `execution.RunState` and ask
 its declared `Execution` strategy for tiles or bands. It imports only `vae.kernels`, never `vae.run`.
 """
 from .video_vae import LayoutError, Stage, VideoVAE, run_stages
