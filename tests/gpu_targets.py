@@ -20,7 +20,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, native_specialize_impl
 
 from vae.kernels import triton_norm
-from vae.kernels.layout import FORMATS
+from vae.kernels.activation_layout import FORMATS
 
 # The GPUs users run, oldest first: Turing, Ampere, Hopper, Blackwell (data centre, consumer), MI300.
 TARGETS = {"sm_75": GPUTarget("cuda", 75, 32), "sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32),

@@ -39,8 +39,8 @@ def _sources() -> list[Path]:
 
 @cache
 def _modules() -> dict[str, list[Path]]:
-    """Dotted module name -> files, under every suffix of the name (`vae.kernels.layout`,
-    `kernels.layout`, `layout`) except for tests/comfy_support, named only in full."""
+    """Dotted module name -> files, under every suffix of the name (`vae.kernels.activation_layout`,
+    `kernels.activation_layout`, `activation_layout`) except for tests/comfy_support, named only in full."""
     out: dict[str, list[Path]] = {}
     for root, folder in MODULE_ROOTS.items():
         for path in (REPO / folder).rglob("*.py"):

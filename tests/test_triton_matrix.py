@@ -22,7 +22,7 @@ MATRIX = """
     import torch.nn.functional as F
     from vae.kernels import norm_act, triton_norm
     from vae.kernels.kernel_check import STATS_TOLERANCE, TOLERANCE
-    from vae.kernels.layout import FORMATS
+    from vae.kernels.activation_layout import FORMATS
 
     # ((B, C, T, H, W), groups, input layouts): 1, 5, 65 channels per group; 520 channels, 65 per group, in
     # tiles of 4 pixels x 1024 channels (the channels-last kernels' only: the channel-plane kernels do not

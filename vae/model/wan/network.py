@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...kernels.layout import cat_frames, empty_video
+from ...kernels.activation_layout import cat_frames, empty_video
 from ..blocks import CausalConv3d, FrameConv2d
 from ..execution import RunState
 from ..layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
