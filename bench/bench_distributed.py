@@ -30,7 +30,7 @@ import torch
 from bench import models
 from bench.common import git_commit
 from vae.run import memory
-from vae.run.stream_context import StreamContext
+from vae.run.run_context import RunContext
 from vae.run.causal_cache import CausalCache
 from vae.run.planning import clip_of
 from vae.distributed.row_bands import Bands, RowBands
@@ -101,7 +101,7 @@ def chunk_traffic(family: str, height: int, width: int, world: int, chunk: int =
     bands, rank = Bands.split(h, world), world // 2
     names = {m: n for n, m in model.named_modules()}
     counter = TrafficCount(bands, rank, world, names)
-    ctx = StreamContext(Optimizations(), counter, CausalCache("none", "meta"), frames_are_images=model.frames_are_images)
+    ctx = RunContext(Optimizations(), counter, CausalCache("none", "meta"), frames_are_images=model.frames_are_images)
     lo, hi = bands.rows(rank, 1)
     z = torch.empty((1, model.latent_channels, chunk, hi - lo, w), device="meta", dtype=torch.bfloat16)
     with torch.inference_mode():

@@ -23,7 +23,7 @@ import vae
 import vae.model.layers
 from bench import models
 from vae.run import memory
-from vae.run.stream_context import StreamContext
+from vae.run.run_context import RunContext
 from vae.run.strategies.exact_tiles import ExactTiles
 from vae.run.strategies.frame_stream import FrameStream
 
@@ -121,7 +121,7 @@ def flash_attention_counted():
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    ctx = StreamContext(vae.Optimizations(kernel_choice="defaults"), frames_are_images=model.frames_are_images)
+    ctx = RunContext(vae.Optimizations(kernel_choice="defaults"), frames_are_images=model.frames_are_images)
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
     assert ctx.cache.keys_values.offload == "none"

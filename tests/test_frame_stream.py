@@ -69,7 +69,7 @@ def test_stages_see_one_frame_at_a_time_and_frame_zero_first(model, whole):
             return stage(x, ctx)
         return run
 
-    ctx = vae.run.stream_context.StreamContext(Optimizations())
+    ctx = vae.run.run_context.RunContext(Optimizations())
     stream = FrameStream([watched(i, s) for i, s in enumerate(stages)])
     out = []
     with torch.inference_mode():

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 import vae
 from bench.models import meta_model
 from vae.run import memory, planning
-from vae.run.stream_context import StreamContext
+from vae.run.run_context import RunContext
 from vae.run.causal_cache import CausalCache
 from vae.model.hv15 import HV15_SCALING_FACTOR, Hv15Attention
 from vae.loading import CheckpointError, save_checkpoint
@@ -144,7 +144,7 @@ def test_chunked_attention_equals_the_dense_masked_attention_on_a_long_clip():
     with torch.no_grad():
         expected = dense(x)
     for chunk, offload in ((1, "none"), (3, "disk"), (7, "none")):
-        ctx = StreamContext(Optimizations(), cache=CausalCache(offload))
+        ctx = RunContext(Optimizations(), cache=CausalCache(offload))
         with torch.no_grad():
             got = torch.cat([ours(x[:, :, i:i + chunk], ctx) for i in range(0, frames, chunk)], dim=2)
         ctx.cache.close()

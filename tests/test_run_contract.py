@@ -1,7 +1,7 @@
 """The declared contract between a layer and the run (vae/model/execution.py): a strategy takes only a
 `Conv`, `Norm` or `Attention`, checked by type; a frame-wise or pointwise conv is a conv with zero
 temporal state; which chunk holds the clip's first and last frames is said by one loop
-(`StreamContext.chunks`) and assigned nowhere else; each failure restarts at its declared point
+(`RunContext.chunks`) and assigned nowhere else; each failure restarts at its declared point
 (`recovery.restart_point`)."""
 import ast
 from pathlib import Path
@@ -16,7 +16,7 @@ from vae.model.execution import Conv, TimeWindow
 from vae.run import recovery
 from vae.run.compile import CompileFallback
 from vae.run.strategies.exact_tiles import ExactTiles
-from vae.run.stream_context import StreamContext
+from vae.run.run_context import RunContext
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,20 +26,20 @@ def test_a_strategy_refuses_a_layer_outside_the_contract_and_names_what_it_lacks
     x = torch.zeros(1, 2, 1, 16, 16)
     with pytest.raises(TypeError, match=r"Conv3d is not a model\.execution\.Conv \(it lacks conv5d, pad_in_time, "
                                         r"spatial_pad, temporal, time_window\)"):
-        tiles.conv(torch.nn.Conv3d(2, 2, 3), StreamContext(vae.Optimizations()), x.shape, x, None)
+        tiles.conv(torch.nn.Conv3d(2, 2, 3), RunContext(vae.Optimizations()), x.shape, x, None)
 
 
 @pytest.mark.parametrize("conv", [FrameConv2d(2, 3, 3, stride=2, spatial_pad=(0, 1, 0, 1)), Conv3d(2, 3, 1),
                                   CausalConv3d(2, 3, (1, 3, 3))], ids=["frame-wise", "pointwise", "causal-1-frame"])
 def test_a_conv_without_temporal_state_has_no_head_no_tail_and_keeps_nothing(conv):
-    ctx = StreamContext(vae.Optimizations())
+    ctx = RunContext(vae.Optimizations())
     assert isinstance(conv, Conv) and not conv.temporal
     for _, n in ctx.chunks(5, 2):  # the clip's first, a middle and its last chunk
         assert conv.time_window(ctx, n) == TimeWindow(head=0, new=n, tail=0, outputs=n, keep=n, cached=False)
 
 
 def test_a_causal_conv_pads_the_clip_and_keeps_what_its_next_call_reads():
-    ctx = StreamContext(vae.Optimizations())
+    ctx = RunContext(vae.Optimizations())
     causal, ahead = CausalConv3d(2, 2, 3), CausalConv3d(2, 2, 3, head="replicate", lookahead=1)
     windows = []
     for _, n in ctx.chunks(5, 2):
@@ -54,7 +54,7 @@ def test_a_causal_conv_pads_the_clip_and_keeps_what_its_next_call_reads():
 
 
 def test_one_loop_says_which_chunk_holds_the_first_and_the_last_frame():
-    ctx = StreamContext(vae.Optimizations())
+    ctx = RunContext(vae.Optimizations())
 
     def parts(*args, **kwargs):
         return [(first, n, ctx.first_chunk, ctx.last_chunk) for first, n in ctx.chunks(*args, **kwargs)]
@@ -63,7 +63,7 @@ def test_one_loop_says_which_chunk_holds_the_first_and_the_last_frame():
     assert parts(7, 2, start=3) == [(3, 2, False, False), (5, 2, False, True)]  # resumed after a retry
     assert parts(7, 2, stop=3) == [(0, 2, True, False), (2, 1, False, False)]  # the frames written, again
     assert parts(4, 2, started=True, ending=False) == [(0, 2, False, False), (2, 2, False, False)]
-    images = StreamContext(vae.Optimizations(), frames_are_images=True)
+    images = RunContext(vae.Optimizations(), frames_are_images=True)
     assert [images.first_chunk for _ in images.chunks(3, 1)] == [True, True, True]
 
 
@@ -86,7 +86,7 @@ def test_first_and_last_chunk_are_assigned_only_by_the_chunk_loop():
     for path in sorted([*(REPO / "vae").rglob("*.py"), *(REPO / "bench").rglob("*.py"), *(REPO / "nodes").rglob("*.py")]):
         for line, function in _assigned_flags(ast.parse(path.read_text())):
             places.setdefault(f"{path.relative_to(REPO)}:{function}", []).append(line)
-    assert set(places) == {"vae/run/stream_context.py:__init__", "vae/run/stream_context.py:chunks"}, places
+    assert set(places) == {"vae/run/run_context.py:__init__", "vae/run/run_context.py:chunks"}, places
     assert _assigned_flags(ast.parse("def f(ctx):\n    ctx.first_chunk, x = True, 1\n")) == [(2, "f")]
 
 

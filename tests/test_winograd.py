@@ -183,15 +183,15 @@ def test_dispatch_uses_winograd_only_when_enabled_and_eligible(spy):
 
 def test_causal_conv_passes_the_switch(spy):
     from vae.model.blocks import CausalConv3d
-    from vae.run.stream_context import StreamContext
+    from vae.run.run_context import RunContext
 
     layer = CausalConv3d(128, 128, 3, head="replicate")
     x = torch.randn(1, 128, 3, 8, 8)
     with torch.inference_mode():
         defaults = Optimizations(kernel_choice="defaults")  # the fixed rule, not this machine's measurement
-        off = layer(x, StreamContext(defaults.with_(winograd_conv=False)))
+        off = layer(x, RunContext(defaults.with_(winograd_conv=False)))
         assert not spy
-        on = layer(x, StreamContext(defaults))
+        on = layer(x, RunContext(defaults))
     assert spy == [(128, 128, 3, 3, 3)]
     assert_exact(on, off, atol=3e-5, rtol=0)
 

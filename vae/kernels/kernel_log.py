@@ -2,7 +2,7 @@
 
 A run report must say what that run did, not what the process measured at some point (a run whose
 layer shapes were all on record read "nothing run yet"). The caller of `vae.encode` / `vae.decode`
-passes a `KernelLog` (`kernel_log=`); the engine gives it to the run's `StreamContext`, whose convs
+passes a `KernelLog` (`kernel_log=`); the engine gives it to the run's `RunContext`, whose convs
 (`conv.conv3d`) and norms (norm_act.py) each add one call with the implementation they ran; the
 caller then reads `describe`. Calls inside a block torch.compile traces are not counted (inductor
 generates its own kernels there; the run report says whether blocks were compiled).

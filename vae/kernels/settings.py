@@ -8,7 +8,7 @@ pixel shuffle, in-place residuals, the skipped zero-head taps, the sub-pixel ups
 blocks' only code; the upstream implementations they are tested against are the references
 (diffusers', ComfyUI's and the upstream repositories' models, tests/). An `Optimizations` value belongs to one run, not to a model: the
 caller passes it to `vae.encode`/`vae.decode` (`opts=`), and the engine hands it to every block
-through the run's `StreamContext`; nothing else decides which kernel runs.
+through the run's `RunContext`; nothing else decides which kernel runs.
 """
 from dataclasses import dataclass, fields, replace
 

@@ -1,6 +1,6 @@
 """Building blocks shared by the SeedVR2 and Wan families.
 
-Layout everywhere: video tensors are B,C,T,H,W. Every block takes the `StreamState` of the
+Layout everywhere: video tensors are B,C,T,H,W. Every block takes the `RunState` of the
 encode/decode it is part of: it carries the run's optimization switches, the causal caches that let a
 clip be processed in temporal chunks with exactly the whole-clip result, and the execution strategy
 (`model.execution.Execution`: exact tiles, row bands) its convs, norms and attention run under.
@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ..kernels import conv3d
 from ..kernels.layout import PADDING_MODES, Fill, cat_frames, empty_video, interior, pad_border, padded_buffer
-from .execution import StreamState, TimeWindow
+from .execution import RunState, TimeWindow
 
 
 def _triple(v) -> tuple[int, int, int]:
@@ -35,7 +35,7 @@ class ConvLayer:
     padding_mode = "zeros"
     spatial_pad = (0, 0, 0, 0)
 
-    def time_window(self, ctx: StreamState, new: int) -> TimeWindow | None:
+    def time_window(self, ctx: RunState, new: int) -> TimeWindow | None:
         """The frames of a call on `new` new frames (`execution.TimeWindow`), or None when a conv that
         looks ahead has not started and gets none. The head: the previous call's kept input (its
         cache), or on the clip's first call `head_frames` frames of padding (a conv that looks ahead
@@ -86,10 +86,10 @@ class Conv3d(nn.Conv3d, ConvLayer):
     lacks it; the run's PyTorch 2.9 cuDNN workaround): no Winograd, nothing to measure. No temporal
     state, no padding (`ConvLayer`)."""
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return self.conv5d(x, ctx)
 
-    def conv5d(self, x: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+    def conv5d(self, x: torch.Tensor, ctx: RunState, padded: bool = True) -> torch.Tensor:
         """The convolution of x (B,C,T,H,W) or of any region of it (a residual's shortcut, tile by tile)."""
         return conv3d(x, self.weight, self.bias, self.stride, self.padding if padded else (0, 0, 0),
                       cudnn_workaround=ctx.opts.conv3d_workaround, log=ctx.kernel_log)
@@ -139,7 +139,7 @@ class CausalConv3d(Conv3d):
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
         self.temporal = kt > 1 or self.stride[0] > 1
 
-    def forward(self, x: torch.Tensor, ctx: StreamState, norm: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState, norm: nn.Module | None = None) -> torch.Tensor:
         """conv(x), or conv(SiLU(norm(x))) when `norm` is given."""
         if not x.shape[2] and self.lookahead and self not in ctx.cache:
             return self._no_output(x, x.shape)  # nothing to normalise: a conv that looks ahead has not started
@@ -154,7 +154,7 @@ class CausalConv3d(Conv3d):
             return self._convolve(x, ctx)  # nothing to prepend or pad (1x1x1 convs): no buffer copy
         return self.run(ctx, x.shape, x, norm_fill(x, norm, ctx) if norm is not None else _copy_fill(x))
 
-    def run(self, ctx: StreamState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
+    def run(self, ctx: RunState, shape, like: torch.Tensor, fill: Fill) -> torch.Tensor:
         """Convolve new frames of `shape` (B,C,T,H,W) that `fill` writes into the input buffer.
 
         The buffer holds [head | new frames | tail] plus any asymmetric or reflected spatial padding,
@@ -175,7 +175,7 @@ class CausalConv3d(Conv3d):
             pad_border(buf, self.buffer_pad, self.padding_mode)
         return self._convolve(buf, ctx)
 
-    def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: StreamState) -> torch.Tensor:
+    def _convolve_after_zeros(self, buf: torch.Tensor, n_head: int, ctx: RunState) -> torch.Tensor:
         """`_convolve` of [n_head zero frames | buf] (temporal stride 1) without multiplying the zeros.
 
         Output frame j < n_head reads the zeros through its first n_head - j taps, so it is computed
@@ -199,7 +199,7 @@ class CausalConv3d(Conv3d):
             outs.append(conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options))
         return cat_frames(outs) if len(outs) > 1 else outs[0]
 
-    def _convolve(self, buf: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def _convolve(self, buf: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """conv5d of a buffer that holds a call's whole window, keeping what the next call reads."""
         (kt, kh, kw), (st, sh, sw) = self.kernel_size, self.stride
         n_out = (buf.shape[2] - kt) // st + 1 if buf.shape[2] >= kt else 0
@@ -213,7 +213,7 @@ class CausalConv3d(Conv3d):
             return empty_video(buf, (buf.shape[0], self.out_channels, 0, h_out, w_out))
         return conv3d(buf, self.weight, self.bias, self.stride, self.padding, **ctx.conv_options)  # conv5d's
 
-    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+    def conv5d(self, buf: torch.Tensor, ctx: RunState, padded: bool = True) -> torch.Tensor:
         """The raw convolution of a prepared buffer (with the conv's own symmetric padding, or none)."""
         padding = self.padding if padded else (0, 0, 0)
         return conv3d(buf, self.weight, self.bias, self.stride, padding, **ctx.conv_options)
@@ -223,7 +223,7 @@ def _copy_fill(x: torch.Tensor) -> Fill:
     return lambda view, rows, cols: view.copy_(x[..., rows, cols])
 
 
-def norm_fill(x: torch.Tensor, norm: nn.Module, ctx: StreamState, stats=None) -> Fill:
+def norm_fill(x: torch.Tensor, norm: nn.Module, ctx: RunState, stats=None) -> Fill:
     """SiLU(norm(x)) of a region, with whole-frame statistics `stats` when tiling (or banding)."""
     return lambda view, rows, cols: norm.act(x[..., rows, cols], ctx, out=view, stats=stats)
 
@@ -245,25 +245,25 @@ class FrameConv2d(nn.Conv2d, ConvLayer):
         self.spatial_pad = tuple(pad)
         self.buffer_pad = (0, 0, 0, 0) if symmetric else tuple(pad)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         if ctx.execution is not None:
             return ctx.execution.conv(self, ctx, x.shape, x, _copy_fill(x))
         if not any(self.buffer_pad):
             return self.conv5d(x, ctx)
         return self.conv5d(padded_buffer(x, x.shape, 0, self.buffer_pad, _copy_fill(x)), ctx)
 
-    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+    def conv5d(self, buf: torch.Tensor, ctx: RunState, padded: bool = True) -> torch.Tensor:
         """The raw per-frame convolution of a B,C,T,H,W buffer (own symmetric padding, or none)."""
         padding = (0,) + (self.padding if padded else (0, 0))
         return conv3d(buf, self.weight.unsqueeze(2), self.bias, (1,) + self.stride, padding, **ctx.conv_options)
 
-    def upsampled(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def upsampled(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """conv(nearest 2x upsample of x); tile by tile (each with a one-pixel halo) when tiling."""
         if ctx.execution is not None:
             return ctx.execution.local(lambda part: self._upsampled(part, ctx), x, scale=2, halo=1)
         return self._upsampled(x, ctx)
 
-    def _upsampled(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def _upsampled(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """conv(nearest 2x upsample of x) for a 3x3, stride-1, padding-1 conv: B,C,T,H,W -> B,C',T,2H,2W.
 
         Output pixel (2i + a, 2j + b) reads upsampled rows 2i + a - 1 .. 2i + a + 1, i.e. input rows

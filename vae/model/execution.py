@@ -1,6 +1,6 @@
 """What a model's blocks ask of the run that executes them, and what they hand it, declared here so
-the model never imports the run (`vae.run`): the blocks take a `StreamState` (the run's
-`run.stream_context.StreamContext`) and read its switches, its causal caches (`CausalState`, the run's
+the model never imports the run (`vae.run`): the blocks take a `RunState` (the run's
+`run.run_context.RunContext`) and read its switches, its causal caches (`CausalState`, the run's
 `run.causal_cache.CausalCache`) and its `Execution` strategy (`run.strategies`: exact tiles;
 `distributed.row_bands`: row bands). A strategy gets back from the layers what `Conv`, `Norm` and
 `Attention` declare (a conv's frames of one call: `TimeWindow`), checked by type where it takes them
@@ -50,7 +50,7 @@ class CausalState(Protocol):
         """The frames counted under `key` so far in this run, before adding `frames`."""
 
 
-class StreamState(Protocol):
+class RunState(Protocol):
     """One encode or decode as its blocks see it.
 
     `opts`: the run's `kernels.Optimizations`; `first_chunk` / `last_chunk`: whether the chunk being run
@@ -109,7 +109,7 @@ class Conv(Protocol):
     padding_mode: str
     temporal: bool
 
-    def time_window(self, ctx: StreamState, new: int) -> TimeWindow | None:
+    def time_window(self, ctx: RunState, new: int) -> TimeWindow | None:
         """The frames of a call on `new` new frames, or None when the call has nothing to do (a conv
         that looks ahead has not started: it needs its first frame to pad the clip's start with)."""
 
@@ -119,7 +119,7 @@ class Conv(Protocol):
         for a tile; the new frames written already): `head` (the cached frames of the whole frame,
         read by the strategy where `window.cached`, or rows x cols of them) or padding, then the tail."""
 
-    def conv5d(self, buf: torch.Tensor, ctx: StreamState, padded: bool = True) -> torch.Tensor:
+    def conv5d(self, buf: torch.Tensor, ctx: RunState, padded: bool = True) -> torch.Tensor:
         """The convolution of a prepared buffer B,C,total,H,W: with the conv's own symmetric spatial
         padding, or none (`padded=False`: the buffer holds its region's halo)."""
 
@@ -130,16 +130,16 @@ class Norm(Protocol):
     computed once, or merged from parts (tiles, bands), then SiLU(norm(x)) of any region with them.
     A per-position norm (RMS, pixel norm) has no statistics: None."""
 
-    def stats(self, x: torch.Tensor, ctx: StreamState):
+    def stats(self, x: torch.Tensor, ctx: RunState):
         """The whole-frame statistics of x (B,C,T,H,W: whole frames), or None."""
 
-    def part_moments(self, x: torch.Tensor, ctx: StreamState):
+    def part_moments(self, x: torch.Tensor, ctx: RunState):
         """(mean, biased variance, elements per group and frame) of a part x of the frames, or None."""
 
     def stats_of_parts(self, parts: list):
         """The whole-frame statistics from the `part_moments` of parts that cover the frames once."""
 
-    def act(self, x: torch.Tensor, ctx: StreamState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+    def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         """SiLU(norm(x)) of a region x, with `stats` of the whole frame, into `out` when given."""
 
 
@@ -148,13 +148,13 @@ class Attention(Protocol):
     """What a mid-block attention hands a strategy: x + attention(x) of whole frames, for the query
     rows `rows` only (a row band's queries attend to every key of the frame)."""
 
-    def attend(self, x: torch.Tensor, ctx: StreamState, rows: slice = slice(None)) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, ctx: RunState, rows: slice = slice(None)) -> torch.Tensor:
         """x (B,C,T,H,W) + attention output, B,C,T,len(rows),W."""
 
 
 @runtime_checkable
 class Execution(Protocol):
-    """How the layers of a chunk cover the frame (`StreamState.execution`; None = whole frames).
+    """How the layers of a chunk cover the frame (`RunState.execution`; None = whole frames).
 
     Tensors are B,C,T,H,W; what a strategy receives and returns has the extent it chose (whole frames
     for exact tiles, this rank's band of rows for row bands)."""
@@ -162,17 +162,17 @@ class Execution(Protocol):
     # Why a compiled block must run its steps eagerly under this strategy (torch.compile traces none).
     eager_reason: str
 
-    def conv(self, conv: Conv, ctx: StreamState, shape, like: torch.Tensor, fill) -> torch.Tensor:
+    def conv(self, conv: Conv, ctx: RunState, shape, like: torch.Tensor, fill) -> torch.Tensor:
         """A conv over new frames of `shape` whose input `fill(view, rows, cols)` writes."""
 
-    def norm_stats(self, norm: Norm, x: torch.Tensor, ctx: StreamState):
+    def norm_stats(self, norm: Norm, x: torch.Tensor, ctx: RunState):
         """The norm's whole-frame statistics of x (None for per-position norms)."""
 
-    def residual(self, x: torch.Tensor, ctx: StreamState, conv1: Conv, norm1: Norm, conv2: Conv, norm2: Norm,
+    def residual(self, x: torch.Tensor, ctx: RunState, conv1: Conv, norm1: Norm, conv2: Conv, norm2: Norm,
                  shortcut: Conv | None) -> torch.Tensor:
         """A residual block, conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) (`layers.residual_convs`)."""
 
-    def attention(self, attention: Attention, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def attention(self, attention: Attention, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """The mid-block attention of x (every position attends to the whole frame)."""
 
     def local(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, scale: int, halo: int) -> torch.Tensor:

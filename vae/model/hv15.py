@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..kernels.layout import cat_frames, empty_video
 from .blocks import CausalConv3d, Conv3d
-from .execution import StreamState
+from .execution import RunState
 from .layers import FrameCausalAttention, RMSNorm, residual_convs
 from .video_vae import Stage, VideoVAE
 
@@ -80,7 +80,7 @@ class Hv15ConvSlot(nn.Module):
         super().__init__()
         self.conv = conv
 
-    def forward(self, x: torch.Tensor, ctx: StreamState, norm: nn.Module | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState, norm: nn.Module | None = None) -> torch.Tensor:
         return self.conv(x, ctx, norm=norm) if norm is not None else self.conv(x, ctx)
 
 
@@ -100,7 +100,7 @@ class Hv15ResnetBlock(nn.Module):
         self.norm2, self.conv2 = RMSNorm(cout), hv15_conv(cout, cout)
         self.nin_shortcut = hv15_conv(cin, cout, 1) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         shortcut = self.nin_shortcut.conv if self.nin_shortcut is not None else None
         return residual_convs(x, ctx, self.conv1.conv, self.norm1, self.conv2.conv, self.norm2, shortcut)
 
@@ -166,7 +166,7 @@ class Hv15Upsample(nn.Module):
         self.cout, self.r1 = cout, 2 if temporal else 1
         self.conv = hv15_conv(cin, cout * 4 * self.r1)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         h = self.conv(x, ctx)
         b, _, t, hh, ww = h.shape
         first = 1 if self.r1 == 2 and ctx.first_chunk and t else 0  # frame 0 is not doubled
@@ -199,7 +199,7 @@ class Hv15Downsample(nn.Module):
         self.cout, self.r1 = cout, 2 if temporal else 1
         self.conv = hv15_conv(cin, cout // (4 * self.r1))
 
-    def _paired(self, x: torch.Tensor, ctx: StreamState) -> tuple[torch.Tensor, int]:
+    def _paired(self, x: torch.Tensor, ctx: RunState) -> tuple[torch.Tensor, int]:
         """(the frames to downsample now, 1 if the first is the clip's frame 0): a temporal downsampler
         pairs frames 1,2 / 3,4 / ...; a frame whose partner is in the next call waits in the cache."""
         if self.r1 == 1:
@@ -212,7 +212,7 @@ class Hv15Downsample(nn.Module):
             ctx.cache.put(self, frames[:, :, usable:])
         return frames[:, :, :usable], lead
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         x, lead = self._paired(x, ctx)
         b, _, t, hh, ww = x.shape
         out = empty_video(x, (b, self.cout, lead + (t - lead) // self.r1, hh // 2, ww // 2))
@@ -265,7 +265,7 @@ class Hv15Encoder(nn.Module):
         self.norm_out = RMSNorm(ch)
         self.conv_out = hv15_conv(ch, 2 * cfg.latent_channels)
 
-    def head(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def head(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """conv_out(SiLU(norm_out(x))) + the mean of each group of x's channels (one per output channel)."""
         b, c, t, h, w = x.shape
         out = self.conv_out(x, ctx, norm=self.norm_out)
@@ -293,14 +293,14 @@ class Hv15Decoder(nn.Module):
         self.norm_out = RMSNorm(ch)
         self.conv_out = hv15_conv(ch, cfg.out_channels)
 
-    def tail(self, z: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def tail(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """conv_in(z) + z with every channel repeated to the width."""
         b, c, t, h, w = z.shape
         out = self.conv_in(z, ctx)
         out.view(b, c, out.shape[1] // c, t, h, w).add_(z.unsqueeze(2))
         return out
 
-    def head(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def head(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return self.conv_out(x, ctx, norm=self.norm_out)
 
     def stages(self) -> list[Stage]:

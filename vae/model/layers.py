@@ -2,7 +2,7 @@
 frame, so temporal chunks and exact tiles give the whole-clip result), the residual add and the
 mid-block self-attention over the pixels of one frame.
 
-Layout: video tensors are B,C,T,H,W; every layer takes the `blocks.StreamState` of its run, whose
+Layout: video tensors are B,C,T,H,W; every layer takes the `blocks.RunState` of its run, whose
 `opts` choose the kernels.
 """
 import math
@@ -21,7 +21,7 @@ from ..kernels import (
     sdpa,
 )
 from ..kernels.layout import cat_frames, empty_video
-from .execution import StreamState
+from .execution import RunState
 
 
 class FrameGroupNorm(nn.GroupNorm):
@@ -31,14 +31,14 @@ class FrameGroupNorm(nn.GroupNorm):
     them to each tile (`act(tile, stats=...)`): tiles then see exactly the untiled normalisation.
     """
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return self._normalize(x, ctx, act=False)
 
-    def stats(self, x: torch.Tensor, ctx: StreamState):
+    def stats(self, x: torch.Tensor, ctx: RunState):
         """Whole-frame (mean, rstd) of x, float32 B,G,T."""
         return group_norm_stats(x, self.num_groups, self.eps, triton=ctx.opts.triton_norm, log=ctx.kernel_log)
 
-    def part_moments(self, x: torch.Tensor, ctx: StreamState):
+    def part_moments(self, x: torch.Tensor, ctx: RunState):
         """(mean, biased var, elements per group and frame) of a part of the frames (a tile, a band)."""
         mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm, ctx.kernel_log)
         return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
@@ -48,7 +48,7 @@ class FrameGroupNorm(nn.GroupNorm):
         mean, var = merge_group_moments(parts)
         return mean, torch.rsqrt(var + self.eps)
 
-    def act(self, x: torch.Tensor, ctx: StreamState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+    def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         """SiLU(GroupNorm(x)), written into `out` when given; `stats` from `stats()` when tiling."""
         if stats is not None:
             return group_norm_apply(x, *stats, self.weight, self.bias, True, out, triton=ctx.opts.triton_norm,
@@ -79,20 +79,20 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.gamma = nn.Parameter(torch.ones((channels,) + (1,) * spatial_dims))
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return self._normalize(x, ctx, act=False)
 
-    def stats(self, x: torch.Tensor, ctx: StreamState):
+    def stats(self, x: torch.Tensor, ctx: RunState):
         """None: the norm is per position, so tiles need no whole-frame statistics."""
         return None
 
-    def part_moments(self, x: torch.Tensor, ctx: StreamState):
+    def part_moments(self, x: torch.Tensor, ctx: RunState):
         return None
 
     def stats_of_parts(self, parts: list):
         return None
 
-    def act(self, x: torch.Tensor, ctx: StreamState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+    def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         return self._normalize(x, ctx, act=True, out=out)
 
     def _normalize(self, x, ctx, act, out=None):
@@ -125,12 +125,12 @@ def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(b, cpp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(b, cpp // (p * p), t, h * p, w * p)
 
 
-def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+def residual_add(branch: torch.Tensor, skip: torch.Tensor, ctx: RunState) -> torch.Tensor:
     """branch + skip; in place into the freshly computed branch when allowed."""
     return branch.add_(skip)
 
 
-def lagged(ctx: StreamState, key, frames: torch.Tensor, count: int) -> torch.Tensor:
+def lagged(ctx: RunState, key, frames: torch.Tensor, count: int) -> torch.Tensor:
     """The first `count` frames of [what waits under `key` | frames] (B,C,T,H,W), the rest left waiting
     in `ctx.cache`: a residual's shortcut waits there for a branch that gives its frames later (its
     convs look ahead in time), so the two meet frame by frame over the clip however it is chunked."""
@@ -141,7 +141,7 @@ def lagged(ctx: StreamState, key, frames: torch.Tensor, count: int) -> torch.Ten
     return queue[:, :, :count]
 
 
-def residual_convs(x: torch.Tensor, ctx: StreamState, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
+def residual_convs(x: torch.Tensor, ctx: RunState, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
     """conv2(SiLU(norm2(conv1(SiLU(norm1(x)))))) + shortcut(x) (x itself without one), on B,C,T,H,W: the
     residual block of both families. An execution strategy may compute it without keeping conv1's
     output or the shortcut whole (`model.execution.Execution.residual`)."""
@@ -150,7 +150,7 @@ def residual_convs(x: torch.Tensor, ctx: StreamState, conv1, norm1, conv2, norm2
     return residual_sequence(x, ctx, conv1, norm1, conv2, norm2, shortcut)
 
 
-def residual_sequence(x: torch.Tensor, ctx: StreamState, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
+def residual_sequence(x: torch.Tensor, ctx: RunState, conv1, norm1, conv2, norm2, shortcut=None) -> torch.Tensor:
     """`residual_convs` conv by conv (each through the run's execution strategy, if any)."""
     h = conv1(x, ctx, norm=norm1)
     h = conv2(h, ctx, norm=norm2)
@@ -168,7 +168,7 @@ class FrameSelfAttention(nn.Module):
         super().__init__()
         self.channels = channels
 
-    def normalize(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def normalize(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         raise NotImplementedError
 
     def project_qkv(self, tokens: torch.Tensor):
@@ -177,10 +177,10 @@ class FrameSelfAttention(nn.Module):
     def project_out(self, tokens: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return ctx.execution.attention(self, x, ctx) if ctx.execution is not None else self.attend(x, ctx)
 
-    def attend(self, x: torch.Tensor, ctx: StreamState, rows: slice = slice(None)) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, ctx: RunState, rows: slice = slice(None)) -> torch.Tensor:
         """x (B,C,T,H,W, whole frames) + attention output, for the query positions in `rows` only
         (B,C,T,len(rows),W): a row band attends to every key of the frame (distributed bands)."""
         b, c, t, h, w = x.shape
@@ -214,7 +214,7 @@ class FrameCausalAttention(FrameSelfAttention):
         super().__init__(channels)
         self.full = full
 
-    def attend(self, x: torch.Tensor, ctx: StreamState, rows: slice = slice(None)) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, ctx: RunState, rows: slice = slice(None)) -> torch.Tensor:
         """x (B,C,t,H,W: the chunk's frames, whole) + attention output, for the query positions in `rows`
         only (B,C,t,len(rows),W): a row band's queries attend to every key (distributed bands)."""
         b, c, t, h, w = x.shape

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from . import ltx2_layout
-from .execution import StreamState
+from .execution import RunState
 from .layers import patchify, unpatchify
 from .ltx2_blocks import (
     PIXEL_NORM,
@@ -79,7 +79,7 @@ class LTXEncoder(nn.Module):
             stages += block.stages() if isinstance(block, LTXResGroup) else [block.conv if isinstance(block, LTXConv) else block]
         return stages + [partial(self.conv_out.conv, norm=PIXEL_NORM)]
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), x, ctx)
 
 
@@ -128,7 +128,7 @@ class LTXDecoder(nn.Module):
         norm = PixelNormAct(self._head_conditioning) if self.config.timestep_conditioning else PIXEL_NORM
         return stages + [partial(self.conv_out.conv, norm=norm)]
 
-    def forward(self, z: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), z, ctx)
 
 
@@ -201,7 +201,7 @@ class LTX2VAE(VideoVAE):
         return ([self._noised_latent] if noised else []) + self.decoder.stages() + [
             lambda x, ctx: unpatchify(x, self.config.patch_size)]
 
-    def _noised_latent(self, z: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def _noised_latent(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """A conditioned decoder's input: (1 - s) * z + s * noise in the normalised latent space (s =
         `decode_noise_scale`), the noise of latent frame i drawn for (noise_seed, i)."""
         first = ctx.cache.advance(self, z.shape[2])

@@ -1,7 +1,7 @@
 """The LTX VAE's blocks (`vae/model/ltx2.py` puts them together): the conv wrapper and how each half pads
 (`ConvKind`), the pixel norm with its optional timestep conditioning (`PixelNormAct`), the residual
 block and its group, the encoder's space-to-depth and the decoder's depth-to-space resamplers, the
-timestep MLP. Layout B,C,T,H,W; every block takes the run's `blocks.StreamState`.
+timestep MLP. Layout B,C,T,H,W; every block takes the run's `blocks.RunState`.
 
 Where the decoder's convs look ahead in time (`ConvKind.lookahead`), a block's shortcut waits for its
 branch in the run's cache (`layers.lagged`), and a resampler's rule on the clip's frame 0 counts the
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..kernels.layout import cat_frames, empty_video
 from ..kernels.norm_act import pixel_norm_act
 from .blocks import CausalConv3d, Conv3d
-from .execution import StreamState
+from .execution import RunState
 from .layers import lagged, residual_add
 from .video_vae import Stage
 
@@ -64,7 +64,7 @@ class PixelNormAct:
     def __init__(self, scale_shift=None):
         self.scale_shift = scale_shift
 
-    def stats(self, x: torch.Tensor, ctx: StreamState):
+    def stats(self, x: torch.Tensor, ctx: RunState):
         return self.scale_shift(x) if self.scale_shift is not None else None
 
     def part_moments(self, x, ctx):
@@ -73,7 +73,7 @@ class PixelNormAct:
     def stats_of_parts(self, parts):
         return None
 
-    def act(self, x: torch.Tensor, ctx: StreamState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
+    def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:
         scale, shift = stats if stats is not None else self.stats(x, ctx) or (None, None)
         return pixel_norm_act(x, PIXEL_NORM_EPS, scale, shift, act=True, out=out)
 
@@ -171,7 +171,7 @@ class LTXResnetBlock(nn.Module):
         scale = getattr(self, f"per_channel_scale{which}").to(h.dtype)  # C,1,1
         return h.add_((noise * scale)[None, :, None])  # 1,C,1,H,W
 
-    def forward(self, x: torch.Tensor, ctx: StreamState, embedding=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState, embedding=None) -> torch.Tensor:
         norm1 = norm2 = PIXEL_NORM
         if embedding is not None:  # (1, 4C) from the group: shift1, scale1, shift2, scale2
             values = embedding(x.dtype).view(4, -1) + self.scale_shift_table.to(x.dtype)
@@ -247,7 +247,7 @@ class LTXSpaceToDepth(nn.Module):
         self.group = cin * volume // self.cout
         self.conv = conv(cin, self.cout // volume)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         p = self.stride[0]
         if p > 1:
             held = ctx.cache.pop(self)
@@ -275,7 +275,7 @@ class LTXDepthToSpace(nn.Module):
         self.repeats = volume // block.multiplier
         self.conv = conv(cin, volume * cin // block.multiplier)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         y = depth_to_space(self.conv.conv(x, ctx), self.stride)
         if self.residual:
             skip = depth_to_space(x, self.stride).repeat(1, self.repeats, 1, 1, 1)

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from . import wan_layout
-from .execution import StreamState
+from .execution import RunState
 from .video_vae import Stage, run_stages
 from .wan22 import Wan22Config, Wan22VAE
 
@@ -91,7 +91,7 @@ class Qwen21VAE(Wan22VAE):
         self.temporal_factor = 1  # an image network, whatever its nominal temporal downsampling
 
     @staticmethod
-    def _per_image(stages: list[Stage], x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def _per_image(stages: list[Stage], x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """`stages` on the frames of x (B,C,T,H,W) as images (each a first chunk: `frames_are_images`),
         then back to B,C',T,H',W'."""
         return _images_as_frames(run_stages(stages, _frames_as_images(x), ctx), x.shape[0])

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from .blocks import CausalConv3d, Conv3d, upsampling_fill
-from .execution import StreamState
+from .execution import RunState
 from .layers import FrameGroupNorm, FrameSelfAttention, residual_convs
 from .video_vae import Stage, VideoVAE, run_stages
 
@@ -50,7 +50,7 @@ class SeedVR2ResnetBlock3D(nn.Module):
         self.conv2 = _conv(cout, cout)
         self.conv_shortcut = Conv3d(cin, cout, 1) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return residual_convs(x, ctx, self.conv1, self.norm1, self.conv2, self.norm2, self.conv_shortcut)
 
 
@@ -114,14 +114,14 @@ class SeedVR2Upsample3D(nn.Module):
         self.upscale_conv = Conv3d(channels, channels * 4 * self.factor_t, 1)
         self.conv = _conv(channels, channels)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         b, c, t, h, w = x.shape
         zt = self.factor_t
         drop = 1 if (self.temporal_up and ctx.first_chunk) else 0
         shape = (b, c, t * zt - drop, h * 2, w * 2)
         return self.conv.run(ctx, shape, x, upsampling_fill(lambda part, body: self._shuffle_into(part, body, drop, ctx), x))
 
-    def _shuffle_into(self, x: torch.Tensor, body: torch.Tensor, drop: int, ctx: StreamState) -> None:
+    def _shuffle_into(self, x: torch.Tensor, body: torch.Tensor, drop: int, ctx: RunState) -> None:
         """Wide conv + shuffle a few latent frames at a time, writing straight into `body`.
 
         Working on small frame groups keeps the 4-8x wider conv output small (it would otherwise
@@ -193,7 +193,7 @@ class SeedVR2Encoder3D(nn.Module):
         blocks = [stage for block in self.down_blocks for stage in block.stages()]
         return [self.conv_in, *blocks, self.mid_block, partial(self.conv_out, norm=self.conv_norm_out)]
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), x, ctx)
 
 
@@ -218,7 +218,7 @@ class SeedVR2Decoder3D(nn.Module):
         blocks = [stage for block in self.up_blocks for stage in block.stages()]
         return [self.conv_in, self.mid_block, *blocks, partial(self.conv_out, norm=self.conv_norm_out)]
 
-    def forward(self, z: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), z, ctx)
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-# One stage of an encoder or decoder: frames B,C,t,H,W and the run's StreamState -> frames B,C',t',H',W'.
+# One stage of an encoder or decoder: frames B,C,t,H,W and the run's RunState -> frames B,C',t',H',W'.
 Stage = Callable[[torch.Tensor, object], torch.Tensor]
 
 

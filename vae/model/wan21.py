@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..kernels.layout import cat_frames, empty_video
 from . import wan_layout
 from .blocks import CausalConv3d, FrameConv2d
-from .execution import StreamState
+from .execution import RunState
 from .layers import FrameSelfAttention, RMSNorm, patchify, residual_convs, unpatchify
 from .video_vae import Stage, VideoVAE, run_stages
 
@@ -65,7 +65,7 @@ def wan_conv(cin: int, cout: int, kernel=3, **kw) -> CausalConv3d:
 class WanSequence(nn.ModuleList):
     """Blocks run one after another; list indices are the checkpoint's (upstream nn.Sequential)."""
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(list(self), x, ctx)
 
 
@@ -75,7 +75,7 @@ class WanEncoderStages(nn.Module):
     def stages(self) -> list[Stage]:
         return [self.conv1, *self.downsamples, self.middle, self.head]
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), x, ctx)
 
 
@@ -85,7 +85,7 @@ class WanDecoderStages(nn.Module):
     def stages(self) -> list[Stage]:
         return [self.conv1, self.middle, *self.upsamples, self.head]
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return run_stages(self.stages(), x, ctx)
 
 
@@ -103,7 +103,7 @@ class WanResidualBlock(nn.Module):
             RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout, k), RMSNorm(cout), nn.SiLU(), nn.Identity(), wan_conv(cout, cout, k)])
         self.shortcut = wan_conv(cin, cout, 1) if cin != cout else None
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         r = self.residual
         return residual_convs(x, ctx, r[2], r[0], r[6], r[3], self.shortcut)
 
@@ -141,7 +141,7 @@ class WanHead(nn.ModuleList):
     def __init__(self, cin: int, cout: int, temporal_kernel: int = 3):
         super().__init__([RMSNorm(cin), nn.SiLU(), wan_conv(cin, cout, (temporal_kernel, 3, 3))])
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return self[2](x, ctx, norm=self[0])
 
 
@@ -189,7 +189,7 @@ class WanResample(nn.Module):
         else:
             self.time_conv = wan_conv(channels, 2 * channels, (3, 1, 1))
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         if self.mode.startswith("up"):
             return self._up(x, ctx)
         x = self.resample[1](x, ctx)
@@ -200,7 +200,7 @@ class WanResample(nn.Module):
         y = self.time_conv(x, ctx)
         return cat_frames([x[:, :, :1], y]) if ctx.first_chunk else y
 
-    def _up(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def _up(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         conv = self.resample[1]
         if self.mode == "up3d":
             n_kept = 1 if ctx.first_chunk else 0

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from ..kernels.layout import cat_frames, empty_video
 from . import wan_layout
-from .execution import StreamState
+from .execution import RunState
 from .layers import residual_add
 from .video_vae import Stage
 from .wan21 import (
@@ -75,7 +75,7 @@ class WanAvgDown3D(nn.Module):
         self.cout, self.ft, self.fs = cout, factor_t, factor_s
         self.group = cin * factor_t * factor_s * factor_s // cout
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         ft, fs = self.ft, self.fs
         if ft == fs == self.group == 1:
             return x
@@ -116,7 +116,7 @@ class WanDupUp3D(nn.Module):
         dup.view(b, x.shape[1], self.repeats, t, h, w).copy_(x.unsqueeze(2).expand(-1, -1, self.repeats, -1, -1, -1))
         return dup.view(b, self.cout, ft, fs, fs, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
 
-    def add_into(self, out: torch.Tensor, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def add_into(self, out: torch.Tensor, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """out += forward(x), without materialising the rearranged shortcut."""
         dup = self._expanded(x)
         h, w, fs, ft = x.shape[3], x.shape[4], self.fs, self.ft
@@ -139,7 +139,7 @@ class Wan22DownBlock(nn.Module):
             blocks.append(WanResample(cout, "down3d" if temporal else "down2d", temporal_kernel=temporal_kernel))
         self.downsamples = WanSequence(blocks)
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         return residual_add(self.downsamples(x, ctx), self.avg_shortcut(x, ctx), ctx)
 
 
@@ -160,7 +160,7 @@ class Wan22UpBlock(nn.Module):
         last stage, which has none, its residual blocks one by one."""
         return list(self.upsamples) if self.avg_shortcut is None else [self]
 
-    def forward(self, x: torch.Tensor, ctx: StreamState) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: RunState) -> torch.Tensor:
         main = self.upsamples(x, ctx)
         if self.avg_shortcut is None:
             return main

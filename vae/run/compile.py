@@ -5,7 +5,7 @@ tiles, cache bookkeeping) and recompile for every clip length. Instead every blo
 and decoder (a resnet/down/up/mid block, the input and output convs) is compiled in place, on its
 own, as one graph: per frame size once for the first chunk (no causal caches yet) and once for the
 chunks after it, with its own recompile count. Steps the engine must run in Python (exact tiles,
-offloaded caches: `StreamContext.eager_reason`) run the blocks eagerly, and the report says so.
+offloaded caches: `RunContext.eager_reason`) run the blocks eagerly, and the report says so.
 
 When the backend cannot work here (inductor needs Triton on GPUs, e.g. Windows without
 triton-windows, and a C++ compiler on CPUs) or a block fails to compile on its first call, every
@@ -73,7 +73,7 @@ class CompileSettings:
 class CompileReport:
     """What `compile_blocks` did: `compiled` block names, or why everything runs eagerly; then, as
     blocks run, the blocks that ran past dynamo's recompile limit (`over_limit`, eager from then on)
-    and the kinds of steps compiled blocks ran eagerly (`eager_steps`, see StreamContext.eager_reason)."""
+    and the kinds of steps compiled blocks ran eagerly (`eager_steps`, see RunContext.eager_reason)."""
 
     compiled: list[str] = field(default_factory=list)
     fallback_reason: str | None = None
@@ -226,20 +226,20 @@ def _owned(out):
 
 def _guarded(module: nn.Module, name: str, compiled, report: CompileReport, all_blocks: list[nn.Module],
              graphed: bool = False):
-    """A forward that runs `compiled`, or the eager forward for steps the engine's StreamContext says
+    """A forward that runs `compiled`, or the eager forward for steps the engine's RunContext says
     cannot be traced (`eager_reason`). On a compilation failure it reverts every block to eager and
     raises `CompileFallback`; a block past dynamo's recompile limit (nothing of it ran) goes back to
     eager alone and runs now. `graphed`: the compiled block replays CUDA graphs, so each call starts
     a new graph step (`cudagraph_mark_step_begin`: the engine keeps earlier outputs alive, e.g. the
     causal caches and the previous chunk's output) and returns a copy of the output, and what it
     stored in the causal caches is copied too."""
-    from .stream_context import StreamContext
+    from .run_context import RunContext
 
     mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None) if graphed else None
     eager = _eager_forward(module)
 
     def forward(*args, **kwargs):
-        ctx = next((a for a in (*args, *kwargs.values()) if isinstance(a, StreamContext)), None)
+        ctx = next((a for a in (*args, *kwargs.values()) if isinstance(a, RunContext)), None)
         if ctx is not None and ctx.eager_reason is not None:
             report.eager_steps.add(ctx.eager_reason)
             return eager(*args, **kwargs)

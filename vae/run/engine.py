@@ -4,16 +4,16 @@
     y = vae.decode(model, z, vae.Settings(tile_size=256))  # raw latent -> B,3,T'',H'',W'' (not clamped)
 
 The model says what the network is, as the stages a temporal chunk passes through
-(`encode_stages`/`decode_stages`); the engine does the rest, in one loop (`_stream`, over the chunks
-`StreamContext.chunks` gives) whatever the strategy. The causal caches in the
-`StreamContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
+(`encode_stages`/`decode_stages`); the engine does the rest, in one loop (`_run_chunks`, over the chunks
+`RunContext.chunks` gives) whatever the strategy. The causal caches in the
+`RunContext` make every chunking produce the whole-clip result (frames: `geometry.py`); chunks are
 written into a preallocated output (optionally on another device) or handed to a `sink` (a video file
 writer), and encode reads its input chunk by chunk (also from a video file), so memory does not grow
 with clip length beyond the output itself.
 
 How the layers of a chunk cover the frame is the run's execution strategy (`strategies/`): whole
 frames, exact tiles, or row bands over the ranks of a process group (`bands=`, which also decides the
-part of every frame this process computes). Fast tiles are independent streams on overlapping tiles,
+part of every frame this process computes). Fast tiles are independent runs on overlapping tiles,
 blended afterwards. The plan (`planning.py`) picks chunk, tiles and cache placement from `Settings`,
 computed once, or given by the caller; out-of-memory and fp16 overflow are recovered from
 (`recovery.py`). `opts` (`kernels.Optimizations`) chooses the kernels for this run only.
@@ -38,7 +38,7 @@ from .strategies import WHOLE_FRAME, Bands, Partition
 from .strategies.exact_tiles import ExactTiles
 from .strategies.fast_tiles import decode_fast, encode_fast
 from .strategies.frame_stream import FrameStream
-from .stream_context import StreamContext
+from .run_context import RunContext
 
 SinkFn = Callable[[int, torch.Tensor], None]  # (first frame index, frames B,C,k,H,W)
 log = logging.getLogger("streamvae")
@@ -103,9 +103,9 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
     """The one driver of an encode or decode: the model's weights in the plan's activation layout
     first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
     then without autograd, started again where `recovery.attempts` says a failure restarts the
-    run: `whole(steps)` streams the clip through the model (frames and rows as the plan and partition
+    run: `whole(steps)` runs the clip through the model (frames and rows as the plan and partition
     say), or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent
-    streams and blends them; `steps` counts progress and checks `cancel`."""
+    runs and blends them; `steps` counts progress and checks `cancel`."""
     layout.weights_in(model, plan.activation_layout)
     for attempt in recovery.attempts(model, plan.op):
         with attempt, torch.inference_mode():
@@ -116,8 +116,8 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
                 fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
 
-def _stream_plan(model, plan: Plan, input_shape) -> Plan:
-    """The plan of one independent stream of a fast-tiled run: one tile, untiled, as the run's chunk."""
+def _tile_plan(model, plan: Plan, input_shape) -> Plan:
+    """The plan of one independent run of a fast-tiled run: one tile, untiled, as the run's chunk."""
     clip = planning.clip_of(model, plan.op, input_shape)
     return dataclasses.replace(plan, input_shape=tuple(input_shape), clip=clip, tile_size=None, tiling="exact",
                                grid=(1, 1, plan.grid[2]))
@@ -128,8 +128,8 @@ def _steps(plan: Plan, progress: ProgressFn | None, cancel: CancelFn | None, par
     return Steps(plan.grid[2], progress, lambda: partition.cancelled(bool(cancel and cancel())), _conv_count(modules))
 
 
-def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Partition, chunks_left: int) -> None:
-    """Give the stream fresh causal caches where `plan` puts them, its execution strategy (the
+def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partition, chunks_left: int) -> None:
+    """Give the run fresh causal caches where `plan` puts them, its execution strategy (the
     partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
@@ -147,7 +147,7 @@ def _prepare(model, ctx: StreamContext, plan: Plan, steps: Steps, partition: Par
     steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
 
 
-def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
+def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
     """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames
     (`ctx.chunks`, which says which chunk holds the clip's first frame and which its last) until the
     clip is done or step returns False, after the model's prefill (`_prefill`); the causal caches are
@@ -187,7 +187,7 @@ def _stream(model, ctx: StreamContext, steps: Steps, plan: Plan, partition: Part
         ctx.cache.close()  # the disk file of offloaded caches goes with it
 
 
-def _prefill(model, ctx: StreamContext, plan: Plan, step) -> None:
+def _prefill(model, ctx: RunContext, plan: Plan, step) -> None:
     """Run the model's `prefill_stages` (those that must see every frame before the clip runs: a full
     attention gathering its keys) over the whole clip, chunk by chunk as the plan runs it, with
     `ctx.prefill` set and nothing written; then the causal state starts again at frame 0 (what the
@@ -205,7 +205,7 @@ def _prefill(model, ctx: StreamContext, plan: Plan, step) -> None:
     ctx.cache.clear()
 
 
-def _run_chunk(model, x: torch.Tensor, ctx: StreamContext, plan: Plan, emit) -> None:
+def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit) -> None:
     """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
     encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
     the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
@@ -265,15 +265,15 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         raise ValueError("fast tiling cannot stream from a frame source; use tiling='exact'")
 
     def encode_tile(pixels, steps):
-        tile_plan = _stream_plan(model, plan, pixels.shape)
+        tile_plan = _tile_plan(model, plan, pixels.shape)
         tile_h, tile_w = tile_plan.clip.latent_hw
         parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
-        _encode_stream(model, pixels, parts, n_moments, tile_plan, opts, steps.stream(tile_plan.grid[2]),
+        _encode_clip(model, pixels, parts, n_moments, tile_plan, opts, steps.for_tile(tile_plan.grid[2]),
                        WHOLE_FRAME, kernel_log)
         return parts
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=partial(_encode_stream, model, video, outputs, n_moments, plan, opts, partition=partition,
+         whole=partial(_encode_clip, model, video, outputs, n_moments, plan, opts, partition=partition,
                        kernel_log=kernel_log),
          fast=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
@@ -283,7 +283,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     return tuple(outputs) if return_logvar else outputs[0]
 
 
-def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
+def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
                    partition: Partition, kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `video` (B,3,T,H,W, or a frame source) through the encoder into the
     preallocated `outputs` (mean, then logvar; none on a process that delivers nothing), reading
@@ -292,7 +292,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
     clip = plan.clip
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
-    ctx = StreamContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
     run_layout = plan.activation_layout
 
     def step(first, n, write):
@@ -323,7 +323,7 @@ def _encode_stream(model, video, outputs: list[torch.Tensor], n_moments: int, pl
 
         _run_chunk(model, x, ctx, plan, emit)
 
-    _stream(model, ctx, steps, plan, partition, step)
+    _run_chunks(model, ctx, steps, plan, partition, step)
 
 
 def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: Optimizations | None = None,
@@ -374,15 +374,15 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
     deliver = sink or (lambda first, frames: _write_into(out, first, frames))
 
     def decode_tile(zt, steps):
-        tile_plan = _stream_plan(model, plan, zt.shape)
+        tile_plan = _tile_plan(model, plan, zt.shape)
         tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
                                device=out.device)
-        _decode_stream(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
-                       tile_plan, opts, steps.stream(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
+        _decode_clip(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
+                       tile_plan, opts, steps.for_tile(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
         return tile_out
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=partial(_decode_stream, model, z, shape[2:], deliver, plan, opts, partition=partition,
+         whole=partial(_decode_clip, model, z, shape[2:], deliver, plan, opts, partition=partition,
                        kernel_log=kernel_log),
          fast=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
@@ -394,7 +394,7 @@ def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
     out[:, :, first:first + frames.shape[2]] = frames
 
 
-def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition,
+def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition,
                    kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `z` (B,C,T',h,w: the partition's rows of it) through the decoder, cropped to
     `size_thw` (frames, height, width: rows of the partition's output) and handed to
@@ -402,7 +402,7 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
     t_out, h_out, w_out = size_thw
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
-    ctx = StreamContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
     run_layout = plan.activation_layout
     pos = 0
 
@@ -425,4 +425,4 @@ def _decode_stream(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps:
         _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
         return pos < t_out
 
-    _stream(model, ctx, steps, plan, partition, step)
+    _run_chunks(model, ctx, steps, plan, partition, step)

@@ -30,7 +30,7 @@ import torch
 from ..kernels import Optimizations, filter_cache, winograd
 from ..kernels import conv as opt_conv
 from .geometry import Clip, as_pair, pixel_frames
-from .stream_context import StreamContext
+from .run_context import RunContext
 
 CALIBRATION = Path(__file__).with_name("memory_calibration.json")
 # CPU coefficients on a GPU underestimate its peaks, by less than this margin on the one GPU measured
@@ -118,7 +118,7 @@ def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
         dtype, run = model.encode_dtype, model.encode_chunk
         first = torch.zeros(frame[:2] + (1,) + frame[3:], dtype=dtype, device=model.device)
     steady = torch.zeros(frame, dtype=dtype, device=model.device)
-    ctx = StreamContext(opts or Optimizations(), frames_are_images=model.frames_are_images)
+    ctx = RunContext(opts or Optimizations(), frames_are_images=model.frames_are_images)
     sizes = None
     with torch.inference_mode():
         for chunk, _ in ctx.chunks(1 + STEADY_CHUNKS_MAX, 1, ending=False):

@@ -24,10 +24,10 @@ class Steps:
         self.chunks, self.chunks_done, self.per_chunk, self.done, self.convs = chunks, 0, 1, 0, convs
         self.progress, self.cancel = progress, cancel
         self.silent = False
-        self.parent: Steps | None = None  # a run that counts this stream's chunks as its units
+        self.parent: Steps | None = None  # a run that counts this tile's chunks as its units
 
-    def stream(self, chunks: int) -> "Steps":
-        """The steps of one stream of this run (a fast tile): each of its chunks is one unit of this
+    def for_tile(self, chunks: int) -> "Steps":
+        """The steps of one fast tile's run: each of its chunks is one unit of this
         run, its tiles only check cancellation."""
         child = Steps(chunks, None, self.cancel)
         child.parent = self
@@ -51,7 +51,7 @@ class Steps:
             self.silent = silent
 
     def replan(self, chunks_left: int, per_chunk: int) -> None:
-        """Settings changed mid-stream (out-of-memory retry): recount what is left."""
+        """Settings changed mid-run (out-of-memory retry): recount what is left."""
         self.per_chunk, self.chunks = per_chunk, self.chunks_done + chunks_left
         self.done = self.chunks_done * per_chunk
 

@@ -4,7 +4,7 @@ the one place that knows which failure restarts what (`restart_point`), at one o
 - out of memory in a step (`backend.is_oom`), where the partition allows it: the next smaller plan
   (`smaller_plan`: caches offloaded, then exact tiles of half the size, then half the temporal chunk,
   then frames streamed) -> `Restart.CHUNK`: the failed chunk again; the chunks written stay, and the
-  causal caches are rebuilt by running their frames again without writing them (`engine._stream`);
+  causal caches are rebuilt by running their frames again without writing them (`engine._run_chunks`);
 - fp16 overflow (`HalfOverflow`: non-finite output from a finite input, the "black frames"
   complaint): the op's precision becomes bf16 where the device computes it natively, else float32,
   and the model stays there (said when it happens, so once) -> `Restart.RUN`: the encode or decode

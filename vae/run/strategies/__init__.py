@@ -1,7 +1,7 @@
 """Execution strategies: how the layers of one chunk cover the frame, and which part of it this process runs.
 
 A family's blocks never loop over tiles or talk to other processes themselves. Every causal conv, norm,
-attention and upsampler asks its run's `StreamContext.execution`: None runs whole frames in one call
+attention and upsampler asks its run's `RunContext.execution`: None runs whole frames in one call
 (the blocks' own path); otherwise an `Execution` that computes the same numbers another way:
 
 - `ExactTiles` (exact_tiles.py): every conv computes its output tile by tile, each from its input

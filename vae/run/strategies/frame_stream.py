@@ -16,7 +16,7 @@ stage that gets no frames (a temporal downsampler's output between its windows, 
 ahead waiting for its next frame) passes nothing on. `ctx.last_chunk` is True for the call that
 holds the stage's last frame of the clip: the last frame of the previous stage's last call (a stage
 that looks ahead gives its remaining frames then). Both are the run's one loop over chunks
-(`StreamContext.chunks`), here over the frames of each stage's input.
+(`RunContext.chunks`), here over the frames of each stage's input.
 """
 import torch
 

@@ -1,5 +1,5 @@
-"""The state of one encode or decode that every block of the model reads (`StreamContext`, the run's
-`model.execution.StreamState`): switches, causal caches, the execution strategy, the kernel log."""
+"""The state of one encode or decode that every block of the model reads (`RunContext`, the run's
+`model.execution.RunState`): switches, causal caches, the execution strategy, the kernel log."""
 from typing import Iterator
 
 from ..kernels import Optimizations
@@ -8,8 +8,8 @@ from ..kernels.filter_cache import filter_cache
 from .causal_cache import CausalCache
 
 
-class StreamContext:
-    """State of one streamed encode or decode: the `model.execution.StreamState` every block reads.
+class RunContext:
+    """State of one encode or decode: the `model.execution.RunState` every block reads.
 
     `cache` (a `causal_cache.CausalCache`, on the compute device or offloaded) holds what each temporal
     module must remember between chunks (for causal convs: the input frames the next chunk still
