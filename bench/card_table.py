@@ -42,7 +42,7 @@ def cell(model, op: str, shape, card_gb: int) -> str:
     if plan.peak_bytes is None:
         return "no calibration"
     how = "untiled" if plan.tile_size is None else f"{plan.tile_size[0]} px tiles"
-    how += ", frames streamed" if plan.streamed else ""
+    how += ", frames streamed" if plan.frames_streamed else ""
     verdict = "" if plan.fits else " (does not fit)"
     return f"{how}, {plan.peak_bytes / GIB:.1f} GiB{verdict}"
 

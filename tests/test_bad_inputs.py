@@ -410,7 +410,7 @@ def test_small_user_tiles_run_in_memory_when_it_is_ample(tile, overlap):
     assert untiled.fits and untiled.tile_size is None
     plan = vae.plan(model, "decode", shape, vae.Settings(tile_size=tile, tile_overlap=overlap, memory_budget=budget),
                     device="cpu")
-    assert plan.fits and not plan.streamed and plan.cache_offload == "none", plan.describe()
+    assert plan.fits and not plan.frames_streamed and plan.cache_offload == "none", plan.describe()
     assert plan.tile_size == (tile, tile) and plan.temporal_chunk == 3, plan.describe()
 
 

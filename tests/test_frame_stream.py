@@ -43,7 +43,7 @@ def test_streamed_decode_equals_the_whole_clip(model, whole, chunk, tile, offloa
     _, z, _, expected = whole
     settings = vae.Settings(temporal_chunk=chunk, tile_size=tile, cache_offload=offload, stream_frames=True)
     plan = vae.plan(model, "decode", tuple(z.shape), settings)
-    assert plan.streamed and "frames streamed one at a time" in plan.describe()
+    assert plan.frames_streamed and "frames streamed one at a time" in plan.describe()
     got = vae.decode(model, z, plan, opts=TILE_ALL)
     assert (got - expected).abs().max() <= EXACT_ATOL * magnitude(expected)
 

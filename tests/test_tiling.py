@@ -118,7 +118,7 @@ def test_budget_picks_untiled_when_it_fits_and_tiles_when_not():
     # below the large tiles the planner streams frames untiled first (tests/test_frame_stream.py)
     budget = _between_tiled_and_untiled(m, shape)
     streamed = vae.plan(m, "decode", shape, vae.Settings(memory_budget=budget, cache_offload="none"))
-    assert streamed.streamed and streamed.tile_size is None and streamed.fits
+    assert streamed.frames_streamed and streamed.tile_size is None and streamed.fits
     tight = vae.plan(m, "decode", shape,
                      vae.Settings(memory_budget=budget, cache_offload="none", stream_frames=False))
     assert tight.tile_size is not None and tight.fits and tight.peak_bytes <= tight.budget_bytes

@@ -136,7 +136,7 @@ class RowBands:
                 chunk = 1
             chunk = self._smallest(chunk, model.device)  # every rank must run the same chunks
         return dataclasses.replace(fitted, input_shape=tuple(input_shape), clip=clip, temporal_chunk=chunk,
-                                   tile_size=None, streamed=False, grid=(1, 1, clip.chunks(chunk)))
+                                   tile_size=None, frames_streamed=False, grid=(1, 1, clip.chunks(chunk)))
 
     def agree(self, values: Sequence[int], device, what: str) -> None:
         """Raise on every rank unless every rank passed the same `values` (shapes and settings)."""

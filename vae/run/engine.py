@@ -136,14 +136,14 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
                             attention_frames=plan.clip.latent_frames)
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
-    ctx.frame_stream = FrameStream(stages) if plan.streamed else None
+    ctx.frame_stream = FrameStream(stages) if plan.frames_streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
     if partition.execution is not None:
         ctx.execution = partition.execution
     elif tile is None or (tile[0] >= frame[0] and tile[1] >= frame[1]):
         ctx.execution = None
     else:
-        ctx.execution = ExactTiles(frame, tile, steps, chain=plan.streamed)
+        ctx.execution = ExactTiles(frame, tile, steps, chain=plan.frames_streamed)
     steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
 
 

@@ -113,7 +113,7 @@ class Plan:
     tried: tuple[str, ...] = ()
     kernel_choice: str = "defaults"
     kernels_on_record: int | None = None
-    streamed: bool = False        # the chunk's stages run one frame at a time (strategies.FrameStream)
+    frames_streamed: bool = False  # the chunk's stages run one frame at a time (strategies.FrameStream)
     activation_layout: str = "ncdhw"
     kernels: KernelPlan = KernelPlan()
 
@@ -125,7 +125,7 @@ class Plan:
     def settings(self) -> str:
         tile = "untiled" if self.tile_size is None else f"{self.tiling} tiles {self.tile_size[0]}x{self.tile_size[1]} px"
         caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
-        frames = ", frames streamed one at a time" if self.streamed else ""
+        frames = ", frames streamed one at a time" if self.frames_streamed else ""
         return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{frames}{caches}"
 
     def kernel_selection(self) -> str:
@@ -146,7 +146,7 @@ class Plan:
         text = f"tiles {rows}x{cols}x{chunks}"
         if self.peak_bytes is not None:
             text += f", peak {self.peak_bytes / 2**30:.2f} GiB" + (" (over budget)" if self.fits is False else "")
-        if self.streamed:
+        if self.frames_streamed:
             text += ", frames streamed"
         if self.cache_offload != "none":
             text += f", caches offloaded to {self.cache_offload}"
@@ -281,7 +281,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         fits = None if peak is None else budget is None or peak <= budget
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
                     grid(clip, chunk, tile, settings.tile_overlap, settings.tiling), peak, budget, fits, weights,
-                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record, streamed=streamed,
+                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record, frames_streamed=streamed,
                     activation_layout=run_layout, kernels=kernels)
 
     def estimated(candidate: Candidate) -> Plan:

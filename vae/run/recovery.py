@@ -51,13 +51,13 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     """The plan to retry a chunk that ran out of memory with: the causal caches offloaded (where the
     user left that open: `Plan.offload_fallback`), else exact tiles of half the size down to the
     smallest valid tile (`geometry.min_tile`), else half the temporal chunk, else the chunk's stages
-    one frame at a time (`Plan.streamed`). Raises OutOfMemory at the floor, listing what was tried.
+    one frame at a time (`Plan.frames_streamed`). Raises OutOfMemory at the floor, listing what was tried.
     `reason`: the out-of-memory message."""
     frame = (plan.clip.height, plan.clip.width)
     floor = geometry.min_tile(model.spatial_factor)
     current = tuple(min(side, full) for side, full in zip(plan.tile_size or frame, frame))
     chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
-    streamed = plan.streamed
+    streamed = plan.frames_streamed
     if fallback is not None:
         offload, fallback = fallback, None
     elif max(current) > floor:
@@ -74,7 +74,7 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
             f"Last error: {reason.splitlines()[0]}")
     smaller = dataclasses.replace(
         plan, temporal_chunk=chunk, tile_size=tile, tiling="exact", cache_offload=offload, offload_fallback=fallback,
-        streamed=streamed, grid=grid(plan.clip, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
+        frames_streamed=streamed, grid=grid(plan.clip, chunk, tile, plan.tile_overlap, "exact"), peak_bytes=None,
         fits=None, tried=(*plan.tried, plan.settings()))
     log.warning("StreamVAE: out of memory; retrying the chunk with %s", smaller.settings())
     return smaller
