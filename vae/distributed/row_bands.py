@@ -110,7 +110,7 @@ class RowBands:
         self.bands = Bands.split(latent_rows, self.world, self.wanted_rows)
         return self
 
-    def plan(self, model, op: str, input_shape, settings: planning.Settings, opts) -> planning.Plan:
+    def agreed_plan(self, model, op: str, input_shape, settings: planning.Settings, opts) -> planning.Plan:
         """The run's plan: untiled bands, the settings' temporal chunk (default: the whole clip) and
         cache offload; with a memory budget, the chunk and offload the memory model fits for an untiled
         frame of the tallest band, the ranks then running the smallest chunk any of them can afford.

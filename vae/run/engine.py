@@ -68,14 +68,14 @@ def _planned(model, op: str, shape, how: Plan | Settings | None, io_devices, opt
     elif how is not None and not isinstance(how, Settings):
         raise TypeError(f"{op} takes a vae.Plan or vae.Settings as its third argument, got {type(how).__name__}")
     elif bands is not None:
-        plan = bands.plan(model, op, shape, how or Settings(), opts)
+        plan = bands.agreed_plan(model, op, shape, how or Settings(), opts)
     else:
         io_on_device = tuple(same_device(d, model.device) for d in io_devices)
         plan = planning.plan(model, op, tuple(shape), how, io_on_device=io_on_device, opts=opts)
     if bands is None and isinstance(how, Settings):
         planning.refuse_over_budget(plan, how)  # a budget the caller gave: refused before any work
     if plan.fits is False and bands is not None:
-        return plan  # a band cannot be tiled yet: `Bands.plan` said so, and it runs a chunk at a time
+        return plan  # a band cannot be tiled yet: `Bands.agreed_plan` said so, and it runs a chunk at a time
     if plan.fits is False:  # "auto": what is free now; the prediction may be high, so it is tried
         log.warning("StreamVAE %s: even %s is predicted above the free memory (%.2f GiB); trying it anyway (an "
                     "out-of-memory error shrinks it to its floor, then stops with what it tried): to fit, free "

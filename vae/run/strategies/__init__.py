@@ -87,7 +87,7 @@ class Bands(Protocol):
     def start(self, latent_rows: int) -> Partition:
         """This process's `Partition` of a frame of `latent_rows` latent rows."""
 
-    def plan(self, model, op: str, input_shape, settings, opts):
+    def agreed_plan(self, model, op: str, input_shape, settings, opts):
         """The plan every process runs (its band's), agreed between them."""
 
     def agree(self, values, device, what: str) -> None:
