@@ -99,21 +99,21 @@ def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None,
 
 
 def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
-         whole: Callable[[Steps], None], fast: Callable[[Steps], None]) -> None:
+         clip: Callable[[Steps], None], fast_tiles: Callable[[Steps], None]) -> None:
     """The one driver of an encode or decode: the model's weights in the plan's activation layout
     first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
     then without autograd, started again where `recovery.attempts` says a failure restarts the
-    run: `whole(steps)` runs the clip through the model (frames and rows as the plan and partition
-    say), or, for a fast-tiled plan (`grid` not None), `fast(steps)` runs the tiles as independent
+    run: `clip(steps)` runs the clip through the model (frames and rows as the plan and partition
+    say), or, for a fast-tiled plan (`grid` not None), `fast_tiles(steps)` runs the tiles as independent
     runs and blends them; `steps` counts progress and checks `cancel`."""
     layout.weights_in(model, plan.activation_layout)
     for attempt in recovery.attempts(model, plan.op):
         with attempt, torch.inference_mode():
             if grid is None:
                 modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
-                whole(_steps(plan, progress, cancel, partition, modules))
+                clip(_steps(plan, progress, cancel, partition, modules))
             else:
-                fast(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
+                fast_tiles(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
 
 
 def _tile_plan(model, plan: Plan, input_shape) -> Plan:
@@ -273,9 +273,9 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         return parts
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=partial(_encode_clip, model, video, outputs, n_moments, plan, opts, partition=partition,
+         clip=partial(_encode_clip, model, video, outputs, n_moments, plan, opts, partition=partition,
                        kernel_log=kernel_log),
-         fast=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
+         fast_tiles=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
         return None
     if image:
@@ -316,9 +316,9 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
             if not write:
                 return
             for i, part in enumerate(moments[:n_moments]):
-                whole = partition.collect(part, 1)
-                if whole is not None:
-                    outputs[i][:, :, at[0]:at[0] + whole.shape[2]] = whole
+                collected = partition.collect(part, 1)
+                if collected is not None:
+                    outputs[i][:, :, at[0]:at[0] + collected.shape[2]] = collected
             at[0] += h.shape[2]
 
         _run_chunk(model, x, ctx, plan, emit)
@@ -382,9 +382,9 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
         return tile_out
 
     _run(model, plan, partition, grid, progress, cancel,
-         whole=partial(_decode_clip, model, z, shape[2:], deliver, plan, opts, partition=partition,
+         clip=partial(_decode_clip, model, z, shape[2:], deliver, plan, opts, partition=partition,
                        kernel_log=kernel_log),
-         fast=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
+         fast_tiles=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
         return None
     return out.squeeze(2) if image else out
