@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bench.common import machine_summary, print_table
 from vae.kernels import norm_act
-from vae.kernels.layout import FORMATS
+from vae.kernels.activation_layout import FORMATS
 
 SHAPES = [(128, 256), (256, 128), (512, 64), (512, 32)]  # (channels, side)
 FRAMES, GROUPS = 5, 32

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from bench.common import print_table
 from vae.kernels.conv import conv3d
 from vae.kernels.filter_cache import FilterCache
-from vae.kernels.layout import FORMATS
+from vae.kernels.activation_layout import FORMATS
 from vae.kernels.winograd import winograd_conv3d
 from vae.kernels.winograd_gemm import GEMM_ROUTES
 

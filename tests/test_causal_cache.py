@@ -12,7 +12,7 @@ from tests.reference import TINY_FAMILIES, load_tiny, tensors
 from tests.test_tiling import FIXTURES, _last_causal_conv
 from vae.run import memory
 from vae.run.causal_cache import CausalCache, _DiskStore, _HostStore
-from vae.kernels import layout
+from vae.kernels import activation_layout
 
 FAMILIES = list(TINY_FAMILIES)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -85,13 +85,13 @@ def test_offloaded_entries_come_back_in_their_layout(where):
         frames = torch.randn(2, 6, 3, 5, 7).contiguous(memory_format=fmt)
         store.put(conv, frames[:, :, 1:], owned=False)
         for got in (store.get(conv, "cpu"), store.rows(conv, 1, 4, "cpu")):
-            assert layout.layout_of(got) == layout_name
+            assert activation_layout.layout_of(got) == layout_name
         assert torch.equal(store.get(conv, "cpu"), frames[:, :, 1:])
         assert torch.equal(store.rows(conv, 1, 4, "cpu"), frames[:, :, 1:, 1:4])
         for first, stop in ((0, 2), (2, 5)):  # a new entry written a band of rows at a time
             store.put_rows(conv, frames[..., first:stop, :] * 2, first, 5)
         store.commit(conv)
-        assert torch.equal(store.get(conv, "cpu"), frames * 2) and layout.layout_of(store.get(conv, "cpu")) == layout_name
+        assert torch.equal(store.get(conv, "cpu"), frames * 2) and activation_layout.layout_of(store.get(conv, "cpu")) == layout_name
         store.discard(conv)
     store.close()
 
@@ -131,7 +131,7 @@ def test_host_store_copies_only_dense_blocks():
             store.put_rows(conv, (frames[..., first:stop, :] * 2).contiguous(memory_format=torch.channels_last_3d),
                            first, 5)
         store.commit(conv)
-    assert torch.equal(got_rows, frames[..., 1:4, :]) and layout.is_ndhwc(got_rows)
+    assert torch.equal(got_rows, frames[..., 1:4, :]) and activation_layout.is_ndhwc(got_rows)
     assert torch.equal(store.get(conv, "cpu"), frames * 2)
     host = {t.untyped_storage().data_ptr() for t in (*store.held.values(), *store.spare.values())}
     across = [c for c in copies.seen if host & {c[1], c[2]}]  # to or from host memory; the rest stays on its device

@@ -40,8 +40,8 @@ def _sources() -> list[Path]:
 
 @cache
 def _modules() -> dict[str, list[Path]]:
-    """Dotted module name -> files, under every suffix of the name (`vae.kernels.layout`,
-    `kernels.layout`, `layout`) except for tests/comfy_support, named only in full."""
+    """Dotted module name -> files, under every suffix of the name (`vae.kernels.activation_layout`,
+    `kernels.activation_layout`, `activation_layout`) except for tests/comfy_support, named only in full."""
     out: dict[str, list[Path]] = {}
     for root, folder in MODULE_ROOTS.items():
         for path in (REPO / folder).rglob("*.py"):
@@ -199,7 +199,7 @@ def test_results_cited_by_the_benchmark_record_exist():
 
 def test_a_stale_reference_is_caught():
     """The checks above find what they look for (each line names one thing that does not exist)."""
-    for line in ("see `engine._stream_stages`", "(bench/gpu_memory_session.sh)", "`vae.kernels.layout.for_runs`",
+    for line in ("see `engine._stream_stages`", "(bench/gpu_memory_session.sh)", "`vae.kernels.activation_layout.for_runs`",
                  "tests/test_optimizations_cuda.py", "`vae/video_file.FileSinks`", "`test_no_such_test`",
                  "`strategies.ExactTile`", "`planning.Plan.no_such_field`", "vae/engine.encode/decodes"):
         assert _stale(line), line

@@ -14,7 +14,7 @@ import vae.kernels.conv as conv
 import vae.kernels.kernel_choice as kernel_choice
 from vae.kernels import Optimizations
 from vae.kernels.kernel_choice import KernelChoices
-from vae.kernels.layout import FORMATS, layout_of
+from vae.kernels.activation_layout import FORMATS, layout_of
 from vae.kernels.filter_cache import FilterCache, filter_cache
 from tests.reference import assert_exact, load_tiny
 

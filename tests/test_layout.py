@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import vae
 from tests.reference import TINY_FAMILIES, assert_exact, load_tiny
-from vae.kernels import conv, conv_check, kernel_choice, layout, norm_act
+from vae.kernels import activation_layout, conv, conv_check, kernel_choice, norm_act
 from vae.run import kernel_plan
 
 FAMILIES = list(TINY_FAMILIES)  # the Wan variants and the image family: tests/test_wan_variants.py
@@ -64,7 +64,7 @@ class ConvLayouts(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.ops.add(func._schema.name)
         if func._schema.name in CONVS and args[0].shape[1] > 1:
-            self.seen.append((layout.is_ndhwc(args[0]), layout.is_ndhwc(out) or out.shape[1] == 1))
+            self.seen.append((activation_layout.is_ndhwc(args[0]), activation_layout.is_ndhwc(out) or out.shape[1] == 1))
         return out
 
     def no_conv_message(self) -> str:
@@ -121,7 +121,7 @@ def channels_last_view(shape, mean=0.0, dtype=torch.float32, seed=0):
     b, c, t, h, w = shape
     frame = (torch.randn(b, c, t, h + 3, w + 2, generator=g) * 2 + mean).to(dtype)
     view = frame.contiguous(memory_format=torch.channels_last_3d)[..., 1:1 + h, 2:2 + w]
-    assert layout.is_ndhwc(view) and not view.is_contiguous(memory_format=torch.channels_last_3d)
+    assert activation_layout.is_ndhwc(view) and not view.is_contiguous(memory_format=torch.channels_last_3d)
     return view, view.contiguous()
 
 
@@ -136,15 +136,15 @@ def test_cpu_norms_in_channels_last_equal_channel_planes(dtype, mean, monkeypatc
     assert_exact(got_var.double(), exact_var, atol=1e-4, rtol=1e-5)
     weight, bias = torch.randn(16), torch.randn(16)
     rstd = torch.rsqrt(exact_var.float() + 1e-6)
-    out = layout.empty_video(x, x.shape)
+    out = activation_layout.empty_video(x, x.shape)
     norm_act.group_norm_apply(x, exact_mean.float(), rstd, weight, bias, True, out)
     expected = norm_act.group_norm_apply(planes, exact_mean.float(), rstd, weight, bias, True)
-    assert layout.is_ndhwc(out)
+    assert activation_layout.is_ndhwc(out)
     assert_exact(out.float(), expected.float(), atol=0 if dtype == torch.float32 else 1e-2, rtol=0)
     gamma = torch.randn(16, 1, 1, 1)
     exact = torch.nn.functional.silu(torch.nn.functional.normalize(planes.double(), dim=1) * 4 * gamma.double())
     got, planes_got = norm_act.rms_norm_act(x, gamma), norm_act.rms_norm_act(planes, gamma)
-    assert layout.is_ndhwc(got)
+    assert activation_layout.is_ndhwc(got)
     if dtype == torch.float32:
         assert_exact(got, planes_got, atol=1e-5, rtol=0)
     else:  # half precision: the channels-last blocks round once, the channel-plane path twice
@@ -247,10 +247,10 @@ def test_a_run_puts_the_weights_in_its_plans_layout_and_a_decode_leaves_them(set
     z = torch.randn(1, model.latent_channels, 3, 6, 8)
     vae.decode(model, z[:, :, :1], opts=FIXED.with_(activation_layout=other))  # the weights in the other layout
     weights = [p for p in model.parameters() if p.dim() == 5 and p.shape[1] > 1 and p[0, 0].numel() > 1]
-    assert all(layout.layout_of(w) == other for w in weights)
+    assert all(activation_layout.layout_of(w) == other for w in weights)
     opts = FIXED.with_(activation_layout=setting)
     vae.decode(model, z[:, :, :1], opts=opts)
-    assert all(layout.layout_of(w) == setting for w in weights)
+    assert all(activation_layout.layout_of(w) == setting for w in weights)
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=24),
                      vae.Settings(temporal_chunk=1, stream_frames=True)):
         plan = vae.plan(model, "decode", z.shape, settings, opts=opts)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..kernels.layout import empty_video
+from ..kernels.activation_layout import empty_video
 from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.execution import Attention, Conv, Norm, require
 from ..model.layers import residual_sequence

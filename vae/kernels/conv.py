@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from . import backend, kernel_choice
 from .backend import cpu_has_native
 from .kernel_log import KernelLog
-from .layout import by_output_channels, dense_copy, is_ndhwc, layout_of
+from .activation_layout import by_output_channels, dense_copy, is_ndhwc, layout_of
 from .filter_cache import FilterCache
 from .winograd import transform_pays, winograd_conv3d
 from .winograd_gemm import GEMM_ROUTES

@@ -22,7 +22,7 @@ from functools import lru_cache
 import torch
 
 from . import conv, kernel_check, kernel_choice
-from .layout import FORMATS
+from .activation_layout import FORMATS
 
 log = logging.getLogger("streamvae")
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend, kernel_choice, triton_norm
-from .layout import FORMATS, layout_of
+from .activation_layout import FORMATS, layout_of
 
 log = logging.getLogger("streamvae")
 

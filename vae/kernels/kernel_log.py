@@ -11,7 +11,7 @@ from collections import Counter
 
 import torch
 
-from .layout import layout_of
+from .activation_layout import layout_of
 
 # How the report names each op.
 OPS = {"conv3d": "conv3d", "group_norm_stats": "group norm statistics", "group_norm_apply": "group norm apply",

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import kernel_check, kernel_choice, triton_norm
 from .kernel_log import KernelLog
-from .layout import is_ndhwc, layout_of
+from .activation_layout import is_ndhwc, layout_of
 
 
 def _use_triton(x: torch.Tensor, enabled: bool, kernel: str) -> bool:

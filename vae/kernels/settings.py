@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 from .attention import KERNELS
 from .kernel_choice import MODES
-from .layout import LAYOUTS
+from .activation_layout import LAYOUTS
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ the fallback and the reference.
 - RMS norm over channels: one program per block of pixels of one frame walks the channels twice
   (sum of squares, then the scaled write), float32 accumulation.
 
-Each kernel has a channels-last twin for NDHWC activations (`layout.is_ndhwc`): a program holds a
+Each kernel has a channels-last twin for NDHWC activations (`activation_layout.is_ndhwc`): a program holds a
 [pixels, channels] tile, so a warp reads runs of contiguous channels instead of gathering one channel
 of many pixels with a stride of C; the RMS norm then reads x once (its channel-plane kernel twice).
 
@@ -27,7 +27,7 @@ import contextlib
 
 import torch
 
-from .layout import is_ndhwc
+from .activation_layout import is_ndhwc
 
 try:
     import triton

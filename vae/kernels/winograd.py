@@ -20,7 +20,7 @@ from functools import lru_cache
 import torch
 
 from .filter_cache import FilterCache
-from .layout import by_output_channels, empty_video
+from .activation_layout import by_output_channels, empty_video
 from .winograd_gemm import GEMM_ROUTES
 from .winograd_job import job_bytes, run_job, slabs, workers
 

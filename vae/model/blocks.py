@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..kernels import conv3d
-from ..kernels.layout import PADDING_MODES, Fill, cat_frames, empty_video, interior, pad_border, padded_buffer
+from ..kernels.activation_layout import PADDING_MODES, Fill, cat_frames, empty_video, interior, pad_border, padded_buffer
 from .execution import RunState, TimeWindow
 
 
@@ -112,7 +112,7 @@ class CausalConv3d(Conv3d):
     call with frames (not `ctx.first_chunk`: a lagging layer before it may give none at first).
 
     Spatial padding (left, right, top, bottom) is `padding_mode` "zeros", "reflect" (LTX-2) or
-    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`kernels.layout`);
+    "replicate" (HunyuanVideo 1.5's copies of the frame's edge), torch's modes (`kernels.activation_layout`);
     symmetric zero padding is done by the conv itself, asymmetric, reflected or replicated padding
     inside the input buffer (the downsamplers' right/bottom pad; every other mode's pad), after the
     frames are written, only at the frame border: a tile's halo inside the frame is the frame's pixels.

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
+from ..kernels.activation_layout import cat_frames, empty_video
 from .blocks import CausalConv3d, Conv3d
 from .execution import RunState
 from .layers import FrameCausalAttention, RMSNorm, residual_convs

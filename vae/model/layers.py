@@ -20,7 +20,7 @@ from ..kernels import (
     rms_norm_act,
     sdpa,
 )
-from ..kernels.layout import cat_frames, empty_video
+from ..kernels.activation_layout import cat_frames, empty_video
 from .execution import RunState
 
 

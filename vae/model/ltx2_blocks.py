@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
+from ..kernels.activation_layout import cat_frames, empty_video
 from ..kernels.norm_act import pixel_norm_act
 from .blocks import CausalConv3d, Conv3d
 from .execution import RunState

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..kernels.layout import cat_frames, empty_video
+from ..kernels.activation_layout import cat_frames, empty_video
 from . import wan_layout
 from .blocks import CausalConv3d, FrameConv2d
 from .execution import RunState

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..kernels.layout import cat_frames, empty_video
+from ..kernels.activation_layout import cat_frames, empty_video
 from . import wan_layout
 from .execution import RunState
 from .layers import residual_add

@@ -29,7 +29,7 @@ import warnings
 import torch
 
 from ..kernels.backend import host_available
-from ..kernels.layout import dense_copy, empty_video, is_ndhwc
+from ..kernels.activation_layout import dense_copy, empty_video, is_ndhwc
 from .kv_cache import KeyValueCache
 
 CACHE_OFFLOADS = ("none", "host", "disk")

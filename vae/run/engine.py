@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..kernels import KernelLog, Optimizations, layout
+from ..kernels import KernelLog, Optimizations, activation_layout
 from ..kernels.backend import same_device
 from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
@@ -101,12 +101,12 @@ def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None,
 def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
          clip: Callable[[Steps], None], fast_tiles: Callable[[Steps], None]) -> None:
     """The one driver of an encode or decode: the model's weights in the plan's activation layout
-    first (`layout.weights_in`, the one change a run may make to the model, a no-op once they are),
+    first (`activation_layout.weights_in`, the one change a run may make to the model, a no-op once they are),
     then without autograd, started again where `recovery.attempts` says a failure restarts the
     run: `clip(steps)` runs the clip through the model (frames and rows as the plan and partition
     say), or, for a fast-tiled plan (`grid` not None), `fast_tiles(steps)` runs the tiles as independent
     runs and blends them; `steps` counts progress and checks `cancel`."""
-    layout.weights_in(model, plan.activation_layout)
+    activation_layout.weights_in(model, plan.activation_layout)
     for attempt in recovery.attempts(model, plan.op):
         with attempt, torch.inference_mode():
             if grid is None:
@@ -307,7 +307,7 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
         pad_rows, pad_cols = rows[1] - real[1], clip.width - w
         if pad_rows or pad_cols:  # edge replication, B,3,t,rows,W -> B,3,t,rows+pad_rows,W+pad_cols
             x = F.pad(x, (0, pad_cols, 0, pad_rows, 0, 0), mode="replicate")
-        x = layout.to_layout(x, run_layout)
+        x = activation_layout.to_layout(x, run_layout)
         at = [first]  # the latent frame the next moments go to
 
         def emit(h):
@@ -421,7 +421,7 @@ def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: S
 
     def step(first, n, write):
         x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
-        x = layout.to_layout(x, run_layout)
+        x = activation_layout.to_layout(x, run_layout)
         _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
         return pos < t_out
 

@@ -1,15 +1,15 @@
 """Which kernels and activation layout a run takes, decided with its `Plan` (`planning.plan`) before it
-runs: the layout (NCDHW or NDHWC, `kernels.layout`) by device type, or on CUDA with measured
+runs: the layout (NCDHW or NDHWC, `kernels.activation_layout`) by device type, or on CUDA with measured
 kernels timed once on the GPU that runs; and the kernels its convs, norms and attention may take
 (`KernelPlan`), named as the run's `KernelLog` names what ran. The engine puts the model's weights
-in the layout before the run (`kernels.layout.weights_in`); planning leaves the model as it is."""
+in the layout before the run (`kernels.activation_layout.weights_in`); planning leaves the model as it is."""
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
 from ..kernels import Optimizations, attention, conv, conv_check, kernel_choice, norm_act
-from ..kernels.layout import FORMATS
+from ..kernels.activation_layout import FORMATS
 
 
 def resolve(layout: str, device) -> str:

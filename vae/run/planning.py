@@ -259,7 +259,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     device (`memory.estimate`). Raises ValueError for settings this family cannot run, with what to do.
 
     Planning only decides: it leaves the model as it found it (the engine puts the weights in the
-    plan's activation layout before the run, `kernels.layout.weights_in`)."""
+    plan's activation layout before the run, `kernels.activation_layout.weights_in`)."""
     settings = settings or Settings()
     clip = clip_of(model, op, input_shape)
     error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)

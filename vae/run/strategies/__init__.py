@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from ...kernels.layout import empty_video, pad_border, zero_border
+from ...kernels.activation_layout import empty_video, pad_border, zero_border
 from ...model.execution import Execution
 
 

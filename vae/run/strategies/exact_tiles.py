@@ -18,7 +18,7 @@ first conv costs twice, and a residual block holds its input and its output inst
 """
 import torch
 
-from ...kernels.layout import empty_video
+from ...kernels.activation_layout import empty_video
 from ...model.blocks import norm_fill
 from ...model.execution import Attention, Conv, Norm, TimeWindow, require
 from ...model.layers import residual_sequence
