@@ -101,11 +101,11 @@ def _begin(model, op: str, shape, latent_rows: int, how: Plan | Settings | None,
 def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | None, cancel: CancelFn | None, *,
          clip: Callable[[Steps], None], fast_tiles: Callable[[Steps], None]) -> None:
     """The one driver of an encode or decode: the model's weights in the plan's activation layout
-    first (`activation_layout.weights_in`, the one change a run may make to the model, a no-op once they are),
-    then without autograd, started again where `recovery.attempts` says a failure restarts the
-    run: `clip(steps)` runs the clip through the model (frames and rows as the plan and partition
-    say), or, for a fast-tiled plan (`grid` not None), `fast_tiles(steps)` runs the tiles as independent
-    runs and blends them; `steps` counts progress and checks `cancel`."""
+    first (`activation_layout.weights_in`, the one change a run may make to the model, a no-op once
+    they are), then without autograd, started again where `recovery.attempts` says a failure restarts
+    the run: `clip(steps)` runs the clip through the model (frames and rows as the plan and partition
+    say), or, for a fast-tiled plan (`grid` not None), `fast_tiles(steps)` runs the tiles as
+    independent runs and blends them; `steps` counts progress and checks `cancel`."""
     activation_layout.weights_in(model, plan.activation_layout)
     for attempt in recovery.attempts(model, plan.op):
         with attempt, torch.inference_mode():
@@ -269,12 +269,12 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
         tile_h, tile_w = tile_plan.clip.latent_hw
         parts = [torch.empty(shape[:3] + (tile_h, tile_w), dtype=out_dtype, device=out_device) for _ in outputs]
         _encode_clip(model, pixels, parts, n_moments, tile_plan, opts, steps.for_tile(tile_plan.grid[2]),
-                       WHOLE_FRAME, kernel_log)
+                     WHOLE_FRAME, kernel_log)
         return parts
 
     _run(model, plan, partition, grid, progress, cancel,
          clip=partial(_encode_clip, model, video, outputs, n_moments, plan, opts, partition=partition,
-                       kernel_log=kernel_log),
+                      kernel_log=kernel_log),
          fast_tiles=lambda steps: encode_fast(video, outputs, grid, sf, lambda pixels: encode_tile(pixels, steps), steps.check))
     if not outputs:
         return None
@@ -284,7 +284,7 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
 
 
 def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan: Plan, opts, steps: Steps,
-                   partition: Partition, kernel_log: KernelLog | None) -> None:
+                 partition: Partition, kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `video` (B,3,T,H,W, or a frame source) through the encoder into the
     preallocated `outputs` (mean, then logvar; none on a process that delivers nothing), reading
     the rows of the partition, padded as `encode` says."""
@@ -378,12 +378,12 @@ def decode(model, z: torch.Tensor, how: Plan | Settings | None = None, *, opts: 
         tile_out = torch.empty((b, model.out_channels, t_out, zt.shape[3] * of, zt.shape[4] * of), dtype=out.dtype,
                                device=out.device)
         _decode_clip(model, zt, tile_out.shape[2:], lambda first, frames: _write_into(tile_out, first, frames),
-                       tile_plan, opts, steps.for_tile(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
+                     tile_plan, opts, steps.for_tile(tile_plan.grid[2]), WHOLE_FRAME, kernel_log)
         return tile_out
 
     _run(model, plan, partition, grid, progress, cancel,
          clip=partial(_decode_clip, model, z, shape[2:], deliver, plan, opts, partition=partition,
-                       kernel_log=kernel_log),
+                      kernel_log=kernel_log),
          fast_tiles=lambda steps: decode_fast(model, z, out, grid, lambda zt: decode_tile(zt, steps), steps.check))
     if out is None or sink is not None:
         return None
@@ -395,7 +395,7 @@ def _write_into(out: torch.Tensor, first: int, frames: torch.Tensor) -> None:
 
 
 def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: Steps, partition: Partition,
-                   kernel_log: KernelLog | None) -> None:
+                 kernel_log: KernelLog | None) -> None:
     """Temporal chunks of `z` (B,C,T',h,w: the partition's rows of it) through the decoder, cropped to
     `size_thw` (frames, height, width: rows of the partition's output) and handed to
     `deliver(first, frames)` where the partition delivers."""
