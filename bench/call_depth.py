@@ -18,6 +18,7 @@ import torch
 
 import vae
 from bench import models
+from vae import families
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(vae.__file__))), "")
 VAE = os.path.dirname(os.path.abspath(vae.__file__)) + os.sep
@@ -58,7 +59,7 @@ def deepest_conv_stack(model, z: torch.Tensor) -> list[tuple[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="wan21", choices=["seedvr2", "wan21", "wan22"])
+    parser.add_argument("--family", default=vae.Wan21VAE.family, choices=[spec.name for spec in families.SPECS])
     args = parser.parse_args()
     model = models.build(args.family, torch.float32, tiny=True)
     z = torch.randn(1, model.latent_channels, 3, 64 // model.spatial_factor, 64 // model.spatial_factor)
