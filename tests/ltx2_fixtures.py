@@ -103,10 +103,11 @@ def save_full_checkpoint(m: LTX2VAE, path: Path, extra_bytes: int = 1 << 20) -> 
 CORE_RUNNER = Path(__file__).parent / "comfy_support" / "core_ltx2.py"
 
 
-def run_core(jobs: list[dict], folder: Path) -> list[dict[str, torch.Tensor]]:
-    """Core 0.33.0's results for `jobs` (comfy_support/core_ltx2.py: a process of its own), one dict each."""
+def run_core(jobs: list[dict], folder: Path, runner: Path = CORE_RUNNER) -> list[dict[str, torch.Tensor]]:
+    """Core 0.33.0's results for `jobs` (`runner`, comfy_support/core_ltx2.py by default: a process of its own),
+    one dict each."""
     (folder / "jobs.json").write_text(json.dumps(jobs))
-    done = subprocess.run([sys.executable, str(CORE_RUNNER), str(folder / "jobs.json")], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(runner), str(folder / "jobs.json")], capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return [load_file(job["outputs"]) for job in jobs]

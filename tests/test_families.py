@@ -37,6 +37,7 @@ REFERENCES = {
     "wan22": "test_wan.py::test_output_matches_upstream",
     "qwen21": "test_wan_variants.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLQwenImage21
     "ltx2": "test_ltx2.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLLTX2Video
+    "ltx25": "test_ltx25_core.py::test_decode_matches_core",  # core 0.33.0's CausalDiffusionVAE
     "hv15": "test_hv15.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLHunyuanVideo15
 }
 # The kernels' default rules (no timing of every tile's conv shapes), every conv tiled however small its frame
@@ -87,6 +88,7 @@ def _capabilities(model) -> set:
         found |= {Capability.LOOKAHEAD} if model.looks_ahead(op) else set()
         found |= {Capability.KV_CACHE} if model.attention_cache_elements(op, 1, 1, (1, 1)) else set()
         found |= {Capability.PREFILL} if model.prefill_stages(op) else set()
+        found |= {Capability.WHOLE_CLIP} if model.sees_whole_clip(op) else set()
     return found
 
 

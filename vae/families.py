@@ -8,12 +8,13 @@ below (docs/families.md, "Adding a family").
 from .model.family_spec import FamilySpec, LoadChoice
 from .model.hv15.spec import SPEC as HV15
 from .model.ltx2.spec import SPEC as LTX2
+from .model.ltx25.spec import SPEC as LTX25
 from .model.qwen21.spec import SPEC as QWEN21
 from .model.seedvr2.spec import SPEC as SEEDVR2
 from .model.wan21.spec import SPEC as WAN21
 from .model.wan22.spec import SPEC as WAN22
 
-SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, HV15)
+SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV15)
 NAMES: tuple[str, ...] = tuple(spec.name for spec in SPECS)
 
 

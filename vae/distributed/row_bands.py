@@ -118,6 +118,9 @@ class RowBands:
         Its peak is one rank's. Convs that look ahead in time or pad by reflection (LTX-2's decoder) are
         refused: a band's conv knows no clip end, and a reflection may read past its halo."""
         modules = model.decode_modules() if op == "decode" else model.encode_modules()
+        if model.sees_whole_clip(op):
+            raise ValueError(f"row bands cannot run this {model.family} {op}: it sees the whole clip at once, untiled; "
+                             f"{op} on one device")
         if model.looks_ahead(op) or any(m.padding_mode == "reflect" for root in modules for m in root.modules()
                                         if isinstance(m, (CausalConv3d, FrameConv2d))):
             raise ValueError(f"row bands cannot run this {model.family} {op} yet (its convs look ahead in time or pad "

@@ -91,6 +91,12 @@ class VideoVAE(nn.Module):
         over the whole clip first with `ctx.prefill` set. None for a causal network."""
         return []
 
+    def sees_whole_clip(self, op: str) -> bool:
+        """Whether `op`'s stages must see the whole clip in one call, untiled (an attention whose windows
+        span the clip's grid, noise drawn for the whole clip): the plan then runs every latent frame as one
+        chunk, without tiles (`planning.whole_clip`)."""
+        return False
+
     def attention_cache_elements(self, op: str, batch: int, latent_frames: int, latent_hw: tuple[int, int]) -> int:
         """Elements of the keys and values a frame-causal attention of `op` keeps for a whole clip of
         `latent_frames` latent frames (`kv_cache.py`; `memory.estimate` counts them); 0 without one."""

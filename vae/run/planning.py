@@ -260,8 +260,8 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
 
     Planning only decides: it leaves the model as it found it (the engine puts the weights in the
     plan's activation layout before the run, `kernels.activation_layout.weights_in`)."""
-    settings = settings or Settings()
     clip = clip_of(model, op, input_shape)
+    settings = whole_clip(model, clip, settings or Settings())
     error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)
     if error is not None:
         raise ValueError(error)
@@ -297,7 +297,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         except KeyError:  # no calibration for this family/op/mode/device: no predicted peak
             return make(given)
     plans = []
-    for candidate in _candidates(model, clip, settings, target, device):
+    for candidate in [given] if model.sees_whole_clip(op) else _candidates(model, clip, settings, target, device):
         try:
             plans.append(estimated(candidate))
         except KeyError as missing:  # this mode is not calibrated: the planner cannot say it fits
@@ -314,6 +314,25 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     # get slower for the last few percent).
     lowest = min(candidate.peak_bytes for candidate in plans)
     return next(candidate for candidate in plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
+
+
+def whole_clip(model, clip: Clip, settings: Settings) -> Settings:
+    """`settings` for a model whose `op` sees the whole clip in one call (`VideoVAE.sees_whole_clip`): one
+    chunk of every latent frame, untiled, not streamed; what the caller asked otherwise is said and set aside
+    (chunks or tiles of it would not give the whole clip's frames)."""
+    if not model.sees_whole_clip(clip.op):
+        return settings
+    asked = [f"{name}={value!r}" for name, value, kept in (
+        ("temporal_chunk", settings.temporal_chunk, settings.temporal_chunk in (None, clip.latent_frames)),
+        ("tile_size", settings.tile_size, not settings.tile_size or min(settings.tile_size) >= max(clip.height, clip.width)),
+        ("stream_frames", settings.stream_frames, not settings.stream_frames)) if not kept]
+    if asked:
+        _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} sees the whole clip at once (its attention windows "
+                   f"and noise span the clip; chunks or tiles would change its frames), so {', '.join(asked)} "
+                   f"{'is' if len(asked) == 1 else 'are'} set aside: it runs untiled on all {clip.latent_frames} latent frames. To need less memory, {clip.op} "
+                   "fewer frames or a smaller size")
+    return dataclasses.replace(settings, temporal_chunk=clip.latent_frames, tile_size=None, tiling="exact",
+                               stream_frames=False)
 
 
 Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames streamed)

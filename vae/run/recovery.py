@@ -58,6 +58,11 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     current = tuple(min(side, full) for side, full in zip(plan.tile_size or frame, frame))
     chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
     streamed = plan.frames_streamed
+    if model.sees_whole_clip(plan.op):
+        raise OutOfMemory(f"out of memory on {model.device}: this {plan.op} sees the whole clip at once (it cannot run "
+                          f"in chunks or tiles), and it did not fit. Free memory (close other programs or unload "
+                          f"models), {plan.op} fewer frames or a smaller size, or run on a device with more memory. "
+                          f"Last error: {reason.splitlines()[0]}")
     if fallback is not None:
         offload, fallback = fallback, None
     elif max(current) > floor:

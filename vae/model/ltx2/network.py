@@ -171,10 +171,6 @@ class LTX2VAE(VideoVAE):
 
     @classmethod
     def refusal(cls, sd):
-        if "decoder.conv_in_x_t.weight" in sd:
-            return ("this is the diffusion decoder VAE of LTX-2.4/2.5 (decoder.conv_in_x_t: neighbourhood attention and a "
-                    "one-step diffusion pass, not a conv decoder), which StreamVAE does not run: load it with core "
-                    "ComfyUI's Load VAE node (its CausalDiffusionVAE)")
         if any(k.startswith(("audio_vae.", "vocoder.")) for k in sd):
             return ("this is LTX-2's audio VAE (audio_vae./vocoder. keys); StreamVAE runs the video VAE only: load it with "
                     "core ComfyUI's Load LTXV Audio VAE node (LTXVAudioVAELoader), and this file's video VAE, if it has "

@@ -1,0 +1,37 @@
+"""LTX-2.5's diffusion-decoder VAE declared (`vae.model.family_spec`): its decoder sees the whole clip at once
+(neighbourhood-attention windows over the clip's grid, noise drawn for the clip), so a decode runs as one
+chunk, untiled; the encoder is LTX-2's, chunked and tiled as LTX-2's. Its noise seed is the config's
+`noise_seed` (`vae.load(config={"noise_seed": n})`; 0, the default, gives core's frames)."""
+from ..family_spec import Bench, Calibration, Capability, FamilySpec, TinyModel
+from ..ltx2.blocks import LTX2Config, LTXBlock
+from .blocks import LTX25Config, swiglu_hidden
+from .network import LTX25VAE
+
+# The tiny test model: the released windows (11x11x11 in stage 5) and strides, the released latent channels
+# (core's LTX VAEs hold 128-channel statistics), small widths; LTX-2's encoder block kinds at width 8.
+TINY_ENCODER = LTX2Config(
+    encoder_blocks=(LTXBlock("res_x"), LTXBlock("compress_space_res", multiplier=2), LTXBlock("compress_time_res", multiplier=2),
+                    LTXBlock("res_x"), LTXBlock("compress_all_res", multiplier=2), LTXBlock("compress_all_res", multiplier=1),
+                    LTXBlock("res_x")),
+    encoder_channels=8, latent_log_var="constant", encoder_padding="zeros")
+TINY_WIDTHS = (128, 64, 32, 32, 16)
+TINY = LTX25Config(encoder=TINY_ENCODER, head_dim=16, stage_channels=TINY_WIDTHS, stage_depths=(1, 1, 1, 1, 2),
+                   mlp_hidden=tuple(swiglu_hidden(c) for c in TINY_WIDTHS))
+
+SPEC = FamilySpec(
+    vae_class=LTX25VAE,
+    config_class=LTX25Config,
+    display_name="LTX-2.5 diffusion decoder",
+    download="the LTX-2.5 checkpoint itself, or its split diffusion-decoder VAE",
+    also=("LTX-2.4",),
+    latent_channels=128,
+    spatial_factor=32,
+    temporal_factor=8,
+    fps=24.0,
+    fps_node="LTXVConditioning",
+    tiny=TinyModel(config=TINY),
+    capabilities=frozenset({Capability.WHOLE_CLIP}),
+    # CPU calibration: one latent frame (a decode is one chunk of the whole clip, and the memory model counts
+    # temporal_factor pixel frames per latent frame: a longer clip is predicted above its measured peak).
+    bench=Bench(calibration=Calibration(frames=1, points={"untiled": [(96, None), (160, None)]}, decoder_only=True)),
+)
