@@ -3,6 +3,7 @@ whole network with core's):
 
 - an NA block (stages 1-4) and a diffusion block (stage 5) computing a tile from the tile plus its halo
   give the whole grid's tokens there (RoPE positions and window shifts are the whole grid's);
+- `vae.load` detects the split file and the VAE under `vae.` in a full checkpoint (their metadata config read);
 - the config read from a checkpoint: every size from the weights, core's defaults for what a file
   without metadata does not say, a metadata size that contradicts the weights refused;
 - the frames of each stage's grid: 8(T - 1) + 1 pixel frames from T latent frames;
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import vae
-from ltx25_fixtures import VARIANTS, model
+from ltx25_fixtures import VARIANTS, model, save_full_checkpoint, save_split
 from vae.kernels.neighborhood import key_box
 from vae.model.ltx25 import LTX25Config, LTX25VAE
 from vae.model.ltx25.blocks import GridPart, LTX25DiffusionBlock, LTX25NABlock
@@ -73,6 +74,14 @@ def test_a_tile_with_its_halo_gives_the_whole_grids_tokens(whole_grid, origin, s
 
 def _state_dict(variant: str) -> dict:
     return {k: v for k, v in model(variant).state_dict().items()}
+
+
+@pytest.mark.parametrize("write", [save_split, save_full_checkpoint])
+def test_the_split_file_and_the_full_checkpoint_load(tmp_path, write):
+    ours = model("other_windows")
+    loaded = vae.load(write(ours, tmp_path / "file.safetensors"))
+    assert type(loaded) is LTX25VAE and loaded.config == VARIANTS["other_windows"]
+    assert all(torch.equal(value, loaded.state_dict()[key]) for key, value in ours.state_dict().items())
 
 
 def test_every_size_comes_from_the_weights():

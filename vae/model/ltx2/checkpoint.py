@@ -163,13 +163,19 @@ def _from_upstream_blocks(entries) -> list[dict]:
     return blocks
 
 
-def from_metadata(metadata: dict) -> dict:
-    """Config overrides (LTX2Config field names) from a checkpoint's `config` metadata (`vae` part)."""
+def metadata_vae(metadata: dict) -> dict:
+    """The VAE's part of a checkpoint's `config` metadata (upstream's config of it), {} where it has none."""
     try:
         vae = json.loads(metadata.get("config", "{}")).get("vae")
     except (json.JSONDecodeError, AttributeError):
         return {}
-    if not isinstance(vae, dict):
+    return vae if isinstance(vae, dict) else {}
+
+
+def from_metadata(metadata: dict) -> dict:
+    """Config overrides (LTX2Config field names) from a checkpoint's `config` metadata (`vae` part)."""
+    vae = metadata_vae(metadata)
+    if not vae:
         return {}
     out = {}
     if vae.get("norm_layer", "pixel_norm") != "pixel_norm" or vae.get("dims", 3) != 3:

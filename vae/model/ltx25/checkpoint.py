@@ -10,12 +10,11 @@ cannot: the windows, how each stride volume splits over t, h, w (without it: 8 -
 default (`LTX25Config`). A metadata size that disagrees with the weights, or weights that fit no rule,
 are refused with a `LayoutError` naming them.
 """
-import json
 import re
 from dataclasses import replace
 
 from ..ltx2.blocks import LOG_VARIANCES, PADDINGS
-from ..ltx2.checkpoint import UNUSED, _blocks as ltx2_blocks
+from ..ltx2.checkpoint import UNUSED, metadata_vae, _blocks as ltx2_blocks
 from ..ltx2.checkpoint import upstream_config as ltx2_upstream_config
 from ..video_vae import LayoutError
 from .blocks import OUTPUT_TYPES, LTX25Config, swiglu_hidden
@@ -108,12 +107,7 @@ def _encoder(sd: dict) -> dict:
 def from_metadata(metadata: dict) -> dict:
     """Config overrides (LTX25Config field names; `encoder_padding` and `latent_log_var` for the encoder)
     from a checkpoint's `config` metadata, as core reads it."""
-    try:
-        vae = json.loads(metadata.get("config", "{}")).get("vae")
-    except (json.JSONDecodeError, AttributeError):
-        return {}
-    if not isinstance(vae, dict):
-        return {}
+    vae = metadata_vae(metadata)
     dec, enc = vae.get("decoder") or {}, vae.get("encoder") or {}
     out = {name: dec[key] for name, key in (
         ("latent_channels", "in_channels"), ("out_channels", "out_channels"), ("patch_size", "patch_size"),
