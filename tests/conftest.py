@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfy_support import environment, old_torch  # noqa: E402  (needs the path entry above)
 
+import heavy  # noqa: E402  (tests/heavy.py, by the same path entry)
+
 # Under pytest-xdist (`-n 2`, as CI runs on its 2 cores) every worker, and every server it starts, computes
 # on one thread: two workers of two threads each on two cores wait on each other's spinning threads.
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -44,9 +46,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+SCRATCH_PREFIX = "streamvae-kernels-"
 # Kernel choices measured by the tests (and the servers they start) go to a scratch folder, never the
-# user's cache (kernels/kernel_choice.py).
-os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="streamvae-kernels-")
+# user's cache (kernels/kernel_choice.py); a pytest that a test starts keeps its parent's scratch folder.
+if not Path(os.environ.get("STREAMVAE_KERNEL_CACHE", "/")).name.startswith(SCRATCH_PREFIX):
+    os.environ["STREAMVAE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
 
 if old_torch.active():  # before any test module imports the pack (see comfy_support/old_torch.py)
     old_torch.hide_newer_torch()
@@ -78,13 +82,29 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("comfy_tree", trees, ids=trees, indirect=True, scope="session")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-heavy", action="store_true",
+                     help="write the heavy tests that pass into bench/results/heavy_tests.jsonl (tests/heavy.py)")
+    parser.addoption("--run-heavy", action="store_true",
+                     help="run the heavy tests even where that record holds them passed on this code")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups into the test ids
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Mark tests by the fixtures they use (so `-m "not browser"` works even where a mark was forgotten),
     and group them for pytest-xdist (`-n 2 --dist loadgroup`, as CI runs): every test of one ComfyUI
     tree on one worker, so each tree's server starts once, and every other test with the rest of its
-    module, so a module's fixtures are made once."""
+    module, so a module's fixtures are made once. A heavy test carries its code's hash to its reports and
+    is skipped where the record holds it passed on that code (tests/heavy.py)."""
+    record = heavy.read()
     for item in items:
+        marker = item.get_closest_marker("heavy")
+        if marker is not None:
+            code = heavy.code(item.nodeid.split("::", 1)[0], tuple(marker.args))
+            item.user_properties.append(("heavy_code", code))
+            entry = heavy.passed_on_this_code(item.nodeid, code, record)
+            if entry is not None and not config.getoption("run_heavy"):
+                item.add_marker(pytest.mark.skip(reason=heavy.skip_reason(entry)))
         used = set(getattr(item, "fixturenames", ()))
         if used & (SERVER_FIXTURES | BROWSER_FIXTURES):
             item.add_marker(pytest.mark.comfy)
@@ -174,3 +194,18 @@ def comfy_browser(comfy_server):
         pytest.fail(failure, pytrace=False)
     yield page
     page.close()
+
+
+
+def pytest_configure(config):
+    if config.getoption("record_heavy") and not hasattr(config, "workerinput"):  # not in a pytest-xdist worker
+        config.pluginmanager.register(heavy.Recorder(), "heavy-recorder")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many heavy tests this run left to the record (tests/heavy.py)."""
+    left = [r for r in terminalreporter.stats.get("skipped", []) if r.when == "setup"
+            and isinstance(r.longrepr, tuple) and r.longrepr[2].startswith("Skipped: heavy: passed on this code")]
+    if left:
+        terminalreporter.write_line(f"heavy: {len(left)} skipped, passed on this code "
+                                    f"({heavy.RECORD.name}; --run-heavy runs them)")

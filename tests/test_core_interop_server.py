@@ -107,6 +107,7 @@ def assert_frames_equal(got, expected):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_core_and_streamvae_take_each_others_latents(family, comfy_server, comfy_client, object_info,
                                                       full_size_vaes, uploaded_frames):
     entry = comfy_client.run(interop_prompt(object_info, full_size_name(family), uploaded_frames), timeout=600)

@@ -105,6 +105,7 @@ def _decode_peak_beyond_output(family, latent, size, chunk=1):
 
 
 @pytest.mark.measurement  # three fresh-process decodes per family, peak RSS: CI's second lane
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_memory_does_not_grow_with_clip_length(model):
     """Peak memory beyond the (preallocated) output, one latent frame per chunk, grows from 3 to 17
     latent frames by less than a quarter of what decoding the 17 in one chunk adds. (A process's peak

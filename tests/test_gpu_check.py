@@ -10,6 +10,7 @@ from bench.core_vae import TREES
 from tests.reference import REPO
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_gpu_check_dry_run_writes_complete_rows(tmp_path):
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "encode", "profile",
            "--families", "wan21", "--variants", "reference", "bf16", "bf16-tiles", "--repeats", "1",
@@ -36,6 +37,7 @@ def test_gpu_check_dry_run_writes_complete_rows(tmp_path):
     assert "| kind | GPU s | share |" in (next(tmp_path.glob("*-profile.txt"))).read_text()
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_core_033_rows_decode_like_the_fp32_reference(tmp_path):
     """gpu_check's row for ComfyUI 0.33.0's own VAEs (Wan through its WanVAE, SeedVR2 through its native
     VAE, LTX-2 through its LTX VideoVAE, with comfy-kitchen and comfy-aimdo imported), dry-run on the CPU
@@ -71,6 +73,7 @@ def test_profile_kinds_name_cudnn_layout_conversions_and_both_norm_kernels():
         assert kind_of(name) == "norm", name
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_hv15_rows_and_the_core_attention_row_decode_like_core(tmp_path):
     """gpu_check's HunyuanVideo 1.5 workload, dry-run on the CPU (its tiny random-weight model): complete
     rows, the row with the attention unmasked (`core_attention`) decodes what ComfyUI 0.33.0's own

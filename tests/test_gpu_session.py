@@ -22,6 +22,7 @@ def session(tmp_path, *args):
     return result.stdout
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_a_recorded_part_is_skipped_by_the_next_window(tmp_path):
     tree = TREES["0.33.0"]
     if not (tree.path / "comfy").is_dir() or not tree.sites():
@@ -94,6 +95,7 @@ def test_the_fingerprint_follows_sources_not_results(tmp_path):
     assert gpu_session.code_fingerprint(tmp_path) != before
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_the_carry_holds_every_core_vae_the_rows_import(tmp_path):
     """A GPU machine has no network: prepare_gpu_carry.sh's copies of the core trees must import every core VAE
     bench.core_vae compares with (LTX-2's and HV1.5's rows failed on a GPU once for a folder left behind)."""

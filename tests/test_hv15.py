@@ -95,6 +95,7 @@ def test_decode_matches_diffusers(reference, models, layout):
     torch.testing.assert_close(got, expected, rtol=0, atol=bound(expected, 1e-4))
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_released_widths_match_diffusers():
     """The released widths (128..1024 channels; one residual block per stage instead of two: 1.0 instead
     of 1.26 billion weights, so the test takes seconds), shared by both models without a copy: both key

@@ -80,6 +80,7 @@ ALL_PASS = COMMON + """
 """
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_every_kernel_passes_in_both_layouts_and_dtypes_and_is_checked_once():
     result = json.loads(interpreted(ALL_PASS))
     for dtype in ("torch.float32", "torch.bfloat16"):
@@ -158,6 +159,7 @@ INJECTED = COMMON + """
 """
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_injected_failures_fall_back_for_that_kernel_only_with_one_warning():
     result = json.loads(interpreted(INJECTED))
 
@@ -259,6 +261,7 @@ MODEL_RUN = COMMON + """
 """
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_a_model_runs_the_kernels_that_passed_and_torch_for_the_one_that_failed():
     result = json.loads(interpreted(MODEL_RUN))
     worst, ran, warned = result["ncdhw"]

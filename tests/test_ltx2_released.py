@@ -19,6 +19,7 @@ from vae.model.ltx2 import LTX2Config, LTX2VAE
 from ltx2_fixtures import close, metadata, run_core
 
 diffusers = pytest.importorskip("diffusers")
+pytestmark = pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 
 
 POOL = 16_777_259  # drawn values the weights are cut from (a length no layer's rows divide)

@@ -88,6 +88,7 @@ def run_within_a_quarter(spec: dict, untiled_chunk: int | None) -> tuple[dict, i
 
 @pytest.mark.measurement  # a full-size decode in a fresh process (the slowest test): CI's second lane
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The planner, given the weights plus under a quarter of what the untiled decode's activations take
     (predicted), picks a plan that keeps the measured peak RSS within that budget, the memory model's
@@ -101,6 +102,7 @@ def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_pat
 
 @pytest.mark.measurement
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The same for LTX-2's released decoder (its convs look ahead) on 9 frames (two latent frames) of
     256 x 384 against the whole clip untiled (about 80 s: budget 7.63 GiB, measured 6.57 GiB)."""
@@ -110,6 +112,7 @@ def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, 
 
 @pytest.mark.measurement
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_hv15_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The same for HunyuanVideo 1.5's released decoder (its mid-block attends over every earlier frame:
     keys and values kept for the clip) on 9 frames of 176 x 176 against one latent frame per chunk

@@ -21,6 +21,7 @@ POINTS = [(112, None, "none", "measure"), (192, 96, "none", "defaults"), (192, N
 @pytest.mark.measurement  # each point a decode in a fresh process whose peak RSS is measured: CI's second lane
 @pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
 @pytest.mark.parametrize("size,tile,offload,kernels", POINTS, ids=["untiled-112px", "exact-192px-tile96", "untiled-192px-disk-caches"])
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload, kernels, tmp_path,
                                                                   monkeypatch):
     # Its own kernel record: the prediction counts the Winograd transforms of the kernels on record,

@@ -321,6 +321,7 @@ def test_latent_of_another_family_is_named_clearly(comfy_client, object_info):
 
 
 @pytest.mark.comfy_trees("0.3.75")
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_settings_nodes_feed_the_loader(comfy_client, object_info, uploaded_clip, clip, models):
     """Compile settings + GPU options wired in: on CPU compilation falls back to eager (or compiles),
     the GPU switches are no-ops, and the result is still the library's. One tree: the wiring is the

@@ -85,6 +85,7 @@ MATRIX = """
 """
 
 
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_kernels_equal_the_definitions_across_channels_layouts_dtypes_and_nan():
     result = json.loads(interpreted(MATRIX))
     failed = {name: worst for name, worst in result["worst"].items() if not worst <= 1}
