@@ -26,6 +26,7 @@ from reference import REPO, assert_exact, tiny_checkpoint
 from vae import families
 from vae.kernels import Optimizations
 from vae.model.family_spec import Capability
+from vae.model.video_vae import ClipExtent
 from vae.run import memory
 from vae.run.geometry import min_tile
 
@@ -88,7 +89,8 @@ def _capabilities(model) -> set:
         found |= {Capability.LOOKAHEAD} if model.looks_ahead(op) else set()
         found |= {Capability.KV_CACHE} if model.attention_cache_elements(op, 1, 1, (1, 1)) else set()
         found |= {Capability.PREFILL} if model.prefill_stages(op) else set()
-        found |= {Capability.WHOLE_CLIP} if model.sees_whole_clip(op) else set()
+        found |= {Capability.WHOLE_CLIP} if model.clip_extent(op) is ClipExtent.WHOLE_CLIP else set()
+        found |= {Capability.CLIP_STATISTICS} if model.clip_extent(op) is ClipExtent.WHOLE_CLIP_TILES else set()
     return found
 
 
@@ -140,16 +142,28 @@ def _clips(model) -> tuple[torch.Tensor, torch.Tensor]:
     return video * 2 - 1, torch.randn(1, model.latent_channels, t, h, w, generator=g)
 
 
+def _partition(model, op: str, x, settings) -> tuple:
+    """How the plan for `settings` cuts the clip: (temporal chunk, tile, frames streamed)."""
+    planned = vae.plan(model, op, x.shape, settings, opts=OPTS)
+    return planned.temporal_chunk, planned.tile_size, planned.frames_streamed
+
+
 @pytest.mark.parametrize("op", ["decode", "encode"])
 def test_chunks_tiles_and_streamed_frames_equal_the_whole_clip(family, op):
+    """Each partition the settings below ask for, as far as the op's `clip_extent` allows them (one its plan set
+    aside into a partition already run is not run again), equals the whole clip."""
     spec, _, model = family
     x = _clips(model)[0 if op == "encode" else 1]
     run = vae.decode if op == "decode" else vae.encode
-    whole = run(model, x, vae.Settings(temporal_chunk=LATENT[0]), opts=OPTS)
+    whole_clip = vae.Settings(temporal_chunk=LATENT[0])
+    whole, ran = run(model, x, whole_clip, opts=OPTS), {_partition(model, op, x, whole_clip)}
     tile = min_tile(model.spatial_factor)
     for settings in (vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2, tile_size=tile),
                      vae.Settings(temporal_chunk=1, stream_frames=True, tile_size=tile, cache_offload="disk")):
-        assert_exact(run(model, x, settings, opts=OPTS), whole, msg=lambda m, s=settings: f"{s}: {m}")
+        if _partition(model, op, x, settings) not in ran:
+            ran.add(_partition(model, op, x, settings))
+            assert_exact(run(model, x, settings, opts=OPTS), whole, msg=lambda m, s=settings: f"{s}: {m}")
+    assert len(ran) > 1 or not model.clip_extent(op).tiled  # at least the whole clip in tiles
 
 
 def test_every_family_is_compared_with_a_reference():

@@ -126,7 +126,7 @@ def test_stage_frames():
 
 
 def test_a_decode_is_planned_as_one_untiled_chunk_and_says_so(caplog):
-    """The decoder sees the whole clip (`sees_whole_clip`): chunks, tiles and streamed frames asked for are set
+    """The decoder sees the whole clip (`clip_extent`: `ClipExtent.WHOLE_CLIP`): chunks, tiles and streamed frames asked for are set
     aside with a warning naming them (the encoder is chunked and tiled as asked); an out-of-memory error
     cannot shrink such a plan and says what to do."""
     m = model("released_windows")

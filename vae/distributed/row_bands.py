@@ -115,12 +115,15 @@ class RowBands:
         """The run's plan: untiled bands, the settings' temporal chunk (default: the whole clip) and
         cache offload; with a memory budget, the chunk and offload the memory model fits for an untiled
         frame of the tallest band, the ranks then running the smallest chunk any of them can afford.
-        Its peak is one rank's. Convs that look ahead in time or pad by reflection (LTX-2's decoder) are
-        refused: a band's conv knows no clip end, and a reflection may read past its halo."""
+        Its peak is one rank's; an op that sees the whole clip (`VideoVAE.clip_extent`) keeps it in one
+        chunk, and is refused where it takes no spatial parts. Convs that look ahead in time or pad by
+        reflection (LTX-2's decoder) are refused: a band's conv knows no clip end, and a reflection may read
+        past its halo."""
         modules = model.decode_modules() if op == "decode" else model.encode_modules()
-        if model.sees_whole_clip(op):
-            raise ValueError(f"row bands cannot run this {model.family} {op}: it sees the whole clip at once, untiled; "
-                             f"{op} on one device")
+        extent = model.clip_extent(op)
+        if not extent.tiled:
+            raise ValueError(f"row bands cannot run this {model.family} {op}: it sees the whole clip at once "
+                             f"({extent.value}); {op} on one device")
         if model.looks_ahead(op) or any(m.padding_mode == "reflect" for root in modules for m in root.modules()
                                         if isinstance(m, (CausalConv3d, FrameConv2d))):
             raise ValueError(f"row bands cannot run this {model.family} {op} yet (its convs look ahead in time or pad "
@@ -137,7 +140,7 @@ class RowBands:
                 log.warning("StreamVAE %s: a band of %d rows does not fit the memory budget of %.2f GiB untiled, even "
                             "one latent frame at a time (tiles inside a band are not implemented); trying it anyway: "
                             "use more ranks or a smaller frame", op, tallest, fitted.budget_bytes / 2**30)
-                chunk = 1
+                chunk = 1 if extent.chunked else clip.latent_frames
             chunk = self._smallest(chunk, model.device)  # every rank must run the same chunks
         return dataclasses.replace(fitted, input_shape=tuple(input_shape), clip=clip, temporal_chunk=chunk,
                                    tile_size=None, frames_streamed=False, grid=(1, 1, clip.chunks(chunk)))

@@ -22,7 +22,10 @@ class Capability(enum.Enum):
     LOOKAHEAD = "lookahead"  # convs read frames ahead: its last frames come with the clip's last chunk (`looks_ahead`)
     KV_CACHE = "kv_cache"  # a frame-causal attention keeps the clip's keys and values (`attention_cache_elements`)
     PREFILL = "prefill"  # stages that see every frame before the clip runs, under a load choice (`prefill_stages`)
-    WHOLE_CLIP = "whole_clip"  # stages that see the whole clip in one call, untiled: one chunk (`sees_whole_clip`)
+    # stages that see the whole clip in one call: one chunk, untiled (`clip_extent` is `ClipExtent.WHOLE_CLIP`)
+    WHOLE_CLIP = "whole_clip"
+    # norm statistics over the whole clip: one chunk, exact tiles allowed (`clip_extent` is `WHOLE_CLIP_TILES`)
+    CLIP_STATISTICS = "clip_statistics"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ time (`strategies.FrameStream`).
 
 Latents are raw, i.e. unscaled; ComfyUI's LATENTs are `to_comfy_latent(z)` (for SeedVR2 `to_model_space(z)`).
 """
+import enum
 from typing import Callable
 
 import torch
@@ -31,6 +32,28 @@ def run_stages(stages: list[Stage], x: torch.Tensor, ctx) -> torch.Tensor:
     for stage in stages:
         x = stage(x, ctx)
     return x
+
+
+class ClipExtent(enum.Enum):
+    """How much of the clip one call of an op's stages must see (`VideoVAE.clip_extent`), which the planner,
+    the out-of-memory retries and row bands read: `CHUNKS`, consecutive temporal chunks, whole frames or exact
+    tiles (a causal network); `WHOLE_CLIP_TILES`, the whole clip in one chunk, exact tiles allowed (a norm whose
+    statistics span every frame: tiles merge their parts' moments); `WHOLE_CLIP`, the whole clip in one chunk,
+    untiled (a layer that spans every frame and pixel of the clip: windows over its grid, noise drawn for it)."""
+
+    CHUNKS = "chunks"
+    WHOLE_CLIP_TILES = "whole clip, exact tiles"
+    WHOLE_CLIP = "whole clip, untiled"
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the clip may run in temporal chunks (and a chunk's stages one frame at a time)."""
+        return self is ClipExtent.CHUNKS
+
+    @property
+    def tiled(self) -> bool:
+        """Whether a chunk may run in exact tiles (or in row bands: spatial parts whose norms merge moments)."""
+        return self is not ClipExtent.WHOLE_CLIP
 
 
 class LayoutError(ValueError):
@@ -91,11 +114,10 @@ class VideoVAE(nn.Module):
         over the whole clip first with `ctx.prefill` set. None for a causal network."""
         return []
 
-    def sees_whole_clip(self, op: str) -> bool:
-        """Whether `op`'s stages must see the whole clip in one call, untiled (an attention whose windows
-        span the clip's grid, noise drawn for the whole clip): the plan then runs every latent frame as one
-        chunk, without tiles (`planning.whole_clip`)."""
-        return False
+    def clip_extent(self, op: str) -> ClipExtent:
+        """How much of the clip one call of `op`'s stages must see (`ClipExtent`); the plan gives a whole-clip
+        extent one chunk of every latent frame (`planning.clip_settings`). Chunks for a causal network."""
+        return ClipExtent.CHUNKS
 
     def attention_cache_elements(self, op: str, batch: int, latent_frames: int, latent_hw: tuple[int, int]) -> int:
         """Elements of the keys and values a frame-causal attention of `op` keeps for a whole clip of

@@ -261,7 +261,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     Planning only decides: it leaves the model as it found it (the engine puts the weights in the
     plan's activation layout before the run, `kernels.activation_layout.weights_in`)."""
     clip = clip_of(model, op, input_shape)
-    settings = whole_clip(model, clip, settings or Settings())
+    settings = clip_settings(model, clip, settings or Settings())
     error = geometry.tiling_error(settings.tile_size, settings.tile_overlap, settings.tiling, model.spatial_factor)
     if error is not None:
         raise ValueError(error)
@@ -297,7 +297,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         except KeyError:  # no calibration for this family/op/mode/device: no predicted peak
             return make(given)
     plans = []
-    for candidate in [given] if model.sees_whole_clip(op) else _candidates(model, clip, settings, target, device):
+    for candidate in _candidates(model, clip, settings, target, device):
         try:
             plans.append(estimated(candidate))
         except KeyError as missing:  # this mode is not calibrated: the planner cannot say it fits
@@ -316,23 +316,26 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     return next(candidate for candidate in plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
 
 
-def whole_clip(model, clip: Clip, settings: Settings) -> Settings:
-    """`settings` for a model whose `op` sees the whole clip in one call (`VideoVAE.sees_whole_clip`): one
-    chunk of every latent frame, untiled, not streamed; what the caller asked otherwise is said and set aside
-    (chunks or tiles of it would not give the whole clip's frames)."""
-    if not model.sees_whole_clip(clip.op):
+def clip_settings(model, clip: Clip, settings: Settings) -> Settings:
+    """`settings` for how much of the clip `model`'s op must see at once (`VideoVAE.clip_extent`): for a whole-clip
+    extent one chunk of every latent frame, not streamed, and untiled where it takes no tiles; what the caller
+    asked otherwise is said and set aside (it would not give the whole clip's frames)."""
+    extent = model.clip_extent(clip.op)
+    if extent.chunked:
         return settings
     asked = [f"{name}={value!r}" for name, value, kept in (
         ("temporal_chunk", settings.temporal_chunk, settings.temporal_chunk in (None, clip.latent_frames)),
-        ("tile_size", settings.tile_size, not settings.tile_size or min(settings.tile_size) >= max(clip.height, clip.width)),
+        ("tile_size", settings.tile_size, extent.tiled or not settings.tile_size
+         or min(settings.tile_size) >= max(clip.height, clip.width)),
         ("stream_frames", settings.stream_frames, not settings.stream_frames)) if not kept]
     if asked:
-        _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} sees the whole clip at once (its attention windows "
-                   f"and noise span the clip; chunks or tiles would change its frames), so {', '.join(asked)} "
-                   f"{'is' if len(asked) == 1 else 'are'} set aside: it runs untiled on all {clip.latent_frames} latent frames. To need less memory, {clip.op} "
-                   "fewer frames or a smaller size")
-    return dataclasses.replace(settings, temporal_chunk=clip.latent_frames, tile_size=None, tiling="exact",
-                               stream_frames=False)
+        parts, verb = "chunks" if extent.tiled else "chunks or tiles", "is" if len(asked) == 1 else "are"
+        bound = "exact tiles (tile_size) or a memory budget" if extent.tiled else f"{clip.op} fewer frames or a smaller size"
+        _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} sees the whole clip at once ({extent.value}; "
+                   f"{parts} would change its frames), so {', '.join(asked)} {verb} set aside: it runs on all "
+                   f"{clip.latent_frames} latent frames in one chunk. To need less memory: {bound}")
+    untiled = {} if extent.tiled else {"tile_size": None, "tiling": "exact"}
+    return dataclasses.replace(settings, temporal_chunk=clip.latent_frames, stream_frames=False, **untiled)
 
 
 Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames streamed)
@@ -347,10 +350,12 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     and with every tile down to the family's smallest: below STREAM_BELOW_TILE px tiles cost more
     time than streaming frames does (a caller's tile below that size is tried as it is first: it is a
     limit, not a wish to stream). The smaller tiles without streaming come last (where streaming has no
-    calibration, or is not allowed)."""
+    calibration, or is not allowed). Only what the op's `clip_extent` allows: a whole-clip extent one chunk, never
+    streamed, untiled where it takes no tiles."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
+    extent = model.clip_extent(clip.op)
     max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
-    chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk]}, reverse=True)
+    chunks = sorted({max_chunk, *[c for c in (32, 16, 8, 4, 2, 1) if c < max_chunk and extent.chunked]}, reverse=True)
     offloads = [settings.cache_offload] if settings.cache_offload != "auto" else ["none"]
     if settings.cache_offload == "auto" and memory.cache_calibrated(model, clip.op, torch.device(device).type):
         offloads.append(target)
@@ -359,7 +364,7 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     if settings.tiling == "fast":  # a fast tile must exceed twice the overlap to make progress
         smallest = max(smallest, 2 * max(settings.tile_overlap) + model.spatial_factor)
     tiles = [(min(t, limit[0]), min(t, limit[1])) for t in TILE_CANDIDATES if smallest <= t < max(height, width)]
-    tiles = sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]
+    tiles = (sorted(set(tiles), key=lambda hw: hw[0] * hw[1], reverse=True) or [limit]) if extent.tiled else []
     whole = [None] if settings.tile_size is None or (limit[0] >= height and limit[1] >= width) else []
     # The caller's tile is an upper limit, never a reason to leave memory: below STREAM_BELOW_TILE px it
     # is still tried whole-chunk, with the caches on the device, before anything streams.
@@ -373,7 +378,7 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
                         yield chunk, tile, offload, False
 
     yield from whole_chunks(whole + large)
-    if settings.stream_frames is not False and settings.tiling == "exact":
+    if settings.stream_frames is not False and settings.tiling == "exact" and extent.chunked:
         for tile in whole + tiles:
             yield 1, tile, offloads[-1], True
     yield from whole_chunks([tile for tile in tiles if tile not in large])

@@ -3,7 +3,7 @@ the one place that knows which failure restarts what (`restart_point`), at one o
 
 - out of memory in a step (`backend.is_oom`), where the partition allows it: the next smaller plan
   (`smaller_plan`: caches offloaded, then exact tiles of half the size, then half the temporal chunk,
-  then frames streamed) -> `Restart.CHUNK`: the failed chunk again; the chunks written stay, and the
+  then frames streamed, as far as the op's `clip_extent` allows) -> `Restart.CHUNK`: the failed chunk again; the chunks written stay, and the
   causal caches are rebuilt by running their frames again without writing them (`engine._run_chunks`);
 - fp16 overflow (`HalfOverflow`: non-finite output from a finite input, the "black frames"
   complaint): the op's precision becomes bf16 where the device computes it natively, else float32,
@@ -51,31 +51,29 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     """The plan to retry a chunk that ran out of memory with: the causal caches offloaded (where the
     user left that open: `Plan.offload_fallback`), else exact tiles of half the size down to the
     smallest valid tile (`geometry.min_tile`), else half the temporal chunk, else the chunk's stages
-    one frame at a time (`Plan.frames_streamed`). Raises OutOfMemory at the floor, listing what was tried.
-    `reason`: the out-of-memory message."""
+    one frame at a time (`Plan.frames_streamed`): each step only where the op's `VideoVAE.clip_extent`
+    allows it (a whole clip is one chunk, untiled where it takes no tiles). Raises OutOfMemory at the
+    floor, listing what was tried. `reason`: the out-of-memory message."""
     frame = (plan.clip.height, plan.clip.width)
     floor = geometry.min_tile(model.spatial_factor)
     current = tuple(min(side, full) for side, full in zip(plan.tile_size or frame, frame))
     chunk, tile, offload, fallback = plan.temporal_chunk, plan.tile_size, plan.cache_offload, plan.offload_fallback
     streamed = plan.frames_streamed
-    if model.sees_whole_clip(plan.op):
-        raise OutOfMemory(f"out of memory on {model.device}: this {plan.op} sees the whole clip at once (it cannot run "
-                          f"in chunks or tiles), and it did not fit. Free memory (close other programs or unload "
-                          f"models), {plan.op} fewer frames or a smaller size, or run on a device with more memory. "
-                          f"Last error: {reason.splitlines()[0]}")
-    if fallback is not None:
+    extent = model.clip_extent(plan.op)
+    if fallback is not None and extent.chunked:  # one chunk keeps no cache for a next one
         offload, fallback = fallback, None
-    elif max(current) > floor:
+    elif extent.tiled and max(current) > floor:
         tile = tuple(max(floor, -(-side // 2)) for side in current)
-    elif chunk > 1:
+    elif extent.chunked and chunk > 1:
         chunk //= 2
-    elif not streamed:
+    elif extent.chunked and not streamed:
         streamed = True
     else:
         tried = " -> ".join((*plan.tried, plan.settings()))
+        whole = "" if extent.chunked else f" (this {plan.op} sees the whole clip at once: {extent.value})"
         raise OutOfMemory(
-            f"out of memory on {model.device} even at the smallest setting; tried: {tried}. Free memory (close "
-            f"other programs or unload models), decode fewer frames or a smaller size, or run on another device. "
+            f"out of memory on {model.device} even at the smallest setting{whole}; tried: {tried}. Free memory (close "
+            f"other programs or unload models), {plan.op} fewer frames or a smaller size, or run on another device. "
             f"Last error: {reason.splitlines()[0]}")
     smaller = dataclasses.replace(
         plan, temporal_chunk=chunk, tile_size=tile, tiling="exact", cache_offload=offload, offload_fallback=fallback,

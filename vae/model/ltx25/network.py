@@ -19,7 +19,7 @@ diffusion VAE", checkpoint key `decoder.conv_in_x_t.weight`): what the network i
 
 The decoder's windows span the clip's whole grid (they shift inward at its borders, and look ahead in
 time) and its noise is drawn for the whole clip at once, so its one stage runs on the whole clip, untiled
-(`sees_whole_clip`: the plan gives it one chunk of every latent frame). `per_channel_statistics`
+(`clip_extent`: the plan gives it one untiled chunk of every latent frame). `per_channel_statistics`
 normalise the latent for the diffusion model: core's LATENT is (raw - mean) / std, as for LTX-2.
 """
 import torch
@@ -28,7 +28,7 @@ import torch.nn as nn
 from ..execution import RunState
 from ..layers import patchify as patchify_pixels
 from ..ltx2.network import LTX2VAE, LTXEncoder, LTXLatentStatistics
-from ..video_vae import Stage, VideoVAE
+from ..video_vae import ClipExtent, Stage, VideoVAE
 from . import checkpoint
 from .blocks import (
     LTX25AdaLN,
@@ -180,9 +180,9 @@ class LTX25VAE(VideoVAE):
     def decode_stages(self) -> list[Stage]:
         return [self._decode_whole_clip]
 
-    def sees_whole_clip(self, op: str) -> bool:
-        """The decoder does: its windows span the clip's grid and its noise is drawn for the whole clip."""
-        return op == "decode"
+    def clip_extent(self, op: str) -> ClipExtent:
+        """The decoder sees the whole clip, untiled: its windows span the clip's grid, its noise is drawn for it."""
+        return ClipExtent.WHOLE_CLIP if op == "decode" else ClipExtent.CHUNKS
 
     def _decode_whole_clip(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
         """The decoder's one stage: a whole clip's raw latent (the run's one chunk, untiled) -> its pixels."""
