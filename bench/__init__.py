@@ -4,7 +4,7 @@
 - `bench.bench_kernels`: measured kernels vs fixed defaults vs straightforward vs core, interleaved rounds
 - `bench.bench_tiling`, `bench.bench_video_file`, `bench.bench_precision`, `bench.bench_norms`,
   `bench.bench_winograd`, `bench.bench_distributed`: one subject each
-- `bench.calibrate_memory`: fits the memory model (vae/run/memory_calibration.json)
+- `bench.calibrate_memory`: fits the memory model (vae/model/<family>/memory_calibration.json)
 - `bench.gpu_check`, `bench.gpu_profile`, `bench.gpu_session`: the GPU check, profile and the resumable session
 - `bench.soak`: many random prompts through a real ComfyUI server (not part of CI)
 

@@ -1,4 +1,4 @@
-"""Calibrate the memory model (vae/run/memory_calibration.json) by measuring peak memory.
+"""Calibrate the memory model (each family's vae/model/<family>/memory_calibration.json) by measuring peak memory.
 
     python -m bench.calibrate_memory                    # all families, CPU (peak RSS) or CUDA
     python -m bench.calibrate_memory --families seedvr2 --check
@@ -166,11 +166,13 @@ def meta_streamed(family: str) -> dict:
 
 
 def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
-    """Merge one fitted entry into the calibration file as it is now (other runs may write it too)."""
-    table = json.loads(memory.CALIBRATION.read_text()) if memory.CALIBRATION.is_file() else {}
-    table.setdefault(device_type, {}).setdefault(family, {}).setdefault(op, {})[mode] = entry
-    memory.CALIBRATION.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {family} {op} {mode} to {memory.CALIBRATION}", flush=True)
+    """Merge one fitted entry into the family's calibration file (in its folder) as it is now (other runs may
+    write it too)."""
+    path = memory.calibration_path(family)
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    table.setdefault(device_type, {}).setdefault(op, {})[mode] = entry
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {family} {op} {mode} to {path}", flush=True)
 
 
 def main():

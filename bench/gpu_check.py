@@ -252,7 +252,7 @@ def _logged_run(cmd: list[str], timeout: float) -> int:
 
 
 def calibrate(args, out: Path) -> None:
-    """Fit this device type's memory model, check it at other sizes, keep a copy of the file."""
+    """Fit this device type's memory model, check it at other sizes, keep a copy of each family's file."""
     from vae.run import memory
 
     start = time.monotonic()
@@ -261,8 +261,9 @@ def calibrate(args, out: Path) -> None:
     left = args.part_budget - (time.monotonic() - start)
     if left > 30:
         _logged_run(tool + ["--check"], left)
-    if memory.CALIBRATION.is_file():
-        (out / memory.CALIBRATION.name).write_text(memory.CALIBRATION.read_text())
+    for family in args.families:
+        if memory.calibration_path(family).is_file():
+            (out / f"{family}_{memory.CALIBRATION_FILE}").write_text(memory.calibration_path(family).read_text())
 
 
 COLUMNS = [("key", "workload", "s"), ("variant", "variant", "s"), ("median_s", "median s", ".2f"),

@@ -45,7 +45,8 @@ class Part:
     seconds: int  # the estimate (and the stop: a part never runs past the session's time left)
     why: str
     args: tuple[str, ...]  # `python -m` arguments; {out} is the results folder, {budget} the part's seconds
-    keeps: tuple[str, ...] = ()  # files of the checkout the part writes, copied into the results after it
+    # files of the checkout the part writes, copied into the results after it (named <folder>_<file>)
+    keeps: tuple[str, ...] = ()
     first: bool = False  # runs first for new code even if older code's run recorded it (correctness)
 
 
@@ -75,7 +76,8 @@ PARTS = [
             rows=["reference", "bf16", "bf16-ncdhw"]),
     Part("calibrate-streamed", 200, "the streamed mode's CUDA memory coefficients (SeedVR2, Wan2.1 decode)",
          ("bench.calibrate_memory", "--device", "{device}", "--modes", "streamed", "--families", families.SEEDVR2.name,
-          families.WAN21.name, "--ops", "decode"), keeps=("vae/run/memory_calibration.json",)),
+          families.WAN21.name, "--ops", "decode"),
+         keeps=tuple(f"vae/model/{f.name}/memory_calibration.json" for f in (families.SEEDVR2, families.WAN21))),
     _sweep("seedvr2-1080p-cards", "1080x1920", ["8", "12", "16"], 300, "SeedVR2 1080p within 8, 12 and 16 GiB cards",
            untiled=False),
     _sweep("seedvr2-4k-cards", "2160x3840", ["10", "16"], 240, "SeedVR2 4K within 10 and 16 GiB cards", untiled=False),
@@ -143,7 +145,7 @@ def run_part(part: Part, budget: float, out: Path, device: str, log) -> tuple[st
         status = "timed out"
     for kept in part.keeps:
         if (REPO / kept).is_file():
-            shutil.copy(REPO / kept, out / Path(kept).name)
+            shutil.copy(REPO / kept, out / "_".join(Path(kept).parts[-2:]))  # <folder>_<file>: one per family
     return status, time.monotonic() - start
 
 

@@ -51,7 +51,7 @@ def test_the_layout_and_the_record_it_names_are_the_runs(tmp_path, monkeypatch):
 
 
 def test_the_memory_calibration_source_is_what_the_model_uses():
-    table = memory._calibration()
+    table = memory.calibration()
     for device_type in ("cpu", "cuda", "mps"):
         for family, ops in table["cpu"].items():
             for op, modes in ops.items():

@@ -225,7 +225,7 @@ def test_shapes_that_fit_no_rule_are_refused(models):
         vae.load(models["released"].state_dict(), config={"attention": "sliding"})
 
 
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration")
 def test_the_memory_model_counts_the_attention_keys_of_the_clip():
     """On the device the keys and values of every latent frame add to the predicted peak (2 x 45 x 80
     positions x 1024 channels x 2 bytes a latent frame at 720p, bf16); offloaded they count at the

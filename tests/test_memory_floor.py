@@ -87,7 +87,7 @@ def run_within_a_quarter(spec: dict, untiled_chunk: int | None) -> tuple[dict, i
 
 
 @pytest.mark.measurement  # a full-size decode in a fresh process (the slowest test): CI's second lane
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration")
 @pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The planner, given the weights plus under a quarter of what the untiled decode's activations take
@@ -101,7 +101,7 @@ def test_full_seedvr2_decode_within_a_quarter_of_the_untiled_activations(tmp_pat
 
 
 @pytest.mark.measurement
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration")
 @pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The same for LTX-2's released decoder (its convs look ahead) on 9 frames (two latent frames) of
@@ -111,7 +111,7 @@ def test_full_ltx2_decode_within_a_quarter_of_the_untiled_activations(tmp_path, 
 
 
 @pytest.mark.measurement
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration")
 @pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_full_hv15_decode_within_a_quarter_of_the_untiled_activations(tmp_path, monkeypatch):
     """The same for HunyuanVideo 1.5's released decoder (its mid-block attends over every earlier frame:

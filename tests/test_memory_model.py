@@ -19,7 +19,7 @@ POINTS = [(112, None, "none", "measure"), (192, 96, "none", "defaults"), (192, N
 
 
 @pytest.mark.measurement  # each point a decode in a fresh process whose peak RSS is measured: CI's second lane
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration (run bench/calibrate_memory.py)")
 @pytest.mark.parametrize("size,tile,offload,kernels", POINTS, ids=["untiled-112px", "exact-192px-tile96", "untiled-192px-disk-caches"])
 @pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, offload, kernels, tmp_path,
@@ -39,7 +39,7 @@ def test_predicted_peak_is_within_15_percent_of_the_measured_peak(size, tile, of
 # frames: 17), one latent frame per chunk, the caches on the device (an untiled frame streamed is one tile).
 MODES = {"untiled": dict(), "exact": dict(tile_size=64), "streamed": dict(stream_frames=True)}
 CASES = [(family, op, mode) for family in models.FAMILIES for op in ("decode", "encode") for mode in MODES
-         if (family, op, mode) in {(f, o, m) for f, ops in memory._calibration().get("cpu", {}).items()
+         if (family, op, mode) in {(f, o, m) for f, ops in memory.calibration().get("cpu", {}).items()
                                    for o, modes in ops.items() for m in modes}]
 LOW, HIGH = 0.9, 2.5  # predicted activations / live tensors (above: without the calibration's fixed term)
 # The calibration's fit puts all of LTX-2's streamed activations in its tile term (fitted on 128-192 px tiles
@@ -51,7 +51,7 @@ UNDER = {("qwen21", "decode", "untiled")}
 
 
 @pytest.mark.measurement  # 27 runs of the released networks on the meta device: about 40 s of CPU
-@pytest.mark.skipif(not memory.CALIBRATION.is_file(), reason="no memory calibration (run bench/calibrate_memory.py)")
+@pytest.mark.skipif(not memory.calibration(), reason="no memory calibration (run bench/calibrate_memory.py)")
 @pytest.mark.parametrize("family,op,mode", [
     pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason="under-predicted: recalibrate")) if case in UNDER
     else case for case in CASES])

@@ -5,9 +5,10 @@ Peak = weights + the input/output buffers that live on the compute device (a dec
 memory counts none of its output) + what stays resident between calls (the CPU Winograd filter
 cache, from the model's conv weights and the cache cap) + activations. Activations follow a linear
 model calibrated by measurement for each family, op and mode (untiled, exact tiles; fast tiles are
-untiled runs of one tile), separately per device type (bench/calibrate_memory.py writes
-`memory_calibration.json` beside this file): on the CPU the peak of live tensors, on CUDA the peak
-the caching allocator reserves (cuDNN workspaces and fragmentation included). A device type without
+untiled runs of one tile), separately per device type (bench/calibrate_memory.py writes each family's
+`memory_calibration.json` in its folder, vae/model/<family>/, device -> op -> mode; `calibration`
+merges them): on the CPU the peak of live tensors, on CUDA the peak the caching allocator reserves
+(cuDNN workspaces and fragmentation included). A device type without
 its own calibration (a GPU before `python -m bench.gpu_check --parts calibrate` ran on one; MPS)
 uses the CPU's coefficients times UNCALIBRATED_MARGIN:
 
@@ -32,15 +33,26 @@ from ..kernels import conv as opt_conv
 from .geometry import Clip, as_pair, pixel_frames
 from .run_context import RunContext
 
-CALIBRATION = Path(__file__).with_name("memory_calibration.json")
+MODELS = Path(__file__).resolve().parents[1] / "model"  # the family folders (vae/model/<family>/)
+CALIBRATION_FILE = "memory_calibration.json"
 # CPU coefficients on a GPU underestimate its peaks, by less than this margin on the one GPU measured
 # (bench/RESULTS.md sections 0 and 10; section 10 also for the streamed mode below).
 UNCALIBRATED_MARGIN = 2.0
 
 
+def calibration_path(family: str) -> Path:
+    """The file of `family`'s memory coefficients, in its folder: {device type: {op: {mode: entry}}}."""
+    return MODELS / family / CALIBRATION_FILE
+
+
 @lru_cache(maxsize=1)
-def _calibration() -> dict:
-    return json.loads(CALIBRATION.read_text()) if CALIBRATION.is_file() else {}
+def calibration() -> dict:
+    """Every family's memory coefficients, merged: {device type: {family: {op: {mode: entry}}}} ({}: none)."""
+    table: dict = {}
+    for path in sorted(MODELS.glob(f"*/{CALIBRATION_FILE}")):
+        for device_type, ops in json.loads(path.read_text()).items():
+            table.setdefault(device_type, {})[path.parent.name] = ops
+    return table
 
 
 def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
@@ -50,7 +62,7 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     numbers come from ("source": "cpu", the CUDA streamed mode until a GPU measures it: tiled one frame
     at a time, a GPU holds the CPU's live tensors, and the meta-device count of the GPU code path
     agrees); only the numbers are returned."""
-    table = _calibration()
+    table = calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:
         return {name: value for name, value in entry.items() if name != "source"}
@@ -70,7 +82,7 @@ def calibration_source(family: str, op: str, mode: str, device_type: str) -> str
     "the CPU's" or "meta-device count" (an entry that says so: `bench.calibrate_memory --meta` counts the
     tensors the device's code path holds, without the device), "derived" (the CPU's times
     UNCALIBRATED_MARGIN) or "none"."""
-    table = _calibration()
+    table = calibration()
     entry = table.get(device_type, {}).get(family, {}).get(op, {}).get(mode)
     if entry:
         return {"cpu": "the CPU's", "meta": "meta-device count"}.get(entry.get("source"), "measured")
@@ -80,7 +92,7 @@ def calibration_source(family: str, op: str, mode: str, device_type: str) -> str
 def calibration_summary(device_type: str) -> str:
     """Per family, where the memory model's coefficients on `device_type` come from, e.g. "seedvr2
     measured (streamed: the CPU's); qwen21 derived (the CPU's x 2.0)"."""
-    table = _calibration()
+    table = calibration()
     parts = []
     for family in sorted(set(table.get("cpu", {})) | set(table.get(device_type, {}))):
         sources: dict[str, list[str]] = {}
