@@ -114,9 +114,11 @@ def test_the_spec_agrees_with_the_network(family):
 
 
 def test_load_choices_are_config_values_the_default_first(family):
-    """What a front end offers (Load VAE's input of each choice) is what `vae.load(config=)` takes, its first
-    value the config's default, each input name taken once among the families."""
+    """What a front end offers (Load VAE's input of each choice, in the order the families declared them) is what
+    `vae.load(config=)` takes, its first value the config's default, each input name taken once among the
+    families."""
     spec, path, _ = family
+    assert (spec in families.CHOOSING) is bool(spec.load_choices)  # offered, after the families declared before it
     for choice in spec.load_choices:
         assert getattr(spec.config_class(), choice.field) == choice.values[0]
         assert [c.input for c in families.load_choices()].count(choice.input) == 1

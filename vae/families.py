@@ -16,6 +16,10 @@ from .model.wan22.spec import SPEC as WAN22
 
 SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV15)
 NAMES: tuple[str, ...] = tuple(spec.name for spec in SPECS)
+# The families with load choices, in the order they declared them: a front end's widgets for the choices
+# follow it, and a saved workflow's widget values are positional, so a new family's goes last (placed before
+# another's, it would take that one's saved value).
+CHOOSING: tuple[FamilySpec, ...] = (HV15,)
 
 
 def spec(name: str) -> FamilySpec:
@@ -28,5 +32,6 @@ def spec(name: str) -> FamilySpec:
 
 
 def load_choices() -> tuple[LoadChoice, ...]:
-    """Every family's load choices, in the registry's order: what a front end offers when loading."""
-    return tuple(choice for family in SPECS for choice in family.load_choices)
+    """Every family's load choices, in the order they were declared (`CHOOSING`): what a front end offers
+    when loading."""
+    return tuple(choice for family in CHOOSING for choice in family.load_choices)

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
+from urllib.request import urlopen
 
 from .environment import CHROMIUM
 
@@ -55,8 +56,8 @@ JS_LOAD = """async (workflow) => {
 }"""
 
 # {node id: widgets_values} of the loaded graph, as "Save" would write them.
-JS_WIDGET_VALUES = """() => Object.fromEntries(
-    window.app.graph.nodes.map((n) => [String(n.id), n.serialize().widgets_values ?? null]))"""
+JS_WIDGET_VALUES = """() => Object.fromEntries(window.app.graph.nodes.map((n) => [String(n.id),
+    {values: n.serialize().widgets_values ?? null, names: (n.widgets ?? []).map((w) => w.name)}]))"""
 
 # PrimeVue dialogs, and the error panel of newer frontends (1.48.7 reports missing nodes there).
 JS_OPEN_DIALOGS = """() => Array.from(document.querySelectorAll('.p-dialog, [data-testid=error-overlay]'))
@@ -128,14 +129,23 @@ class PageLog:
             self.failed_requests.append(f"{response.status} {response.url}")
 
 
-def widget_mismatches(workflow: dict, loaded: dict) -> list[str]:
-    """Nodes whose `widgets_values` differ between the workflow and the graph loaded from it."""
+def widget_mismatches(workflow: dict, loaded: dict, object_info: dict) -> list[str]:
+    """Nodes whose `widgets_values` differ between the workflow and the graph loaded from it (`loaded`: node id ->
+    {values, names} of its widgets), but for optional inputs the node gained after the workflow was saved: last
+    widgets the frontend filled with their defaults (`object_info`), as a user's saved workflow loads them."""
     found = []
     for node in workflow.get("nodes") or []:
         given = node.get("widgets_values") if isinstance(node, dict) else None
-        now = loaded.get(str(node.get("id"))) if given is not None else None
-        if given is not None and now != given:
-            found.append(f"{node['id']} {node.get('type')}: {given} loaded as {now}")
+        now = loaded.get(str(node.get("id")), {}) if given is not None else {}
+        values = now.get("values")
+        if given is None or values == given:
+            continue
+        optional = object_info.get(node.get("type"), {}).get("input", {}).get("optional", {})
+        extra = len(values or []) - len(given) if isinstance(given, list) else 0
+        added = list(zip(now["names"][-extra:], values[-extra:])) if extra > 0 else []  # the last widgets
+        if not (added and values[:len(given)] == given
+                and all(name in optional and optional[name][1].get("default") == value for name, value in added)):
+            found.append(f"{node['id']} {node.get('type')}: {given} loaded as {values}")
     return found
 
 
@@ -154,6 +164,7 @@ class ComfyPage:
         self._playwright = None
         self._context = None
         self.page = None
+        self._object_info = None
 
     def launch(self) -> "ComfyPage":
         """Start chromium (fresh profile), open the frontend and wait until it is ready."""
@@ -239,9 +250,16 @@ class ComfyPage:
             dialogs=self.open_dialogs(),
             console_errors=self.log.console_errors[errors_before[0]:],
             page_errors=self.log.page_errors[errors_before[1]:],
-            widget_mismatches=widget_mismatches(workflow, self.evaluate(JS_WIDGET_VALUES)),
+            widget_mismatches=widget_mismatches(workflow, self.evaluate(JS_WIDGET_VALUES), self.object_info()),
             toasts=self.evaluate(JS_NEW_TOASTS),
         )
+
+    def object_info(self) -> dict:
+        """The server's node definitions (`/object_info`), read once per page."""
+        if self._object_info is None:
+            with urlopen(self.server_url + "/object_info", timeout=60) as response:
+                self._object_info = json.load(response)
+        return self._object_info
 
     def graph_to_prompt(self) -> dict:
         """The API prompt for the current graph, exactly what the Queue button would send."""
