@@ -8,14 +8,15 @@ spec's (`FamilySpec.core`); how to build and call the VAE of each such module is
 - "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
   through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2
   through its `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config
-  of StreamVAE's. This core imports comfy-kitchen and comfy-aimdo; they
-  come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
+  of StreamVAE's, HunyuanVideo 1.0 through its `AutoencoderKL` with `conv3d=True` (comfy/ldm/models/
+  autoencoder.py), given StreamVAE's weights (diffusers' names) in core's by its loader's conversion. This
+  core imports comfy-kitchen and comfy-aimdo; they come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
   bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
   0.6.0, what core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
 
-Core's VAEs use the checkpoint's key names, which are StreamVAE's native ones. Core's Wan `decode`
-takes the raw latent and returns unclamped pixels in [-1, 1], as StreamVAE's does; `encode` returns
-the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling factor), so it
+Core's VAEs use the checkpoint's key names, which are StreamVAE's native ones (but HunyuanVideo 1.0's:
+`CoreBuild.keys`). Core's Wan `decode` takes the raw latent and returns unclamped pixels in [-1, 1], as
+StreamVAE's does; `encode` returns the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling factor), so it
 is wrapped to take the raw latent (`RawLatentDecode`), and core's LTX VAE to take and give raw latents
 (`NormalizedLatentVAE`; its LATENT is normalised by the checkpoint's statistics). A process holds one ComfyUI: its tree and
 packages go at the end of the import path (after the benchmark's own modules are imported, since a
@@ -200,13 +201,31 @@ def _ltx(core, cfg) -> torch.nn.Module:
     return core.VideoVAE(config=upstream_config(cfg))
 
 
+def _autoencoder_kl(core, cfg) -> torch.nn.Module:
+    """Core's `AutoencoderKL` with `conv3d=True` (its HunyuanVideo 1.0 VAE) at the config's widths (core's
+    loader builds the released ones only): `encode` gives the raw posterior mode, `decode` takes the raw latent."""
+    widths = cfg.block_out_channels
+    ddconfig = {"double_z": True, "z_channels": cfg.latent_channels, "resolution": 256, "in_channels": cfg.in_channels,
+                "out_ch": cfg.out_channels, "ch": widths[0], "ch_mult": [w // widths[0] for w in widths],
+                "num_res_blocks": cfg.layers_per_block, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
+                "time_compress": 4}
+    return core.AutoencoderKL(ddconfig=ddconfig, embed_dim=cfg.latent_channels)
+
+
+def _diffusers_names(state_dict: dict) -> dict:
+    """A state dict in diffusers' VAE key names in core's, by core's own loader conversion."""
+    return importlib.import_module("comfy.diffusers_convert").convert_vae_state_dict(state_dict)
+
+
 @dataclass(frozen=True)
 class CoreBuild:
-    """How to build a core module's VAE for a StreamVAE config (`build(module, cfg)`, on the meta device) and
-    wrap the loaded model so that it takes and gives raw latents (`wrap(model, cfg)`)."""
+    """How to build a core module's VAE for a StreamVAE config (`build(module, cfg)`, on the meta device),
+    give it StreamVAE's state dict in its key names (`keys`: core's module is imported by then) and wrap the
+    loaded model so that it takes and gives raw latents (`wrap(model, cfg)`)."""
 
     build: Callable
     wrap: Callable = lambda model, cfg: model
+    keys: Callable = lambda state_dict: state_dict
 
 
 # Keyed by core's module (`CoreVAE.module` of the families' specs): what it takes is that module's API.
@@ -216,6 +235,7 @@ BUILDS = {
     "comfy.ldm.seedvr.vae": CoreBuild(_seedvr2, lambda model, cfg: RawLatentDecode(model, cfg.scaling_factor)),
     "comfy.ldm.hunyuan_video.vae_refiner": CoreBuild(CoreHv15),
     "comfy.ldm.lightricks.vae.causal_video_autoencoder": CoreBuild(_ltx, lambda model, cfg: NormalizedLatentVAE(model)),
+    "comfy.ldm.models.autoencoder": CoreBuild(_autoencoder_kl, keys=_diffusers_names),
 }
 
 
@@ -229,5 +249,5 @@ def core_model(version: str, family: str, cfg, state_dict: dict, dtype: torch.dt
     core = _import_core(version, module, cpu=torch.device(device).type != "cuda")
     with torch.device("meta"):
         model = BUILDS[module].build(core, cfg)
-    model.load_state_dict(state_dict, strict=True, assign=True)
+    model.load_state_dict(BUILDS[module].keys(state_dict), strict=True, assign=True)
     return BUILDS[module].wrap(model.to(device=device, dtype=dtype).eval().requires_grad_(False), cfg)
