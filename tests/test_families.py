@@ -39,6 +39,7 @@ REFERENCES = {
     "qwen21": "test_wan_variants.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLQwenImage21
     "ltx2": "test_ltx2.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLLTX2Video
     "ltx25": "test_ltx25_core.py::test_decode_matches_core",  # core 0.33.0's CausalDiffusionVAE
+    "hv10": "test_hv10.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLHunyuanVideo
     "hv15": "test_hv15.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLHunyuanVideo15
 }
 # The kernels' default rules (no timing of every tile's conv shapes), every conv tiled however small its frame

@@ -1,11 +1,12 @@
 """The registered families: one `FamilySpec` each (`vae/model/<family>/spec.py`), in the order detection
 tries them (`loading.detect_family`): Qwen-Image 2.1 before Wan2.2, whose key layout its image-only
-(one-frame conv) checkpoints share. Everything outside a family's folder that needs a fact of a family
-reads it here: the loader, the nodes, the command line, the benchmarks, the tests
-(tests/test_families.py runs the contract every family passes over `SPECS`). Adding a family is a line
-below (docs/families.md, "Adding a family").
+(one-frame conv) checkpoints share; HunyuanVideo 1.0 before 1.5, whose probe keys a 1.0 file has too.
+Everything outside a family's folder that needs a fact of a family reads it here: the loader, the nodes,
+the command line, the benchmarks, the tests (tests/test_families.py runs the contract every family passes
+over `SPECS`). Adding a family is a line below (docs/families.md, "Adding a family").
 """
 from .model.family_spec import FamilySpec, LoadChoice
+from .model.hv10.spec import SPEC as HV10
 from .model.hv15.spec import SPEC as HV15
 from .model.ltx2.spec import SPEC as LTX2
 from .model.ltx25.spec import SPEC as LTX25
@@ -14,12 +15,12 @@ from .model.seedvr2.spec import SPEC as SEEDVR2
 from .model.wan21.spec import SPEC as WAN21
 from .model.wan22.spec import SPEC as WAN22
 
-SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV15)
+SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV10, HV15)
 NAMES: tuple[str, ...] = tuple(spec.name for spec in SPECS)
 # The families with load choices, in the order they declared them: a front end's widgets for the choices
 # follow it, and a saved workflow's widget values are positional, so a new family's goes last (placed before
 # another's, it would take that one's saved value).
-CHOOSING: tuple[FamilySpec, ...] = (HV15,)
+CHOOSING: tuple[FamilySpec, ...] = (HV15, HV10)
 
 
 def spec(name: str) -> FamilySpec:
