@@ -29,6 +29,9 @@ log = logging.getLogger("streamvae")
 FOLDERS = ("vae", "checkpoints")
 # The node's inputs for the load choices the families declare (`FamilySpec.load_choices`): input -> choice.
 CHOICE_INPUTS = {choice.input: choice for choice in families.load_choices()}
+# How users name the models the registered families are the VAEs of (search words and the node's texts).
+MODEL_NAMES = tuple(name for spec in families.SPECS for name in (spec.display_name, *spec.also))
+FAMILIES_TEXT = ", ".join(spec.display_name for spec in families.SPECS[:-1]) + " or " + families.SPECS[-1].display_name
 
 
 def vae_files() -> list[str]:
@@ -79,16 +82,15 @@ class LoadVAE(io.ComfyNode):
             node_id="StreamVAELoader",
             display_name="StreamVAE Load VAE",
             category="StreamVAE",
-            search_aliases=["Load VAE", "VAE Loader", "SeedVR2", "Wan", "LTX-2", "LTXV", "HunyuanVideo 1.5",
-                            "video VAE"],
-            description="Loads a SeedVR2, Wan2.1, Wan2.2, LTX-2 or HunyuanVideo 1.5 video VAE (the family is detected "
-                        "from the file), also the VAE inside a full LTX-2 checkpoint. STREAMVAE feeds the StreamVAE "
-                        "nodes; VAE replaces core's Load VAE for VAE Decode, WanImageToVideo, the LTXV, HunyuanVideo "
-                        "1.5 and SeedVR2 nodes, which then run StreamVAE.",
+            search_aliases=["Load VAE", "VAE Loader", *MODEL_NAMES, "video VAE"],
+            description=f"Loads the video VAE of {FAMILIES_TEXT} (the family is detected from the file), also the "
+                        "VAE inside a full model checkpoint (stored under `vae.`). STREAMVAE feeds the StreamVAE "
+                        "nodes; VAE replaces core's Load VAE for VAE Decode and the video models' core nodes, which "
+                        "then run StreamVAE.",
             inputs=[
                 io.Combo.Input("vae_name", options=vae_files(), tooltip=(
-                    "A SeedVR2, Wan2.1, Wan2.2, LTX-2 or HunyuanVideo 1.5 VAE in models/vae, or a full LTX-2 "
-                    "checkpoint in models/checkpoints (only its VAE is read); the family is detected.")),
+                    f"A VAE of {FAMILIES_TEXT} in models/vae, or a full checkpoint in models/checkpoints "
+                    "(only its VAE is read); the family is detected.")),
                 io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", **core_api.advanced(),
                                tooltip="Encoder precision. auto = fp32 (bf16 encode hurts image-to-video); bf16 and "
                                        "fp16 halve the memory."),
