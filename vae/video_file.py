@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .run import engine, planning
+from .run import engine, inputs
 from .run.geometry import pixel_frames
 from .video_codecs import resolve
 from .video_reader import VideoReader
@@ -86,7 +86,7 @@ def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str
         log.warning("StreamVAE: %s", note)
         warnings.warn(note, RuntimeWarning, stacklevel=2)
     video = z if z.dim() == 5 else z.unsqueeze(2)
-    planning.checked_latent(model, video, decode_kwargs.get("nonfinite", "error"))  # before a file is made for it
+    inputs.checked_latent(model, video, decode_kwargs.get("nonfinite", "error"))  # before a file is made for it
     clips, n_lat = video.shape[0], video.shape[2]
     frames = num_frames or pixel_frames(n_lat, model.temporal_factor)
     of = model.spatial_factor * model.decode_upscale

@@ -32,7 +32,8 @@ from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
 from . import geometry, planning, recovery
 from .causal_cache import CausalCache
-from .planning import Plan, Settings, check_pixels, checked_latent
+from .inputs import check_pixels, checked_latent
+from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
 from .strategies import WHOLE_FRAME, Bands, Partition
 from .strategies.exact_tiles import ExactTiles
