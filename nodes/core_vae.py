@@ -26,7 +26,7 @@ import torch
 from comfy_api.latest import io
 
 from .. import vae
-from ..vae import Settings, families, latent_frames, pixel_frames
+from ..vae import Settings, families, latent_frames
 from . import core_api, execution
 from .images import check_image
 from .latents import latent_layout, read_latent
@@ -59,7 +59,7 @@ class StreamVAEStage(torch.nn.Module):
     def decode_output_shape(self, shape) -> tuple:
         b, _, t, h, w = self.latent_shape(shape)
         f = self.handle.spatial_factor
-        return b, 3, pixel_frames(t, self.handle.temporal_factor), h * f, w * f
+        return b, 3, self.handle.model.frames_made("decode", t), h * f, w * f
 
     def decode(self, samples, output_buffer=None, tiling: Settings | None = None, **vae_options):
         """LATENT -> pixels B,3,T,H,W in [-1, 1] written into `output_buffer` (a new tensor on the
@@ -72,16 +72,17 @@ class StreamVAEStage(torch.nn.Module):
 
     def encode(self, pixels, device=None, tiling: Settings | None = None):
         """Pixels B,3,T,H,W in [-1, 1] -> LATENT with core's latent count: frames past the last
-        tf*n+1 are dropped and a size that is no multiple of the spatial factor is cut down to one (core's
-        crop, centred, already did that for Wan). `device` (where core would compute) is the handle's."""
-        tf, f = self.handle.temporal_factor, self.handle.spatial_factor
+        tf*n+1 are dropped (`VideoVAE.frames_kept`) and a size that is no multiple of the spatial factor
+        is cut down to one (core's crop, centred, already did that for Wan). `device` (where core would
+        compute) is the handle's."""
+        f = self.handle.spatial_factor
         height, width = pixels.shape[3] // f * f, pixels.shape[4] // f * f
         if (height, width) != tuple(pixels.shape[3:]):
             log.warning("StreamVAE to core VAE: %dx%d frames cropped to %dx%d (top left), the latent size core's %s "
                         "VAE makes; core pads inside its encoder instead, so values differ. For the same result use "
                         "multiples of %d, or StreamVAE Encode (pads and keeps the size).", pixels.shape[4],
                         pixels.shape[3], width, height, self.handle.family, f)
-        video = pixels[:, :, :pixel_frames((pixels.shape[2] - 1) // tf + 1, tf), :height, :width]
+        video = pixels[:, :, :self.handle.model.frames_kept(pixels.shape[2]), :height, :width]
         for clip in video:  # bad frames get Encode's message (as an IMAGE: N,H,W,3 in 0..1), not a wrong latent
             check_image(clip.permute(1, 2, 3, 0).add(1).mul(0.5))
         # a filter's overshoot, which check_image lets through, clamped as StreamVAE Encode clamps it
@@ -111,10 +112,12 @@ class StreamVAECoreVAE(comfy.sd.VAE):
         self.vae_dtype = torch.float32  # what core casts inputs to; StreamVAE casts per half itself
         self.output_device = core_api.intermediate_device()
         self.latent_channels, self.latent_dim, self.output_channels = handle.latent_channels, 3, 3
-        # core's ratios: tf*n - (tf - 1) pixel frames per n latent frames (Wan 4, LTX 8), read by core's nodes
-        # (LTXVAddGuide's frame index, VAE Decode (Tiled)'s tile sizes)
-        self.upscale_ratio = (lambda a: max(0, a * tf - (tf - 1)), f, f)
-        self.downscale_ratio = (lambda a: max(0, math.floor((a + tf - 1) / tf)), f, f)
+        # core's ratios: the network's frame counts (tf*n - (tf - 1) pixel frames per n latent frames: Wan 4,
+        # LTX 8), read by core's nodes (LTXVAddGuide's frame index, VAE Decode (Tiled)'s tile sizes)
+        model = handle.model
+        self.upscale_ratio = (lambda a: max(0, model.frames_made("decode", a)) if a > 0 else 0, f, f)
+        self.downscale_ratio = (lambda a: model.frames_made("encode", model.frames_kept(math.floor(a))) if a > 0 else 0,
+                                f, f)
         self.upscale_index_formula = self.downscale_index_formula = (tf, f, f)
         self.working_dtypes = [torch.bfloat16, torch.float32]
         self.disable_offload, self.not_video = True, False

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..vae import families, latent_frames, pixel_frames
+from ..vae import families
 from .core_api import advanced
 
 FRAMES_KEY = "streamvae_frames"
@@ -91,7 +91,7 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     the channel count does not match the VAE.
     """
     family, channels = model.family, model.latent_channels
-    spatial, temporal = model.spatial_factor, model.temporal_factor
+    spatial = model.spatial_factor
     z = latent.get("samples") if isinstance(latent, dict) else None
     if not isinstance(z, torch.Tensor):
         raise ValueError("this LATENT has no 'samples' tensor; connect a LATENT output (a sampler, Empty Latent, "
@@ -115,10 +115,10 @@ def read_latent(latent: dict, model, source: str = "auto") -> LatentClips:
     if min(b, t, h, w) == 0:
         raise ValueError(f"this LATENT is empty (shape {tuple(z.shape)}: batch, channels, frames, height, width); "
                          "check the node that made it")
-    full = pixel_frames(t, temporal)
+    full = model.frames_made("decode", t)  # the network's frame rule (4n+1 unless it has its own)
     frames = latent.get(FRAMES_KEY)
     if not (isinstance(frames, (list, tuple)) and len(frames) == b
-            and all(isinstance(f, int) and latent_frames(f, temporal) == t for f in frames)):
+            and all(isinstance(f, int) and f > 0 and model.frames_made("encode", f) == t for f in frames)):
         frames = [full] * b
     size = latent.get(SIZE_KEY)
     if not (isinstance(size, (list, tuple)) and len(size) == 2

@@ -29,7 +29,6 @@ import torch
 from . import families, load
 from .kernels.backend import DTYPES
 from .run import engine
-from .run.geometry import latent_frames
 from .run.planning import BudgetTooSmall, Settings
 from .run.run_warnings import collected
 from .video_codecs import BIT_DEPTHS, CODECS, PIXEL_FORMATS
@@ -170,7 +169,7 @@ def roundtrip(args: argparse.Namespace) -> None:
         print(f"no input given: generated a {pattern.shape[0]}-frame {height}x{width} test pattern")
     t, h, w = video.shape[2:]
     z = engine.encode(model, video, how, progress=Progress("encode"))
-    print(f"latent {tuple(z.shape)} ({latent_frames(t)} latent frames for {t} frames)")
+    print(f"latent {tuple(z.shape)} ({model.frames_made('encode', t)} latent frames for {t} frames)")
     up = model.decode_upscale
     expected = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).double()  # T,H,W,C in 0..255
     # an upscale decoder's frames are compared with the input repeated to their size

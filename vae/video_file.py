@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from .run import engine, inputs
-from .run.geometry import pixel_frames
 from .video_codecs import resolve
 from .video_reader import VideoReader
 from .video_writer import VideoWriter
@@ -88,7 +87,7 @@ def decode_to_file(model, z: torch.Tensor, path, how=None, *, fps=24, codec: str
     video = z if z.dim() == 5 else z.unsqueeze(2)
     inputs.checked_latent(model, video, decode_kwargs.get("nonfinite", "error"))  # before a file is made for it
     clips, n_lat = video.shape[0], video.shape[2]
-    frames = num_frames or pixel_frames(n_lat, model.temporal_factor)
+    frames = num_frames or model.frames_made("decode", n_lat)
     of = model.spatial_factor * model.decode_upscale
     size = (height or video.shape[3] * of, width or video.shape[4] * of)
     with VideoWriter(path, encoding, size[1], size[0], frames * clips, audio=audio, metadata=metadata,

@@ -119,6 +119,24 @@ class VideoVAE(nn.Module):
         extent one chunk of every latent frame (`planning.clip_settings`). Chunks for a causal network."""
         return ClipExtent.CHUNKS
 
+    def frames_made(self, op: str, frames: int) -> int:
+        """How many frames `op` makes of `frames`: the latent frames an encode makes of `frames` pixel frames
+        (the clip padded by repeating its last frame), the pixel frames a decode makes of `frames` latent
+        frames. The 4n+1 rule of `run.geometry` (`latent_frames`, `pixel_frames`) by default; a network with a
+        rule of its own (its own clips) declares a whole-clip extent (`clip_extent`): the engine then hands
+        its one chunk every frame of the clip, unpadded."""
+        tf = self.temporal_factor
+        return (frames - 2 + tf) // tf + 1 if op == "encode" else tf * (frames - 1) + 1
+
+    def frames_kept(self, frames: int) -> int:
+        """Of a clip of `frames` pixel frames, how many the network's encoder reads as core's does (core's
+        VAE Encode makes `frames_made("encode", frames_kept(frames))` latent frames): by default those up to
+        the last whole latent frame (tf*n+1), the rest dropped (StreamVAE's encode pads them to the next
+        whole latent frame instead); all of them for a network that completes its own clips, which the
+        engine hands the clip's frames as they are, unpadded."""
+        tf = self.temporal_factor
+        return tf * ((frames - 1) // tf) + 1
+
     def attention_cache_elements(self, op: str, batch: int, latent_frames: int, latent_hw: tuple[int, int]) -> int:
         """Elements of the keys and values a frame-causal attention of `op` keeps for a whole clip of
         `latent_frames` latent frames (`kv_cache.py`; `memory.estimate` counts them); 0 without one."""

@@ -235,9 +235,10 @@ def encode(model, video: torch.Tensor, how: Plan | Settings | None = None, *, op
     `video` may also be a frame source read chunk by chunk (`video_reader.VideoReader`): `shape`,
     `dtype`, `device` and `index_select(2, ascending frame indices)` as a tensor has them.
 
-    Any T >= 1 is accepted: T is padded to the next 4n+1 by repeating the last frame and H, W to
-    multiples of the spatial factor by edge replication, one chunk at a time (the padded clip is never
-    materialised); `decode(model, z, num_frames=T, height=H, width=W)` undoes both.
+    Any T >= 1 is accepted: T is padded to the next 4n+1 (or as the network's own frame rule,
+    `VideoVAE.frames_made`, says) by repeating the last frame and H, W to multiples of the spatial
+    factor by edge replication, one chunk at a time (the padded clip is never materialised);
+    `decode(model, z, num_frames=T, height=H, width=W)` undoes both.
     How it runs is `how`: a `Plan` (from `vae.plan`), or the `Settings` the engine plans from itself
     (default `Settings()`); every setting gives the same result. `opts` chooses the kernels (default:
     all optimizations on). With `return_logvar` the result is (mean, logvar). `bands`
@@ -298,6 +299,8 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
 
     def step(first, n, write):
         start, stop = geometry.pixel_span(first, n, clip.temporal_factor)
+        if first + n == clip.latent_frames and model.frames_kept(t) == t:
+            stop = t  # a network that reads any count (`VideoVAE.frames_kept`) gets the clip's frames as they are
         # Frames past the end repeat the last real frame (T -> next 4n+1).
         index = torch.arange(start, stop).clamp_(max=t - 1).to(video.device)
         if isinstance(video, torch.Tensor):

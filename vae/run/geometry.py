@@ -60,7 +60,7 @@ class Clip:
     op: str
     batch: int
     frames: int         # pixel frames: the encode input's T (before 4n+1 padding), or what a decode makes
-    latent_frames: int
+    latent_frames: int  # (a network with its own frame rule replaces them: `planning.clip_of`)
     height: int         # video rows and columns, padded to whole latent cells
     width: int
     spatial_factor: int

@@ -243,7 +243,9 @@ def clip_of(model, op: str, input_shape) -> Clip:
     """The frames and sizes of `op` on an engine input of `input_shape` for `model`'s family."""
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    return Clip.of(op, tuple(input_shape), model.spatial_factor, model.temporal_factor)
+    clip = Clip.of(op, tuple(input_shape), model.spatial_factor, model.temporal_factor)
+    made = model.frames_made(op, input_shape[2])  # the network's frame rule (4n+1 unless it has its own)
+    return dataclasses.replace(clip, **{"frames" if op == "decode" else "latent_frames": made})
 
 
 def plan(model, op: str, input_shape, settings: Settings | None = None, *, device=None, io_on_device=(True, True),
