@@ -10,12 +10,13 @@ from .model.hv10.spec import SPEC as HV10
 from .model.hv15.spec import SPEC as HV15
 from .model.ltx2.spec import SPEC as LTX2
 from .model.ltx25.spec import SPEC as LTX25
+from .model.minimax_h3.spec import SPEC as MINIMAX_H3
 from .model.qwen21.spec import SPEC as QWEN21
 from .model.seedvr2.spec import SPEC as SEEDVR2
 from .model.wan21.spec import SPEC as WAN21
 from .model.wan22.spec import SPEC as WAN22
 
-SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV10, HV15)
+SPECS: tuple[FamilySpec, ...] = (SEEDVR2, WAN21, QWEN21, WAN22, LTX2, LTX25, HV10, HV15, MINIMAX_H3)
 NAMES: tuple[str, ...] = tuple(spec.name for spec in SPECS)
 # The families with load choices, in the order they declared them: a front end's widgets for the choices
 # follow it, and a saved workflow's widget values are positional, so a new family's goes last (placed before
