@@ -89,8 +89,8 @@ class LoadVAE(io.ComfyNode):
                         "then run StreamVAE.",
             inputs=[
                 io.Combo.Input("vae_name", options=vae_files(), tooltip=(
-                    f"A VAE of {FAMILIES_TEXT} in models/vae, or a full checkpoint in models/checkpoints "
-                    "(only its VAE is read); the family is detected.")),
+                    "A video VAE in models/vae, or a full checkpoint in models/checkpoints (only its VAE is "
+                    "read); the family is detected.")),
                 io.Combo.Input("encode_dtype", options=list(DTYPE_CHOICES), default="auto", **core_api.advanced(),
                                tooltip="Encoder precision. auto = fp32 (bf16 encode hurts image-to-video); bf16 and "
                                        "fp16 halve the memory."),
