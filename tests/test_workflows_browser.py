@@ -28,7 +28,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from comfy_support.environment import REPO
-from hv15_fixtures import save_small_checkpoint
+from hv10_fixtures import save_small_checkpoint as save_small_hv10
+from hv15_fixtures import save_small_checkpoint as save_small_hv15
 from ltx2_fixtures import model as ltx2_model, save_full_checkpoint
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
@@ -42,15 +43,17 @@ RELEASED_VAES = {
     "wan2.2_vae.safetensors": "streamvae_tiny_wan22.safetensors",
 }
 # Released VAE names with no shared fixture: a small seeded checkpoint is written under the name instead.
-WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_checkpoint}
+WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_hv15,
+                "hunyuan_video_vae_bf16.safetensors": save_small_hv10}
 RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fixtures.save_full_checkpoint
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 # 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents),
-# nor LTXVImgToVideoInplace.
+# nor LTXVImgToVideoInplace; nor Kandinsky 5's nodes.
 NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"},
               "ltx2_image_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
                                       "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode",
-                                      "LTXVImgToVideoInplace"}}
+                                      "LTXVImgToVideoInplace"},
+              "hv10_kandinsky_text_to_video": {"Kandinsky5ImageToVideo"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
 MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple",
                  "LTXAVTextEncoderLoader", "LTXVAudioVAELoader"}
@@ -63,6 +66,7 @@ CPU_SIZES = {
     "EmptyLTXVLatentVideo": {"width": 96, "height": 64, "length": 9},
     "WanImageToVideo": {"width": 64, "height": 48, "length": 5},
     "HunyuanVideo15ImageToVideo": {"width": 96, "height": 64, "length": 5},
+    "Kandinsky5ImageToVideo": {"width": 64, "height": 48, "length": 9},
     "Wan22ImageToVideoLatent": {"width": 64, "height": 64, "length": 9},
     "ImageScale": {"width": 96, "height": 64},
     "StreamVAEEncodeFromVideo": {"width": 96, "height": 64},
@@ -133,7 +137,7 @@ def models_of(workflow: dict) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(comfy_server, comfy_browser):
     """The frontend, reloaded after every file the examples name was put in place: the tiny VAEs under
-    the released names (HunyuanVideo 1.5's written here, LTX-2's inside a full checkpoint), empty
+    the released names (HunyuanVideo 1.0's and 1.5's written here, LTX-2's inside a full checkpoint), empty
     placeholders for the diffusion models and text encoders (never loaded: `vae_part` takes them out),
     and small input files."""
     models = comfy_server.base / "models"
