@@ -1,6 +1,7 @@
 """How much of the clip an op must see at once (`VideoVAE.clip_extent`), as the planner, the out-of-memory retries
 and row bands read it, on the released Wan2.1 network (meta device: plans only) declaring each extent: chunks (its
-own), the whole clip in exact tiles (norm statistics over the clip), the whole clip untiled."""
+own), chunks after whole-clip statistics (norms over the clip: never a frame at a time, every tile of the whole
+clip before shorter chunks), the whole clip untiled."""
 import logging
 
 import pytest
@@ -21,6 +22,16 @@ def _model(extent: ClipExtent, monkeypatch):
     return model
 
 
+def _planned_under_budget(extent: ClipExtent):
+    """The plan of LATENT under a budget that the whole clip fits in small tiles, and two latent frames untiled."""
+    model = models.meta_model("wan21")
+    model.clip_extent = lambda op: extent
+    tiled, two = (planning.plan(model, "decode", LATENT, vae.Settings(temporal_chunk=c, tile_size=t), device="cpu")
+                  for c, t in ((5, 64), (2, None)))
+    assert two.peak_bytes < tiled.peak_bytes  # (the numbers of the released network)
+    return planning.plan(model, "decode", LATENT, vae.Settings(memory_budget=tiled.peak_bytes), device="cpu")
+
+
 def _retries(model, plan) -> list:
     """Every plan an out-of-memory error retries with, down to the refusal at the floor."""
     plans = [plan]
@@ -38,16 +49,24 @@ def test_a_plan_and_its_retries_keep_what_the_extent_asks(extent, monkeypatch, c
         planned = planning.plan(model, "decode", LATENT, ASKED, device="cpu")
     tile = (128, 128) if extent.tiled else None
     chunk = 1 if extent.chunked else 5
-    assert (planned.temporal_chunk, planned.tile_size, planned.frames_streamed) == (chunk, tile, extent.chunked)
-    assert ("set aside" in caplog.text) is not extent.chunked
+    assert (planned.temporal_chunk, planned.tile_size, planned.frames_streamed) == (chunk, tile, extent.streamed)
+    assert ("set aside" in caplog.text) is not extent.streamed
     if not extent.tiled:
         assert "tile_size=(128, 128)" in caplog.text
     # a budget nothing fits: the smallest plan the extent allows
     tight = planning.plan(model, "decode", LATENT, vae.Settings(memory_budget=1), device="cpu")
-    assert (tight.temporal_chunk, tight.frames_streamed) == ((1, True) if extent.chunked else (5, False))
+    assert (tight.temporal_chunk, tight.frames_streamed) == ((1, extent.streamed) if extent.chunked else (5, False))
     assert (tight.tile_size is not None) is extent.tiled
     plans, refusal = _retries(model, planned)
     assert {p.temporal_chunk for p in plans} == ({1} if extent.chunked else {5})
-    assert any(p.frames_streamed for p in plans) is extent.chunked
+    assert any(p.frames_streamed for p in plans) is extent.streamed
     assert (len({p.tile_size for p in plans}) > 1) is extent.tiled
     assert ("sees the whole clip" in refusal) is not extent.chunked
+
+
+def test_chunks_after_statistics_take_every_tile_before_a_shorter_chunk():
+    """Each chunk more costs passes over the clip: under a budget the whole clip in the smallest tile that fits comes
+    before two chunks untiled (which plain chunks take first)."""
+    plain, gathering = (_planned_under_budget(extent) for extent in (ClipExtent.CHUNKS, ClipExtent.CHUNKS_AFTER_STATISTICS))
+    assert plain.temporal_chunk < 5 and plain.tile_size is None
+    assert gathering.temporal_chunk == 5 and gathering.tile_size is not None and gathering.kept_stage_bytes == 0

@@ -29,7 +29,7 @@ def test_statistics_of_parts_are_the_clips(windows):
     x = 1000 + torch.randn(1, 8, 9, 6, 5, generator=torch.Generator().manual_seed(4))  # B,C,T,H,W: 3 latent frames
     ctx = _whole_clip()
     whole = norm.stats(x, ctx)
-    merged = norm.stats_of_parts([norm.part_moments(x[..., cols], ctx) for cols in (slice(0, 2), slice(2, 5))])
+    merged = norm.stats_of_parts([norm.part_moments(x[..., cols], ctx) for cols in (slice(0, 2), slice(2, 5))], ctx)
     for got, want in zip(merged, whole):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=0)  # float32 moments of a frame
     spans = [range(0, 9)] if windows is None else [range(0, 1), range(1, 9)]  # latent {0} | {1, 2}

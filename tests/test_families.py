@@ -28,6 +28,7 @@ from vae.kernels import Optimizations
 from vae.model.family_spec import Capability
 from vae.model.video_vae import ClipExtent
 from vae.run import memory
+from vae.run.clip_statistics import clip_norm_count
 from vae.run.geometry import min_tile
 
 SPECS = {spec.name: spec for spec in families.SPECS}
@@ -96,7 +97,12 @@ def _capabilities(model) -> set:
         found |= {Capability.KV_CACHE} if model.attention_cache_elements(op, 1, 1, (1, 1)) else set()
         found |= {Capability.PREFILL} if model.prefill_stages(op) else set()
         found |= {Capability.WHOLE_CLIP} if model.clip_extent(op) is ClipExtent.WHOLE_CLIP else set()
-        found |= {Capability.CLIP_STATISTICS} if model.clip_extent(op) is ClipExtent.WHOLE_CLIP_TILES else set()
+        modules = model.decode_modules() if op == "decode" else model.encode_modules()
+        if clip_norm_count(modules):  # norms over the whole clip: chunks only after their statistics, or none
+            found.add(Capability.CLIP_STATISTICS)
+            assert model.clip_extent(op) in (ClipExtent.CHUNKS_AFTER_STATISTICS, ClipExtent.WHOLE_CLIP), model.family
+        else:
+            assert not model.clip_extent(op).gathers_statistics, model.family
     return found
 
 

@@ -9,11 +9,11 @@ Encode and decode match diffusers within 1e-4 x max(1, |ref|) from both files; t
 core's encode and decode within the same bound, untiled and in exact tiles, and the trained model's frames
 differ from core's by more than 1/255 of the image range; HunyuanVideo 1.5's key sets (released, diffusers',
 a real small file) are never read as 1.0's, and 1.0's files load as 1.0, not as 1.5; the released sizes are
-read from the released key set's shapes; sizes that fit no rule are refused by name. The whole-clip norms
-need the clip in one chunk (`ClipExtent.WHOLE_CLIP_TILES`): the plan holds it there, keeps the tiles asked for
-and says what it set aside, an out-of-memory retry never cuts the clip. (That exact tiles equal the whole clip
-is the contract of test_families.py; the engine's reading of the extent is test_clip_extent.py's, the norm's
-test_clip_norm.py's.)"""
+read from the released key set's shapes; sizes that fit no rule are refused by name. The whole-clip norms let
+the clip run in chunks once their statistics are gathered (`ClipExtent.CHUNKS_AFTER_STATISTICS`): the plan
+prefers the whole clip in tiles, never streams frames and says what it set aside. (That chunks and tiles equal
+the whole clip is test_clip_statistics.py's and the contract of test_families.py; the engine's reading of the
+extent is test_clip_extent.py's, the norm's test_clip_norm.py's.)"""
 import json
 import logging
 import subprocess
@@ -174,9 +174,11 @@ def test_the_latent_format():
     torch.testing.assert_close(model.from_model_space(model.to_model_space(LATENT)), LATENT)
 
 
-def test_the_clip_stays_in_one_chunk_in_exact_tiles(caplog):
-    """A chunk and streamed frames asked for are set aside, named in the log; the tiles asked for are kept; under
-    a budget only one-chunk plans are candidates; an out-of-memory retry halves tiles, never the chunk."""
+def test_chunks_come_after_every_tile_of_the_whole_clip(caplog):
+    """The chunks and tiles asked for are kept, streamed frames set aside and named in the log; under a budget the
+    whole clip in tiles comes before chunks (each costs passes over the clip); an out-of-memory retry halves the
+    tile, then the chunk, and never streams frames. (That the chunks give the whole clip's frames is
+    test_clip_statistics.py's.)"""
     with torch.device("meta"):
         model = Hv10VAE()
     shape = (1, 16, 9, 40, 64)  # 9 latent frames at 512x320
@@ -184,9 +186,15 @@ def test_the_clip_stays_in_one_chunk_in_exact_tiles(caplog):
     with caplog.at_level(logging.WARNING, logger="streamvae"):
         plan = planning.plan(model, "decode", shape, vae.Settings(temporal_chunk=2, stream_frames=True, tile_size=128),
                              device="cpu")
-    assert (plan.temporal_chunk, plan.tile_size, plan.frames_streamed) == (9, (128, 128), False)
-    assert "temporal_chunk=2, stream_frames=True are set aside" in caplog.text
-    budgeted = planning.plan(model, "decode", shape, vae.Settings(memory_budget=2**30), device="cpu")
+    assert (plan.temporal_chunk, plan.tile_size, plan.frames_streamed) == (2, (128, 128), False)
+    assert "stream_frames=True is set aside" in caplog.text and plan.kept_stage_bytes > 0
+    tiled = planning.plan(model, "decode", shape, vae.Settings(temporal_chunk=9, tile_size=128), device="cpu").peak_bytes
+    budgeted = planning.plan(model, "decode", shape, vae.Settings(memory_budget=tiled), device="cpu")
     assert (budgeted.temporal_chunk, budgeted.frames_streamed) == (9, False) and budgeted.tile_size is not None
-    smaller = recovery.smaller_plan(model, plan, "out of memory")
-    assert (smaller.temporal_chunk, smaller.tile_size, smaller.frames_streamed) == (9, (64, 64), False)
+    assert planning.plan(model, "decode", shape, vae.Settings(temporal_chunk=8), device="cpu").peak_bytes > tiled
+    plans = [plan]
+    while plans[-1].temporal_chunk > 1:
+        plans.append(recovery.smaller_plan(model, plans[-1], "out of memory"))
+    tiles = [p.tile_size[0] for p in plans]
+    assert tiles == sorted(tiles, reverse=True) and tiles[-1] < 64 and plans[-2].tile_size == plans[-1].tile_size
+    assert not any(p.frames_streamed for p in plans)

@@ -284,7 +284,7 @@ class RowBands:
         per_row = count // x.shape[-2]  # elements per group, frame and row
         s = self._scale(x.shape[-2])
         counts = [per_row * (hi - lo) for lo, hi in (self.bands.rows(r, s) for r in range(self.world))]
-        return norm.stats_of_parts([(p[0], p[1], n) for p, n in zip(parts, counts)])
+        return norm.stats_of_parts([(p[0], p[1], n) for p, n in zip(parts, counts)], ctx)
 
     def residual(self, x: torch.Tensor, ctx, conv1, norm1, conv2, norm2, shortcut) -> torch.Tensor:
         """A residual block conv by conv, each over this rank's band."""

@@ -3,17 +3,19 @@ use (HunyuanVideo 1.0's norms are these).
 
 It normalises over (C/G, T, H, W): its statistics span every frame of the clip, or each window of a few
 latent frames (`Windows`: how ComfyUI core's carried chunks compute HunyuanVideo 1.0's). A frame cannot be
-normalised before every frame of its span has been seen, so a model with such norms declares that its op
-sees the whole clip in exact tiles (`VideoVAE.clip_extent` is `ClipExtent.WHOLE_CLIP_TILES`, the capability
-`CLIP_STATISTICS`): the plan runs the clip in one chunk, and every call of the norm then holds the whole
-clip; a call that does not is refused rather than normalised with part of the clip's statistics. Under exact
-tiles or row bands a tile's moments are merged with the others' (the `Norm` contract of `model.execution`).
-Video tensors are B,C,T,H,W; statistics are float32 B,G,T (one value per group and frame: that frame's
-span's), as `kernels.group_norm_apply` takes them.
+normalised before every frame of its span has been seen. A model with such norms declares it
+(`VideoVAE.clip_extent` is `ClipExtent.CHUNKS_AFTER_STATISTICS`, the capability `CLIP_STATISTICS`): a clip in
+one chunk normalises each call with the statistics of what it holds, the whole clip; a clip in several chunks
+takes them from the run (`RunState.clip_statistics`, the `model.execution.ClipStatistics` that the engine
+gathers in passes over the clip first). A call on part of the clip with neither is refused rather than
+normalised with part of the clip's statistics. Under exact tiles or row bands a tile's moments are merged
+with the others' (the `Norm` contract of `model.execution`). Video tensors are B,C,T,H,W; statistics are
+float32 B,G,T (one value per group and frame: that frame's span's), as `kernels.group_norm_apply` takes them.
 
 The statistics of a span are merged from per-frame moments (mean and biased variance over C/G x H x W,
 `kernels.group_norm_moments`) in float64, exactly: every frame of a span has the same count, so
 mean = mean_f(m_f) and var = mean_f(v_f) + mean_f((m_f - mean)^2), without E[x^2] - E[x]^2 cancelling.
+Merged this way, the moments of chunks and tiles give the whole clip's statistics within float64 rounding.
 """
 from dataclasses import dataclass
 
@@ -55,27 +57,31 @@ class ClipGroupNorm(nn.GroupNorm):
         return self._normalize(x, ctx, stats if stats is not None else self.stats(x, ctx), act=True, out=out)
 
     def stats(self, x: torch.Tensor, ctx: RunState) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, rstd) float32 B,G,T of the spans of x's frames (x: whole frames of the whole clip)."""
-        mean, var = self.part_moments(x, ctx)[:2]
-        return self._span_stats(mean.double(), var.double())
+        """(mean, rstd) float32 B,G,t of the spans of x's frames (x: whole frames)."""
+        return self.stats_of_parts([self.part_moments(x, ctx)], ctx)
 
     def part_moments(self, x: torch.Tensor, ctx: RunState):
-        """(mean, biased var, elements per group and frame) of a part of the clip's frames (a tile)."""
-        _require_whole_clip(self, ctx)
+        """(mean, biased var, elements per group and frame) of a part of the call's frames (a tile)."""
         mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm, ctx.kernel_log)
         return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
 
-    def stats_of_parts(self, parts: list):
-        """The spans' (mean, rstd) from the `part_moments` of parts that cover the clip's frames once."""
-        mean, var = merge_group_moments([(m.double(), v.double(), n) for m, v, n in parts])
-        return self._span_stats(mean, var)
+    def stats_of_parts(self, parts: list, ctx: RunState):
+        """The spans' (mean, rstd) of the call's frames from the `part_moments` of parts that cover them once:
+        from the run's whole-clip statistics where the clip runs in several chunks, else from these frames,
+        the whole clip."""
+        mean, var = merge_group_moments([(m.double(), v.double(), n) for m, v, n in parts])  # float64 B,G,t
+        if ctx.clip_statistics is not None:
+            return ctx.clip_statistics.of(self, mean, var, ctx.cache.advance(self, mean.shape[-1]))
+        _require_whole_clip(self, ctx)
+        return self.clip_stats(mean, var)
 
     def _normalize(self, x, ctx, stats, act: bool, out=None):
         return group_norm_apply(x, *stats, self.weight, self.bias, act, out, triton=ctx.opts.triton_norm,
                                 log=ctx.kernel_log)
 
-    def _span_stats(self, means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-frame moments of the whole clip (float64 B,G,T) -> each frame's span's (mean, rstd), float32 B,G,T."""
+    def clip_stats(self, means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-frame moments of the whole clip (float64 B,G,T) -> each frame's span's (mean, rstd), float32 B,G,T
+        (`model.execution.ClipNorm`)."""
         spans = [self.span_of(self.latent_of(f)) for f in range(means.shape[-1])]
         mean, rstd = torch.empty_like(means), torch.empty_like(means)
         for span in sorted(set(spans)):
@@ -97,8 +103,9 @@ class ClipGroupNorm(nn.GroupNorm):
 
 
 def _require_whole_clip(norm: ClipGroupNorm, ctx: RunState) -> None:
-    """A call that does not hold the whole clip would be normalised with part of its statistics: refused."""
+    """A call that holds part of the clip, in a run that gathered no whole-clip statistics, would be normalised
+    with part of its statistics: refused."""
     if not (ctx.first_chunk and ctx.last_chunk):
         raise RuntimeError(f"{type(norm).__name__} takes its statistics over the whole clip, but this run gives it "
-                           "part of the clip: run the clip as one chunk (the plan does for a model whose "
-                           "`clip_extent` is a whole clip), untiled or in exact tiles")
+                           "part of the clip without the clip's statistics: run the clip as one chunk, or through "
+                           "the engine (`vae.decode`, `vae.encode`), which gathers them first")

@@ -56,7 +56,8 @@ class RunState(Protocol):
     `opts`: the run's `kernels.Optimizations`; `first_chunk` / `last_chunk`: whether the chunk being run
     holds the clip's first / last frame; `prefill`: whether the run is passing the clip through the
     model's `prefill_stages` before the clip itself; `cache`: the causal caches; `execution`: None (whole frames,
-    the blocks' own path) or the `Execution` every conv, norm and attention runs under; `kernel_log`:
+    the blocks' own path) or the `Execution` every conv, norm and attention runs under; `clip_statistics`:
+    None (the clip runs in one chunk) or the `ClipStatistics` of a clip run in several; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
     every `kernels.conv3d` of the run."""
 
@@ -66,8 +67,31 @@ class RunState(Protocol):
     prefill: bool
     cache: CausalState
     execution: "Execution | None"
+    clip_statistics: "ClipStatistics | None"
     kernel_log: object
     conv_options: dict
+
+
+@runtime_checkable
+class ClipNorm(Protocol):
+    """A norm whose statistics span the whole clip, not a frame (`model.clip_norm.ClipGroupNorm`): it cannot
+    normalise a frame before it has seen every frame of the clip."""
+
+    def clip_stats(self, means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-frame moments of the whole clip (float64 B,G,T: mean and biased variance of each frame) -> the
+        statistics every frame is normalised with (float32 B,G,T)."""
+
+
+class ClipStatistics(Protocol):
+    """The whole-clip statistics of a run whose clip passes through the model in several chunks (the run's
+    `run.clip_statistics.GatheredStatistics`): the engine runs the clip once per `ClipNorm` first, each
+    pass gathering one more norm's moments, then runs it with every norm's statistics known. A norm counts its
+    frames with `CausalState.advance` (keyed by itself), which starts again with the clip."""
+
+    def of(self, norm: ClipNorm, means: torch.Tensor, variances: torch.Tensor,
+           first: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The statistics (float32 B,G,t) of frames [first, first + t) of `norm`'s input in the clip, given their
+        moments (float64 B,G,t): known from an earlier pass, or gathered now, and then the chunk goes no further."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +160,7 @@ class Norm(Protocol):
     def part_moments(self, x: torch.Tensor, ctx: RunState):
         """(mean, biased variance, elements per group and frame) of a part x of the frames, or None."""
 
-    def stats_of_parts(self, parts: list):
+    def stats_of_parts(self, parts: list, ctx: RunState):
         """The whole-frame statistics from the `part_moments` of parts that cover the frames once."""
 
     def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:

@@ -24,7 +24,8 @@ class Capability(enum.Enum):
     PREFILL = "prefill"  # stages that see every frame before the clip runs, under a load choice (`prefill_stages`)
     # stages that see the whole clip in one call: one chunk, untiled (`clip_extent` is `ClipExtent.WHOLE_CLIP`)
     WHOLE_CLIP = "whole_clip"
-    # norm statistics over the whole clip: one chunk, exact tiles allowed (`clip_extent` is `WHOLE_CLIP_TILES`)
+    # norms over the whole clip: chunks once passes gathered their statistics (`clip_extent` is
+    # `CHUNKS_AFTER_STATISTICS`, or `WHOLE_CLIP`)
     CLIP_STATISTICS = "clip_statistics"
 
 

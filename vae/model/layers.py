@@ -43,7 +43,7 @@ class FrameGroupNorm(nn.GroupNorm):
         mean, var = group_norm_moments(x, self.num_groups, ctx.opts.triton_norm, ctx.kernel_log)
         return mean, var, x.shape[1] // self.num_groups * x.shape[-2] * x.shape[-1]
 
-    def stats_of_parts(self, parts: list):
+    def stats_of_parts(self, parts: list, ctx: RunState):
         """Whole-frame (mean, rstd) from the `part_moments` of parts that cover the frames once."""
         mean, var = merge_group_moments(parts)
         return mean, torch.rsqrt(var + self.eps)
@@ -89,7 +89,7 @@ class RMSNorm(nn.Module):
     def part_moments(self, x: torch.Tensor, ctx: RunState):
         return None
 
-    def stats_of_parts(self, parts: list):
+    def stats_of_parts(self, parts: list, ctx: RunState):
         return None
 
     def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:

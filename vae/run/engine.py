@@ -32,6 +32,7 @@ from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
 from . import geometry, planning, recovery
 from .causal_cache import CausalCache
+from .clip_statistics import Gathered, GatheredStatistics, clip_norm_count
 from .inputs import check_pixels, checked_latent
 from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
@@ -134,8 +135,7 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
-    ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
-                            attention_frames=plan.clip.latent_frames)
+    _fresh_caches(model, ctx, plan)
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     ctx.frame_stream = FrameStream(stages) if plan.frames_streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
@@ -148,11 +148,19 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     steps.replan(chunks_left, steps.units_per_chunk(ctx.execution))
 
 
+def _fresh_caches(model, ctx: RunContext, plan: Plan) -> None:
+    """New causal caches (and attention keys and values) for a run of the clip from its frame 0."""
+    ctx.cache.close()
+    ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
+                            attention_frames=plan.clip.latent_frames)
+
+
 def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
     """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames
     (`ctx.chunks`, which says which chunk holds the clip's first frame and which its last) until the
-    clip is done or step returns False, after the model's prefill (`_prefill`); the causal caches are
-    closed at the end.
+    clip is done or step returns False, after the passes that gather whole-clip statistics where the
+    clip runs in several chunks (`_gather_statistics`) and the model's prefill (`_prefill`); the causal
+    caches are closed at the end.
 
     Out of memory inside a step (`recovery.Restart.CHUNK`, where the partition allows it) goes on with
     the next smaller plan (`recovery.smaller_plan`, up to its floor, where it raises): the causal
@@ -160,12 +168,21 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
     already written and stays), then the failed chunk runs again. No copy of the caches is kept for
     this: it would double their memory, the largest part of a chunk's peak. Every chunk after the first
     has the same size, so an out-of-memory error nearly always comes in the second chunk, and the
-    rebuild is the first chunk's single latent frame."""
+    rebuild is the first chunk's single latent frame. Whole-clip statistics gathered stay (they do not
+    depend on the chunks)."""
     n_lat, done = plan.clip.latent_frames, 0
+    gathers = model.clip_extent(plan.op).gathers_statistics
+    modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
+    statistics = GatheredStatistics(clip_norm_count(modules), plan.kept_stage_bytes,
+                                    prefill_stages=len(model.prefill_stages(plan.op))) if gathers else None
     try:
         while True:
-            _prepare(model, ctx, plan, steps, partition, -(-(n_lat - done) // plan.temporal_chunk))
+            ctx.clip_statistics = statistics if gathers and plan.grid[2] > 1 else None
+            passes = ctx.clip_statistics.passes_left if ctx.clip_statistics is not None else 0
+            chunks_left = -(-(n_lat - done) // plan.temporal_chunk)
+            _prepare(model, ctx, plan, steps, partition, chunks_left + passes * plan.grid[2])
             try:
+                _gather_statistics(model, ctx, plan, steps, step)
                 with steps.muted():  # cancellable, but no progress to report
                     _prefill(model, ctx, plan, step)
                     for first, n in ctx.chunks(n_lat, plan.temporal_chunk, stop=done):
@@ -182,10 +199,47 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
                     raise
                 reason = str(error) or type(error).__name__  # keep no reference to the failed chunk's tensors
             ctx.cache.close()
+            if statistics is not None:
+                statistics.restart()
             recovery.free_cached_memory(model.device)
             plan = recovery.smaller_plan(model, plan, reason)
     finally:
         ctx.cache.close()  # the disk file of offloaded caches goes with it
+        ctx.clip_statistics = None
+
+
+def _gather_statistics(model, ctx: RunContext, plan: Plan, steps: Steps, step) -> None:
+    """The passes over the clip (`clip_statistics`) that gather, one norm a pass, the whole-clip statistics
+    of the norms that still lack them (none where the clip runs in one chunk): each pass from frame 0 with
+    fresh caches, through the model's prefill first where it has one, every chunk stopping at the norm
+    gathered (`Gathered`), nothing written; then fresh caches for the clip."""
+    statistics = ctx.clip_statistics
+    while statistics is not None and statistics.passes_left:
+        reached = False
+        if model.prefill_stages(plan.op) and not statistics.first_stage:
+            ctx.prefill = True
+            try:
+                with steps.muted():
+                    reached = _gathering_chunks(ctx, plan, step, steps)
+            finally:
+                ctx.prefill = False
+            ctx.cache.clear()
+        if not reached:
+            _gathering_chunks(ctx, plan, step, steps)
+        statistics.end_pass()
+        _fresh_caches(model, ctx, plan)
+
+
+def _gathering_chunks(ctx: RunContext, plan: Plan, step, steps: Steps) -> bool:
+    """The clip's chunks of one gathering pass, in order; whether they reached the norm gathered."""
+    reached = False
+    for first, n in ctx.chunks(plan.clip.latent_frames, plan.temporal_chunk):
+        try:
+            step(first, n, False)
+        except Gathered:
+            reached = True
+        steps.chunk_done()
+    return reached
 
 
 def _prefill(model, ctx: RunContext, plan: Plan, step) -> None:
@@ -194,8 +248,8 @@ def _prefill(model, ctx: RunContext, plan: Plan, step) -> None:
     `ctx.prefill` set and nothing written; then the causal state starts again at frame 0 (what the
     prefill gathered, in `ctx.cache.keys_values`, stays)."""
     stages = model.prefill_stages(plan.op)
-    if not stages:
-        return
+    if not stages or (ctx.clip_statistics is not None and ctx.clip_statistics.first_stage):
+        return  # (a clip that starts past the prefill's stages, from inputs kept there, needs none)
     clip_stream = ctx.frame_stream
     ctx.prefill, ctx.frame_stream = True, FrameStream(stages) if clip_stream is not None else None
     try:
@@ -206,13 +260,15 @@ def _prefill(model, ctx: RunContext, plan: Plan, step) -> None:
     ctx.cache.clear()
 
 
-def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit) -> None:
+def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit, first: int) -> None:
     """One chunk x through the model's stages: `emit(y)` gets the output (pixel frames, or the
     encoder's moments B,2*latent,t,h,w), the whole chunk's at once, or a frame or less at a time when
     the stream runs frame by frame (`ctx.frame_stream`). Where the convs look ahead in time, they give
     the frames they held back with the clip's last chunk, each layer more than the one before: that
     chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's. In a
-    prefill pass (`_prefill`) only the model's `prefill_stages` run, and nothing is emitted."""
+    prefill pass (`_prefill`) only the model's `prefill_stages` run, and nothing is emitted. Where the run
+    gathers whole-clip statistics, the chunk (latent frames from `first`) starts at the stage whose inputs
+    the passes kept, and keeps the inputs the pass asks for (`clip_statistics.GatheredStatistics`)."""
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     if ctx.frame_stream is not None:  # in a prefill pass, the stream of the prefill stages
         ctx.frame_stream.run(x, ctx, (lambda y: None) if ctx.prefill else emit)
@@ -220,6 +276,17 @@ def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit) -> Non
         run_stages(model.prefill_stages(plan.op), x, ctx)
     elif ctx.last_chunk and model.looks_ahead(plan.op):
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
+    elif ctx.clip_statistics is not None:  # from the stage inputs kept, keeping more (`clip_statistics`)
+        statistics = ctx.clip_statistics
+        start, x = statistics.start(first, x)
+        for i in range(start, len(stages)):
+            try:
+                y = stages[i](x, ctx)
+            except Gathered:
+                statistics.stopped(i, first, x)
+                raise
+            x = y
+        emit(x)
     else:
         for stage in stages:  # `run_stages`, written out: one Python frame less under every layer
             x = stage(x, ctx)
@@ -325,7 +392,7 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
                     outputs[i][:, :, at[0]:at[0] + collected.shape[2]] = collected
             at[0] += h.shape[2]
 
-        _run_chunk(model, x, ctx, plan, emit)
+        _run_chunk(model, x, ctx, plan, emit, first)
 
     _run_chunks(model, ctx, steps, plan, partition, step)
 
@@ -426,7 +493,7 @@ def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: S
     def step(first, n, write):
         x = part[:, :, first:first + n].to(device=model.device, dtype=model.decode_dtype)
         x = activation_layout.to_layout(x, run_layout)
-        _run_chunk(model, x, ctx, plan, lambda y: emit(y, write))
+        _run_chunk(model, x, ctx, plan, lambda y: emit(y, write), first)
         return pos < t_out
 
     _run_chunks(model, ctx, steps, plan, partition, step)

@@ -25,7 +25,7 @@ from typing import Iterator
 import torch
 
 from ..kernels import Optimizations, kernel_choice
-from ..kernels.backend import host_free
+from ..kernels.backend import host_available, host_free
 from . import geometry, kernel_plan, memory
 from .causal_cache import check_offload
 from .geometry import Clip
@@ -113,6 +113,8 @@ class Plan:
     frames_streamed: bool = False  # the chunk's stages run one frame at a time (strategies.FrameStream)
     activation_layout: str = "ncdhw"
     kernels: KernelPlan = KernelPlan()
+    # Stage inputs the passes that gather whole-clip statistics may keep, in host memory (`run.clip_statistics`).
+    kept_stage_bytes: int = 0
 
     @property
     def work_bytes(self) -> int | None:
@@ -278,10 +280,11 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         chunk, tile, offload, streamed = candidate
         fallback = target if settings.cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
+        chunks = grid(clip, chunk, tile, settings.tile_overlap, settings.tiling)
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
-                    grid(clip, chunk, tile, settings.tile_overlap, settings.tiling), peak, budget, fits, weights,
-                    kernel_choice=opts.kernel_choice, kernels_on_record=on_record, frames_streamed=streamed,
-                    activation_layout=run_layout, kernels=kernels)
+                    chunks, peak, budget, fits, weights, kernel_choice=opts.kernel_choice, kernels_on_record=on_record,
+                    frames_streamed=streamed, activation_layout=run_layout, kernels=kernels,
+                    kept_stage_bytes=_kept_stage_bytes(model, op, chunks[2], device, budget, peak))
 
     def estimated(candidate: Candidate) -> Plan:
         chunk, tile, offload, streamed = candidate
@@ -315,26 +318,40 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     return next(candidate for candidate in plans if candidate.peak_bytes <= lowest * NEAR_LOWEST)
 
 
+def _kept_stage_bytes(model, op: str, chunks: int, device: torch.device, budget: int | None, peak: int | None) -> int:
+    """What the passes gathering whole-clip statistics may keep of stage inputs in host memory (`Plan.
+    kept_stage_bytes`; none without passes): from a GPU or without a budget, half the RAM the host may give
+    buffers; on the CPU under a budget, what the budget leaves beside the predicted peak (none if unknown)."""
+    if chunks < 2 or not model.clip_extent(op).gathers_statistics:
+        return 0
+    if device.type != "cpu" or budget is None:
+        return host_available() // 2
+    return max(0, budget - peak) if peak is not None else 0
+
+
 def clip_settings(model, clip: Clip, settings: Settings) -> Settings:
     """`settings` for how much of the clip `model`'s op must see at once (`VideoVAE.clip_extent`): for a whole-clip
-    extent one chunk of every latent frame, not streamed, and untiled where it takes no tiles; what the caller
-    asked otherwise is said and set aside (it would not give the whole clip's frames)."""
+    extent one untiled chunk of every latent frame, for chunks after whole-clip statistics whole chunks (never a
+    frame at a time); what the caller asked otherwise is said and set aside."""
     extent = model.clip_extent(clip.op)
-    if extent.chunked:
+    if extent.streamed or (extent.chunked and not settings.stream_frames):
         return settings
+    if extent.chunked:
+        _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} runs whole chunks ({extent.value}), so "
+                   "stream_frames=True is set aside. To need less memory: exact tiles (tile_size), a smaller "
+                   "temporal_chunk or a memory budget")
+        return dataclasses.replace(settings, stream_frames=False)
     asked = [f"{name}={value!r}" for name, value, kept in (
         ("temporal_chunk", settings.temporal_chunk, settings.temporal_chunk in (None, clip.latent_frames)),
-        ("tile_size", settings.tile_size, extent.tiled or not settings.tile_size
-         or min(settings.tile_size) >= max(clip.height, clip.width)),
+        ("tile_size", settings.tile_size, not settings.tile_size or min(settings.tile_size) >= max(clip.height, clip.width)),
         ("stream_frames", settings.stream_frames, not settings.stream_frames)) if not kept]
     if asked:
-        parts, verb = "chunks" if extent.tiled else "chunks or tiles", "is" if len(asked) == 1 else "are"
-        bound = "exact tiles (tile_size) or a memory budget" if extent.tiled else f"{clip.op} fewer frames or a smaller size"
         _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} sees the whole clip at once ({extent.value}; "
-                   f"{parts} would change its frames), so {', '.join(asked)} {verb} set aside: it runs on all "
-                   f"{clip.latent_frames} latent frames in one chunk. To need less memory: {bound}")
-    untiled = {} if extent.tiled else {"tile_size": None, "tiling": "exact"}
-    return dataclasses.replace(settings, temporal_chunk=clip.latent_frames, stream_frames=False, **untiled)
+                   f"chunks or tiles would change its frames), so {', '.join(asked)} {'is' if len(asked) == 1 else 'are'} "
+                   f"set aside: it runs on all {clip.latent_frames} latent frames in one chunk. To need less memory: "
+                   f"{clip.op} fewer frames or a smaller size")
+    return dataclasses.replace(settings, temporal_chunk=clip.latent_frames, stream_frames=False, tile_size=None,
+                               tiling="exact")
 
 
 Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames streamed)
@@ -350,7 +367,8 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     time than streaming frames does (a caller's tile below that size is tried as it is first: it is a
     limit, not a wish to stream). The smaller tiles without streaming come last (where streaming has no
     calibration, or is not allowed). Only what the op's `clip_extent` allows: a whole-clip extent one chunk, never
-    streamed, untiled where it takes no tiles."""
+    streamed, untiled where it takes no tiles; chunks after whole-clip statistics never streamed, and every tile
+    of the longest chunk before any shorter chunk (each chunk more costs a pass over the clip per norm)."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
     extent = model.clip_extent(clip.op)
     max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
@@ -369,15 +387,20 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     # is still tried whole-chunk, with the caches on the device, before anything streams.
     large = [tile for tile in tiles if max(tile) >= min(STREAM_BELOW_TILE, max(limit))]
 
+    if extent.gathers_statistics:  # a clip in several chunks passes through once per norm first: tiles first
+        yield from ((chunk, tile, offload, False) for chunk in chunks for tile in whole + tiles for offload in offloads)
+        return
+
     def whole_chunks(tiles):
-        if settings.stream_frames is not True:
-            for tile in tiles:
-                for offload in offloads:
-                    for chunk in chunks:
-                        yield chunk, tile, offload, False
+        if settings.stream_frames is True:
+            return
+        for tile in tiles:
+            for offload in offloads:
+                for chunk in chunks:
+                    yield chunk, tile, offload, False
 
     yield from whole_chunks(whole + large)
-    if settings.stream_frames is not False and settings.tiling == "exact" and extent.chunked:
+    if settings.stream_frames is not False and settings.tiling == "exact" and extent.streamed:
         for tile in whole + tiles:
             yield 1, tile, offloads[-1], True
     yield from whole_chunks([tile for tile in tiles if tile not in large])

@@ -24,7 +24,9 @@ class RunContext:
     `frame_stream` is None (the engine runs each chunk's stages on the whole chunk) or the
     `strategies.FrameStream` that runs them one frame at a time. `prefill` is True while the engine
     runs a model's `prefill_stages` over the clip before the clip itself (a full attention gathers
-    every frame's keys first: `layers.FrameCausalAttention`). `kernel_log`: see `kernels.kernel_log`.
+    every frame's keys first: `layers.FrameCausalAttention`). `clip_statistics`: None, or the whole-clip
+    statistics of norms that span the clip, gathered before a clip in several chunks runs
+    (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`.
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
@@ -37,6 +39,8 @@ class RunContext:
         self.execution = execution
         self.frame_stream = None
         self.prefill = False
+        # The whole-clip statistics of a clip run in several chunks (`run.clip_statistics`), or None.
+        self.clip_statistics = None
         # Where the convs and norms note which kernel ran (the caller's, for its run report; or None).
         self.kernel_log = kernel_log
         # How every conv of the run picks its kernel (`kernels.conv3d`'s keyword arguments): the

@@ -8,8 +8,10 @@ compression (T = 1 + 4k <-> 1 + k latent frames); 16 latent channels; `encode` r
 posterior mean (after `quant_conv`), `decode` takes the raw latent (before `post_quant_conv`).
 
 Every norm is a GroupNorm over the whole clip (`model.clip_norm.ClipGroupNorm`), so a run is exact only with
-every frame of a norm's input seen before it normalises one: the engine runs the clip in one chunk, in exact
-tiles where asked (`clip_extent` is `ClipExtent.WHOLE_CLIP_TILES`, the capability `CLIP_STATISTICS`).
+every frame of a norm's input seen before it normalises one: the engine runs the clip in one chunk, or in
+several once passes over the clip have gathered every norm's statistics (`clip_extent` is
+`ClipExtent.CHUNKS_AFTER_STATISTICS`, the capability `CLIP_STATISTICS`; `run.clip_statistics`), in exact
+tiles where asked.
 
 `Hv10Config.frames` is a load choice: "model" (the trained network: whole-clip statistics, frame-causal
 mid-block attention; diffusers' model decoding the whole clip) or "core" (ComfyUI 0.33.0's frames: its
@@ -167,9 +169,9 @@ class Hv10VAE(VideoVAE):
         return [self._decode_in, *self.decoder.blocks(), self._decode_out]
 
     def clip_extent(self, op: str) -> ClipExtent:
-        """The whole clip, exact tiles allowed: every norm's statistics span the clip (core's frames: the
-        mid-block's still do)."""
-        return ClipExtent.WHOLE_CLIP_TILES
+        """Chunks once every norm's whole-clip statistics are known (core's frames: its windows' statistics,
+        and the mid-block's still span the clip)."""
+        return ClipExtent.CHUNKS_AFTER_STATISTICS
 
     def prefill_stages(self, op: str) -> list[Stage]:
         """Core's unmasked attention needs every frame's keys first: the stages up to the mid-block attention."""

@@ -70,7 +70,7 @@ class PixelNormAct:
     def part_moments(self, x, ctx):
         return None
 
-    def stats_of_parts(self, parts):
+    def stats_of_parts(self, parts, ctx):
         return None
 
     def act(self, x: torch.Tensor, ctx: RunState, out: torch.Tensor | None = None, stats=None) -> torch.Tensor:

@@ -118,7 +118,7 @@ class ExactTiles:
                 parts.append(norm2.part_moments(call1.tile(out_rows, out_cols, fill1, keep_cache=True), ctx))
                 self.step()
             call1.end_row()
-        stats2 = norm2.stats_of_parts(parts)
+        stats2 = norm2.stats_of_parts(parts, ctx)
 
         def fill2(view, rows2, cols2):  # conv1's outputs over the region, again, normalised into view
             norm2.act(call1.region(rows2, cols2, fill1), ctx, out=view, stats=stats2)

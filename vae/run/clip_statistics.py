@@ -1,0 +1,109 @@
+"""Whole-clip statistics for a clip that runs in several chunks (`ClipExtent.CHUNKS_AFTER_STATISTICS`): the
+statistics of norms that span the clip (`model.execution.ClipNorm`, such as `model.clip_norm.ClipGroupNorm`)
+gathered in passes over the clip before the clip itself runs.
+
+A norm cannot normalise a frame before it has seen every frame of the clip, and what a norm sees depends on
+the norms before it. So the engine runs the clip through the model once per such norm, chunk by chunk with
+fresh causal caches, as the plan runs it (chunks, exact tiles): in pass k every norm before the k-th has its
+statistics, the k-th hands its per-frame moments (float64 B,G,t, merged over the tiles of a chunk) to
+`GatheredStatistics.of`, which keeps them and stops the chunk there (`Gathered`: nothing after that norm
+runs). At the end of the pass the frames' moments become the norm's statistics (`ClipNorm.clip_stats`, an
+exact merge); then the clip runs with every norm's statistics known and gives the whole clip's frames, to
+rounding, whatever the chunks and tiles. Statistics do not depend on how the clip was cut, so they outlive an
+out-of-memory retry that cuts it smaller.
+
+Pass k would cost the model up to the k-th norm on the clip, from the op's input. Instead, a pass keeps the input
+of the stage where its chunks stopped (every chunk's, a copy: in host memory from a GPU) when the whole clip's
+fits the plan's `kept_stage_bytes` beside what is kept already; the later passes and the clip itself start
+there. The norms come in the stages' order, so only the latest kept stage is ever read: with enough memory
+each stage runs about once more than in one chunk, and a norm's pass runs no more than the layers before it in
+its stage. The plan prefers one chunk (no passes) and tiles before
+shorter chunks (`planning._candidates`). Stages are kept only after the model's prefill (a pass that starts later
+needs none).
+"""
+import torch
+
+from ..model.execution import ClipNorm
+
+
+class Gathered(Exception):
+    """A chunk stopped at the norm whose moments its pass gathers (the layers after it have nothing to run on)."""
+
+
+def clip_norm_count(modules) -> int:
+    """How many norms of the op's modules need whole-clip statistics: the passes a clip in chunks takes."""
+    return sum(isinstance(m, ClipNorm) for root in modules for m in root.modules())
+
+
+class GatheredStatistics:
+    """The run's `model.execution.ClipStatistics`: each norm's statistics of the whole clip (float32 B,G,T, from
+    `ClipNorm.clip_stats`) once a pass has gathered them; `norms` is how many the op has. And the stage inputs
+    kept between passes (module docstring): at most `kept_bytes` of them, on `keep_on`, never those of the
+    first `prefill_stages` stages. Chunks are named by their first latent frame."""
+
+    def __init__(self, norms: int, kept_bytes: int = 0, keep_on: torch.device | str = "cpu", prefill_stages: int = 0):
+        self.norms = norms
+        self.known: dict[ClipNorm, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._gathering: ClipNorm | None = None
+        self._moments: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.kept_bytes, self.keep_on, self.prefill_stages = kept_bytes, torch.device(keep_on), prefill_stages
+        self.first_stage = 0  # where every chunk starts: the stage whose inputs `_kept` holds (0: the op's input)
+        self._kept: dict[int, torch.Tensor] = {}
+        self._new: dict[int, torch.Tensor] | None = {}  # the inputs this pass keeps (None: it keeps none)
+        self._new_stage = 0
+
+    @property
+    def passes_left(self) -> int:
+        return self.norms - len(self.known)
+
+    def start(self, first: int, x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(the stage chunk `first` starts at, its input there): the input kept, else stage 0 and x."""
+        if not self.first_stage:
+            return 0, x
+        return self.first_stage, self._kept[first].to(x.device, non_blocking=True)
+
+    def stopped(self, stage: int, first: int, x: torch.Tensor) -> None:
+        """Chunk `first` met `Gathered` in `stage`, whose input is x: a copy of x kept for the passes after this
+        one, where the clip's inputs there fit beside those kept now."""
+        if stage <= self.first_stage or stage < self.prefill_stages or self._new is None:
+            return
+        new = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in self._new.values())
+        if new + sum(t.numel() * t.element_size() for t in self._kept.values()) > self.kept_bytes:
+            self._new = None  # the clip's inputs there do not fit: this pass keeps nothing
+            return
+        self._new[first] = x.to(self.keep_on, copy=True)
+        self._new_stage = stage
+
+    def restart(self) -> None:
+        """Drop the pass under way and the kept inputs (their chunks are no longer the run's: an out-of-memory
+        retry cut them smaller); the statistics known stay."""
+        self.first_stage, self._kept, self._new = 0, {}, {}
+        self._gathering, self._moments = None, []
+
+    def of(self, norm: ClipNorm, means: torch.Tensor, variances: torch.Tensor, first: int):
+        """Statistics (float32 B,G,t) of frames [first, first + t) of `norm`'s input, whose moments are `means`,
+        `variances` (float64 B,G,t); for the norm this pass gathers, its moments kept, and `Gathered` raised."""
+        t = means.shape[-1]
+        if norm in self.known:
+            mean, rstd = self.known[norm]
+            return mean[..., first:first + t], rstd[..., first:first + t]
+        gathered = sum(m.shape[-1] for m, _ in self._moments)
+        if (self._gathering is not None and norm is not self._gathering) or first != gathered:
+            raise RuntimeError(f"a statistics pass met frames {first}.. of a {type(norm).__name__} after {gathered} "
+                               "frames of the norm it gathers: the clip's chunks must run in order, once each")
+        self._gathering = norm
+        self._moments.append((means, variances))
+        raise Gathered
+
+    def end_pass(self) -> None:
+        """The gathered norm's statistics from its frames' moments; ready for the next pass."""
+        if self._gathering is None:
+            raise RuntimeError(f"a statistics pass reached none of the {self.passes_left} norms whose whole-clip "
+                               "statistics are unknown: the op's stages do not use every norm of its modules")
+        means = torch.cat([m for m, _ in self._moments], dim=-1)  # float64 B,G,T: every frame of the clip
+        variances = torch.cat([v for _, v in self._moments], dim=-1)
+        self.known[self._gathering] = self._gathering.clip_stats(means, variances)
+        self._gathering, self._moments = None, []
+        if self._new:  # every chunk's input of the stage where they stopped: the next passes start there
+            self.first_stage, self._kept = self._new_stage, self._new
+        self._new = {}
