@@ -56,11 +56,20 @@ class GatheredStatistics:
     def passes_left(self) -> int:
         return self.norms - len(self.known)
 
-    def start(self, first: int, x: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """(the stage chunk `first` starts at, its input there): the input kept, else stage 0 and x."""
-        if not self.first_stage:
-            return 0, x
-        return self.first_stage, self._kept[first].to(x.device, non_blocking=True)
+    def run(self, stages: list, x: torch.Tensor, ctx, first: int) -> torch.Tensor:
+        """Chunk `first` (x: its input to the op) through `stages` from the stage whose inputs are kept; where it
+        stops at the norm this pass gathers, the input of that stage kept (`stopped`)."""
+        start = self.first_stage
+        if start:
+            x = self._kept[first].to(x.device, non_blocking=True)
+        for i in range(start, len(stages)):
+            try:
+                y = stages[i](x, ctx)
+            except Gathered:
+                self.stopped(i, first, x)
+                raise
+            x = y
+        return x
 
     def stopped(self, stage: int, first: int, x: torch.Tensor) -> None:
         """Chunk `first` met `Gathered` in `stage`, whose input is x: a copy of x kept for the passes after this
@@ -107,3 +116,38 @@ class GatheredStatistics:
         if self._new:  # every chunk's input of the stage where they stopped: the next passes start there
             self.first_stage, self._kept = self._new_stage, self._new
         self._new = {}
+
+
+def gather(ctx, frames: int, chunk: int, step, steps, prefill: bool, fresh_caches) -> None:
+    """The passes over a clip of `frames` latent frames in chunks of `chunk` that gather, one norm a pass, the
+    statistics of the norms of `ctx.clip_statistics` that still lack them (nothing where it is None): each pass
+    from frame 0, `step(first, count, write=False)` a chunk at a time, every chunk stopping at the norm gathered
+    (`Gathered`), through the model's prefill first where it has one (`prefill`: a pass that starts past it, from
+    kept inputs, needs none); then `fresh_caches()` for the next pass, or for the clip itself."""
+    statistics = ctx.clip_statistics
+    while statistics is not None and statistics.passes_left:
+        reached = False
+        if prefill and not statistics.first_stage:
+            ctx.prefill = True
+            try:
+                with steps.muted():
+                    reached = _gathering_chunks(ctx, frames, chunk, step, steps)
+            finally:
+                ctx.prefill = False
+            ctx.cache.clear()
+        if not reached:
+            _gathering_chunks(ctx, frames, chunk, step, steps)
+        statistics.end_pass()
+        fresh_caches()
+
+
+def _gathering_chunks(ctx, frames: int, chunk: int, step, steps) -> bool:
+    """The clip's chunks of one gathering pass, in order; whether they reached the norm gathered."""
+    reached = False
+    for first, n in ctx.chunks(frames, chunk):
+        try:
+            step(first, n, False)
+        except Gathered:
+            reached = True
+        steps.chunk_done()
+    return reached

@@ -32,7 +32,7 @@ from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
 from . import geometry, planning, recovery
 from .causal_cache import CausalCache
-from .clip_statistics import Gathered, GatheredStatistics, clip_norm_count
+from .clip_statistics import GatheredStatistics, clip_norm_count, gather
 from .inputs import check_pixels, checked_latent
 from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
@@ -159,7 +159,7 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
     """step(first, count, write) for consecutive chunks of `plan.temporal_chunk` latent frames
     (`ctx.chunks`, which says which chunk holds the clip's first frame and which its last) until the
     clip is done or step returns False, after the passes that gather whole-clip statistics where the
-    clip runs in several chunks (`_gather_statistics`) and the model's prefill (`_prefill`); the causal
+    clip runs in several chunks (`clip_statistics.gather`) and the model's prefill (`_prefill`); the causal
     caches are closed at the end.
 
     Out of memory inside a step (`recovery.Restart.CHUNK`, where the partition allows it) goes on with
@@ -182,7 +182,8 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
             chunks_left = -(-(n_lat - done) // plan.temporal_chunk)
             _prepare(model, ctx, plan, steps, partition, chunks_left + passes * plan.grid[2])
             try:
-                _gather_statistics(model, ctx, plan, steps, step)
+                gather(ctx, plan.clip.latent_frames, plan.temporal_chunk, step, steps,
+                       prefill=bool(model.prefill_stages(plan.op)), fresh_caches=lambda: _fresh_caches(model, ctx, plan))
                 with steps.muted():  # cancellable, but no progress to report
                     _prefill(model, ctx, plan, step)
                     for first, n in ctx.chunks(n_lat, plan.temporal_chunk, stop=done):
@@ -206,40 +207,6 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
     finally:
         ctx.cache.close()  # the disk file of offloaded caches goes with it
         ctx.clip_statistics = None
-
-
-def _gather_statistics(model, ctx: RunContext, plan: Plan, steps: Steps, step) -> None:
-    """The passes over the clip (`clip_statistics`) that gather, one norm a pass, the whole-clip statistics
-    of the norms that still lack them (none where the clip runs in one chunk): each pass from frame 0 with
-    fresh caches, through the model's prefill first where it has one, every chunk stopping at the norm
-    gathered (`Gathered`), nothing written; then fresh caches for the clip."""
-    statistics = ctx.clip_statistics
-    while statistics is not None and statistics.passes_left:
-        reached = False
-        if model.prefill_stages(plan.op) and not statistics.first_stage:
-            ctx.prefill = True
-            try:
-                with steps.muted():
-                    reached = _gathering_chunks(ctx, plan, step, steps)
-            finally:
-                ctx.prefill = False
-            ctx.cache.clear()
-        if not reached:
-            _gathering_chunks(ctx, plan, step, steps)
-        statistics.end_pass()
-        _fresh_caches(model, ctx, plan)
-
-
-def _gathering_chunks(ctx: RunContext, plan: Plan, step, steps: Steps) -> bool:
-    """The clip's chunks of one gathering pass, in order; whether they reached the norm gathered."""
-    reached = False
-    for first, n in ctx.chunks(plan.clip.latent_frames, plan.temporal_chunk):
-        try:
-            step(first, n, False)
-        except Gathered:
-            reached = True
-        steps.chunk_done()
-    return reached
 
 
 def _prefill(model, ctx: RunContext, plan: Plan, step) -> None:
@@ -277,16 +244,7 @@ def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit, first:
     elif ctx.last_chunk and model.looks_ahead(plan.op):
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     elif ctx.clip_statistics is not None:  # from the stage inputs kept, keeping more (`clip_statistics`)
-        statistics = ctx.clip_statistics
-        start, x = statistics.start(first, x)
-        for i in range(start, len(stages)):
-            try:
-                y = stages[i](x, ctx)
-            except Gathered:
-                statistics.stopped(i, first, x)
-                raise
-            x = y
-        emit(x)
+        emit(ctx.clip_statistics.run(stages, x, ctx, first))
     else:
         for stage in stages:  # `run_stages`, written out: one Python frame less under every layer
             x = stage(x, ctx)
