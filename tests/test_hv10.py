@@ -175,9 +175,9 @@ def test_the_latent_format():
 
 
 def test_chunks_come_after_every_tile_of_the_whole_clip(caplog):
-    """The chunks and tiles asked for are kept, streamed frames set aside and named in the log; under a budget the
-    whole clip in tiles comes before chunks (each costs passes over the clip); an out-of-memory retry halves the
-    tile, then the chunk, and never streams frames. (That the chunks give the whole clip's frames is
+    """The chunks and tiles asked for are kept (none asked: one chunk), streamed frames set aside and named in the
+    log; under a budget the whole clip in tiles comes before chunks (each costs passes over the clip); an
+    out-of-memory retry halves the tile, then the chunk, and never streams frames. (That the chunks give the whole clip's frames is
     test_clip_statistics.py's.)"""
     with torch.device("meta"):
         model = Hv10VAE()
@@ -188,6 +188,7 @@ def test_chunks_come_after_every_tile_of_the_whole_clip(caplog):
                              device="cpu")
     assert (plan.temporal_chunk, plan.tile_size, plan.frames_streamed) == (2, (128, 128), False)
     assert "stream_frames=True is set aside" in caplog.text and plan.kept_stage_bytes > 0
+    assert planning.plan(model, "decode", shape, vae.Settings(), device="cpu").grid[2] == 1  # no chunk asked: one
     tiled = planning.plan(model, "decode", shape, vae.Settings(temporal_chunk=9, tile_size=128), device="cpu").peak_bytes
     budgeted = planning.plan(model, "decode", shape, vae.Settings(memory_budget=tiled), device="cpu")
     assert (budgeted.temporal_chunk, budgeted.frames_streamed) == (9, False) and budgeted.tile_size is not None

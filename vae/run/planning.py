@@ -258,6 +258,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     retry); with one, the fastest that fits (`_candidates`), or, when none does, the smallest, marked
     fits=False. `io_on_device`: whether the whole input and the whole output live on the compute
     device (`memory.estimate`). Raises ValueError for settings this family cannot run, with what to do.
+    (temporal_chunk None is the whole clip where chunks cost passes: `ClipExtent.CHUNKS_AFTER_STATISTICS`.)
 
     Planning only decides: it leaves the model as it found it (the engine puts the weights in the
     plan's activation layout before the run, `kernels.activation_layout.weights_in`)."""
@@ -291,7 +292,9 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         return make(candidate, memory.estimate(model, clip, chunk, tile, settings.tiling, device, offload, io_on_device,
                                                opts, streamed))
 
-    given = (min(settings.temporal_chunk or 1, clip.latent_frames), settings.tile_size,
+    # No chunk asked: one latent frame, or the whole clip where each chunk more costs passes over it.
+    default_chunk = clip.latent_frames if model.clip_extent(op).gathers_statistics else 1
+    given = (min(settings.temporal_chunk or default_chunk, clip.latent_frames), settings.tile_size,
              "none" if settings.cache_offload == "auto" else settings.cache_offload, bool(settings.stream_frames))
     if budget is None:
         try:
