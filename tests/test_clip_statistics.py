@@ -1,6 +1,7 @@
 """A clip in several chunks through a model whose norms span the whole clip (`ClipExtent.CHUNKS_AFTER_STATISTICS`,
 `vae.run.clip_statistics`), on the tiny HunyuanVideo 1.0 network, as trained and as core computes it: chunks of 1
-and 2 latent frames, exact tiles and frames handed to a sink equal the clip in one chunk within 1e-5 (fp32),
+and 2 latent frames, exact tiles, frames streamed one at a time (caches on disk) and frames handed to a sink
+equal the clip in one chunk within 1e-5 (fp32),
 encode and decode; they take one pass per norm first, and where stage inputs are kept between passes, fewer
 convolutions than where every pass starts again from the op's input, with the same frames; the statistics
 gathered outlive an out-of-memory retry."""
@@ -20,7 +21,8 @@ OPTS = vae.Optimizations(kernel_choice="defaults")
 TINY = dict(latent_channels=4, block_out_channels=(32, 32, 32, 64), layers_per_block=1)
 LATENT = torch.randn(1, 4, 5, 4, 6, generator=torch.Generator().manual_seed(60)) * 2 + 0.5  # B,C,T',h,w
 VIDEO = torch.rand(1, 3, 17, 32, 48, generator=torch.Generator().manual_seed(61)) * 2 - 1  # B,3,T,H,W
-SETTINGS = [vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2), vae.Settings(temporal_chunk=2, tile_size=16)]
+SETTINGS = [vae.Settings(temporal_chunk=1), vae.Settings(temporal_chunk=2), vae.Settings(temporal_chunk=2, tile_size=16),
+            vae.Settings(temporal_chunk=1, tile_size=16, stream_frames=True, cache_offload="disk")]
 
 
 @pytest.fixture(scope="module", params=["model", "core"])
@@ -40,7 +42,7 @@ def _convs(log: KernelLog) -> int:
     return sum(n for (op, _, _), n in log.calls.items() if op == "conv3d")
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["chunk1", "chunk2", "chunk2-tiles16"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=["chunk1", "chunk2", "chunk2-tiles16", "streamed-tiles16"])
 def test_chunks_and_tiles_equal_the_clip_in_one_chunk(model, settings, monkeypatch):
     whole = vae.decode(model, LATENT, vae.Settings(temporal_chunk=LATENT.shape[2]), opts=OPTS)
     passes = _passes(monkeypatch)

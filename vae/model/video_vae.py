@@ -37,10 +37,10 @@ def run_stages(stages: list[Stage], x: torch.Tensor, ctx) -> torch.Tensor:
 class ClipExtent(enum.Enum):
     """How much of the clip one call of an op's stages must see (`VideoVAE.clip_extent`), which the planner,
     the engine, the out-of-memory retries and row bands read: `CHUNKS`, consecutive temporal chunks, whole
-    frames, exact tiles or one frame at a time (a causal network); `CHUNKS_AFTER_STATISTICS`, the same but
-    never a frame at a time, once the statistics of norms over the whole clip are known (`model.clip_norm`:
-    a clip in several chunks passes through the model once per such norm first, `run.clip_statistics`, so
-    the plan prefers one chunk); `WHOLE_CLIP`, the whole clip in one chunk, untiled (a layer that spans every
+    frames, exact tiles or one frame at a time (a causal network); `CHUNKS_AFTER_STATISTICS`, the same once
+    the statistics of norms over the whole clip are known (`model.clip_norm`: a clip in several chunks passes
+    through the model once per such norm first, `run.clip_statistics`, so the plan prefers one chunk);
+    `WHOLE_CLIP`, the whole clip in one chunk, untiled (a layer that spans every
     frame and pixel of the clip: windows over its grid, noise drawn for it)."""
 
     CHUNKS = "chunks"
@@ -49,13 +49,8 @@ class ClipExtent(enum.Enum):
 
     @property
     def chunked(self) -> bool:
-        """Whether the clip may run in temporal chunks."""
+        """Whether the clip may run in temporal chunks (and a chunk's stages one frame at a time)."""
         return self is not ClipExtent.WHOLE_CLIP
-
-    @property
-    def streamed(self) -> bool:
-        """Whether a chunk's stages may run one frame at a time (`strategies.FrameStream`)."""
-        return self is ClipExtent.CHUNKS
 
     @property
     def tiled(self) -> bool:

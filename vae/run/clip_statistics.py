@@ -48,8 +48,8 @@ class GatheredStatistics:
         self._moments: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.kept_bytes, self.keep_on, self.prefill_stages = kept_bytes, torch.device(keep_on), prefill_stages
         self.first_stage = 0  # where every chunk starts: the stage whose inputs `_kept` holds (0: the op's input)
-        self._kept: dict[int, torch.Tensor] = {}
-        self._new: dict[int, torch.Tensor] | None = {}  # the inputs this pass keeps (None: it keeps none)
+        self._kept: dict[int, list[torch.Tensor]] = {}  # each chunk's input pieces there, in frame order
+        self._new: dict[int, list[torch.Tensor]] | None = {}  # the inputs this pass keeps (None: it keeps none)
         self._new_stage = 0
 
     @property
@@ -61,7 +61,7 @@ class GatheredStatistics:
         stops at the norm this pass gathers, the input of that stage kept (`stopped`)."""
         start = self.first_stage
         if start:
-            x = self._kept[first].to(x.device, non_blocking=True)
+            x = torch.cat([piece.to(x.device, non_blocking=True) for piece in self._kept[first]], dim=2)  # B,C,t,H,W
         for i in range(start, len(stages)):
             try:
                 y = stages[i](x, ctx)
@@ -71,16 +71,32 @@ class GatheredStatistics:
             x = y
         return x
 
+    def stream(self, stream, x: torch.Tensor, ctx, emit, first: int) -> None:
+        """Chunk `first` through `stream` (a `strategies.FrameStream` of the stages from the one whose inputs are
+        kept, made for this pass) a frame at a time: its kept inputs there, piece by piece, else x; `Gathered`
+        raised once every piece has run, where the pass's norm stopped them."""
+        pieces = self._kept[first] if self.first_stage else [x]
+        gathered = False
+        for i, piece in enumerate(pieces):
+            try:
+                stream.run(piece.to(x.device, non_blocking=True), ctx, emit, first,
+                           ending=ctx.last_chunk and i == len(pieces) - 1)
+            except Gathered:
+                gathered = True
+        if gathered:
+            raise Gathered
+
     def stopped(self, stage: int, first: int, x: torch.Tensor) -> None:
-        """Chunk `first` met `Gathered` in `stage`, whose input is x: a copy of x kept for the passes after this
-        one, where the clip's inputs there fit beside those kept now."""
+        """Chunk `first` met `Gathered` in `stage`, whose input is x (the chunk's, or one piece of it when frames
+        are streamed): a copy of x kept for the passes after this one, where the clip's inputs there fit beside
+        those kept now."""
         if stage <= self.first_stage or stage < self.prefill_stages or self._new is None:
             return
-        new = x.numel() * x.element_size() + sum(t.numel() * t.element_size() for t in self._new.values())
-        if new + sum(t.numel() * t.element_size() for t in self._kept.values()) > self.kept_bytes:
+        new = x.numel() * x.element_size() + _bytes(self._new)
+        if new + _bytes(self._kept) > self.kept_bytes:
             self._new = None  # the clip's inputs there do not fit: this pass keeps nothing
             return
-        self._new[first] = x.to(self.keep_on, copy=True)
+        self._new.setdefault(first, []).append(x.to(self.keep_on, copy=True))
         self._new_stage = stage
 
     def restart(self) -> None:
@@ -118,36 +134,32 @@ class GatheredStatistics:
         self._new = {}
 
 
-def gather(ctx, frames: int, chunk: int, step, steps, prefill: bool, fresh_caches) -> None:
+def _bytes(kept: dict[int, list[torch.Tensor]]) -> int:
+    return sum(t.numel() * t.element_size() for pieces in kept.values() for t in pieces)
+
+
+def gather(ctx, frames: int, chunk: int, step, steps, prefill, fresh_caches) -> None:
     """The passes over a clip of `frames` latent frames in chunks of `chunk` that gather, one norm a pass, the
     statistics of the norms of `ctx.clip_statistics` that still lack them (nothing where it is None): each pass
     from frame 0, `step(first, count, write=False)` a chunk at a time, every chunk stopping at the norm gathered
-    (`Gathered`), through the model's prefill first where it has one (`prefill`: a pass that starts past it, from
-    kept inputs, needs none); then `fresh_caches()` for the next pass, or for the clip itself."""
+    (`Gathered`), after the model's prefill (`prefill(step)`, the engine's, which runs nothing for a model with
+    none or for a pass that starts past it, from kept inputs); then `fresh_caches()` for the next pass, or for
+    the clip itself."""
     statistics = ctx.clip_statistics
     while statistics is not None and statistics.passes_left:
-        reached = False
-        if prefill and not statistics.first_stage:
-            ctx.prefill = True
+        reached = []
+
+        def caught(first: int, n: int, write: bool) -> None:
             try:
-                with steps.muted():
-                    reached = _gathering_chunks(ctx, frames, chunk, step, steps)
-            finally:
-                ctx.prefill = False
-            ctx.cache.clear()
-        if not reached:
-            _gathering_chunks(ctx, frames, chunk, step, steps)
+                step(first, n, write)
+            except Gathered:
+                reached.append(first)
+
+        with steps.muted():
+            prefill(caught)
+        if not reached:  # the norm comes after the prefill's stages: the clip's chunks
+            for first, n in ctx.chunks(frames, chunk):
+                caught(first, n, False)
+                steps.chunk_done()
         statistics.end_pass()
         fresh_caches()
-
-
-def _gathering_chunks(ctx, frames: int, chunk: int, step, steps) -> bool:
-    """The clip's chunks of one gathering pass, in order; whether they reached the norm gathered."""
-    reached = False
-    for first, n in ctx.chunks(frames, chunk):
-        try:
-            step(first, n, False)
-        except Gathered:
-            reached = True
-        steps.chunk_done()
-    return reached

@@ -136,8 +136,6 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
     model's stages; recount the steps of the `chunks_left` chunks to go."""
     _fresh_caches(model, ctx, plan)
-    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
-    ctx.frame_stream = FrameStream(stages) if plan.frames_streamed else None
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
     if partition.execution is not None:
         ctx.execution = partition.execution
@@ -149,10 +147,17 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
 
 
 def _fresh_caches(model, ctx: RunContext, plan: Plan) -> None:
-    """New causal caches (and attention keys and values) for a run of the clip from its frame 0."""
+    """New causal caches (and attention keys and values) for a run of the clip from its frame 0, and when the plan
+    streams frames, a new frame-at-a-time schedule of the model's stages (from the stage whose inputs a
+    gathering run kept: `clip_statistics`)."""
     ctx.cache.close()
     ctx.cache = CausalCache(plan.cache_offload, model.device, fallback=plan.offload_fallback,
                             attention_frames=plan.clip.latent_frames)
+    stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
+    statistics = ctx.clip_statistics
+    start = statistics.first_stage if statistics is not None else 0
+    ctx.frame_stream = FrameStream(stages[start:], first_stage=start, statistics=statistics) \
+        if plan.frames_streamed else None
 
 
 def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Partition, step) -> None:
@@ -183,7 +188,8 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
             _prepare(model, ctx, plan, steps, partition, chunks_left + passes * plan.grid[2])
             try:
                 gather(ctx, plan.clip.latent_frames, plan.temporal_chunk, step, steps,
-                       prefill=bool(model.prefill_stages(plan.op)), fresh_caches=lambda: _fresh_caches(model, ctx, plan))
+                       prefill=lambda run: _prefill(model, ctx, plan, run),
+                       fresh_caches=lambda: _fresh_caches(model, ctx, plan))
                 with steps.muted():  # cancellable, but no progress to report
                     _prefill(model, ctx, plan, step)
                     for first, n in ctx.chunks(n_lat, plan.temporal_chunk, stop=done):
@@ -237,7 +243,9 @@ def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit, first:
     gathers whole-clip statistics, the chunk (latent frames from `first`) starts at the stage whose inputs
     the passes kept, and keeps the inputs the pass asks for (`clip_statistics.GatheredStatistics`)."""
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
-    if ctx.frame_stream is not None:  # in a prefill pass, the stream of the prefill stages
+    if ctx.frame_stream is not None and ctx.clip_statistics is not None and not ctx.prefill:
+        ctx.clip_statistics.stream(ctx.frame_stream, x, ctx, emit, first)
+    elif ctx.frame_stream is not None:  # in a prefill pass, the stream of the prefill stages
         ctx.frame_stream.run(x, ctx, (lambda y: None) if ctx.prefill else emit)
     elif ctx.prefill:
         run_stages(model.prefill_stages(plan.op), x, ctx)

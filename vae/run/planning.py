@@ -334,16 +334,11 @@ def _kept_stage_bytes(model, op: str, chunks: int, device: torch.device, budget:
 
 def clip_settings(model, clip: Clip, settings: Settings) -> Settings:
     """`settings` for how much of the clip `model`'s op must see at once (`VideoVAE.clip_extent`): for a whole-clip
-    extent one untiled chunk of every latent frame, for chunks after whole-clip statistics whole chunks (never a
-    frame at a time); what the caller asked otherwise is said and set aside."""
+    extent one untiled chunk of every latent frame; what the caller asked otherwise is said and set aside (it
+    would not give the whole clip's frames)."""
     extent = model.clip_extent(clip.op)
-    if extent.streamed or (extent.chunked and not settings.stream_frames):
-        return settings
     if extent.chunked:
-        _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} runs whole chunks ({extent.value}), so "
-                   "stream_frames=True is set aside. To need less memory: exact tiles (tile_size), a smaller "
-                   "temporal_chunk or a memory budget")
-        return dataclasses.replace(settings, stream_frames=False)
+        return settings
     asked = [f"{name}={value!r}" for name, value, kept in (
         ("temporal_chunk", settings.temporal_chunk, settings.temporal_chunk in (None, clip.latent_frames)),
         ("tile_size", settings.tile_size, not settings.tile_size or min(settings.tile_size) >= max(clip.height, clip.width)),
@@ -370,8 +365,8 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     time than streaming frames does (a caller's tile below that size is tried as it is first: it is a
     limit, not a wish to stream). The smaller tiles without streaming come last (where streaming has no
     calibration, or is not allowed). Only what the op's `clip_extent` allows: a whole-clip extent one chunk, never
-    streamed, untiled where it takes no tiles; chunks after whole-clip statistics never streamed, and every tile
-    of the longest chunk before any shorter chunk (each chunk more costs a pass over the clip per norm)."""
+    streamed, untiled where it takes no tiles; chunks after whole-clip statistics every tile of the longest chunk
+    before any shorter chunk (each chunk more costs a pass over the clip per norm), then streamed frames."""
     height, width, n_lat = clip.height, clip.width, clip.latent_frames
     extent = model.clip_extent(clip.op)
     max_chunk = min(settings.temporal_chunk or n_lat, n_lat)
@@ -391,7 +386,10 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
     large = [tile for tile in tiles if max(tile) >= min(STREAM_BELOW_TILE, max(limit))]
 
     if extent.gathers_statistics:  # a clip in several chunks passes through once per norm first: tiles first
-        yield from ((chunk, tile, offload, False) for chunk in chunks for tile in whole + tiles for offload in offloads)
+        if settings.stream_frames is not True:
+            yield from ((chunk, tile, offload, False) for chunk in chunks for tile in whole + tiles for offload in offloads)
+        if settings.stream_frames is not False and settings.tiling == "exact":
+            yield from ((1, tile, offloads[-1], True) for tile in whole + tiles)
         return
 
     def whole_chunks(tiles):
@@ -403,7 +401,7 @@ def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> I
                     yield chunk, tile, offload, False
 
     yield from whole_chunks(whole + large)
-    if settings.stream_frames is not False and settings.tiling == "exact" and extent.streamed:
+    if settings.stream_frames is not False and settings.tiling == "exact" and extent.chunked:
         for tile in whole + tiles:
             yield 1, tile, offloads[-1], True
     yield from whole_chunks([tile for tile in tiles if tile not in large])

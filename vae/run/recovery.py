@@ -66,7 +66,7 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
         tile = tuple(max(floor, -(-side // 2)) for side in current)
     elif extent.chunked and chunk > 1:
         chunk //= 2
-    elif extent.streamed and not streamed:
+    elif extent.chunked and not streamed:
         streamed = True
     else:
         tried = " -> ".join((*plan.tried, plan.settings()))

@@ -22,6 +22,7 @@ from ...kernels.activation_layout import empty_video
 from ...model.blocks import norm_fill
 from ...model.execution import Attention, Conv, Norm, TimeWindow, require
 from ...model.layers import residual_sequence
+from ..clip_statistics import Gathered
 from ..geometry import exact_cuts, layer_spans
 from . import ConvWindow
 
@@ -118,7 +119,11 @@ class ExactTiles:
                 parts.append(norm2.part_moments(call1.tile(out_rows, out_cols, fill1, keep_cache=True), ctx))
                 self.step()
             call1.end_row()
-        stats2 = norm2.stats_of_parts(parts, ctx)
+        try:
+            stats2 = norm2.stats_of_parts(parts, ctx)
+        except Gathered:  # a pass gathering norm2's statistics stops here (`run.clip_statistics`): conv1 ran
+            call1.finish()
+            raise
 
         def fill2(view, rows2, cols2):  # conv1's outputs over the region, again, normalised into view
             norm2.act(call1.region(rows2, cols2, fill1), ctx, out=view, stats=stats2)

@@ -17,27 +17,41 @@ ahead waiting for its next frame) passes nothing on. `ctx.last_chunk` is True fo
 holds the stage's last frame of the clip: the last frame of the previous stage's last call (a stage
 that looks ahead gives its remaining frames then). Both are the run's one loop over chunks
 (`RunContext.chunks`), here over the frames of each stage's input.
+
+In a pass that gathers whole-clip statistics (`run.clip_statistics`) a stage stops each frame at the norm the
+pass gathers (`Gathered`): that frame goes no further, the next frames still run through the stages before it
+(their causal caches stay whole), and the stream says so once the chunk's frames are done.
 """
 import torch
 
 from ...model.video_vae import Stage
+from ..clip_statistics import Gathered
 
 
 class FrameStream:
     """The frame-at-a-time schedule of one stream's stages; `started[i]`: stage i has had its frame 0.
 
     `piece`: frames per step (1: one frame at a time); `started`: the stream begins after the clip's
-    first chunk (the engine streams the last chunk of a clip whose convs look ahead this way)."""
+    first chunk (the engine streams the last chunk of a clip whose convs look ahead this way).
+    `first_stage`: the op's index of stages[0] (a stream from the stage whose inputs a gathering run kept);
+    `statistics`: that run's `clip_statistics.GatheredStatistics`, told where each frame stopped."""
 
-    def __init__(self, stages: list[Stage], piece: int = 1, started: bool = False):
+    def __init__(self, stages: list[Stage], piece: int = 1, started: bool = False, first_stage: int = 0,
+                 statistics=None):
         self.stages, self.piece = stages, piece
         self.started = [started] * len(stages)
+        self.first_stage, self.statistics = first_stage, statistics
+        self._chunk, self._gathered = 0, False
 
-    def run(self, x: torch.Tensor, ctx, emit) -> None:
+    def run(self, x: torch.Tensor, ctx, emit, chunk: int = 0, ending: bool | None = None) -> None:
         """Every frame of x (B,C,t,H,W, the first stage's input) through the stages; `emit(y)` gets the
-        last stage's output as it comes, a frame or less at a time, in order. The chunk's
-        `ctx.last_chunk` says whether x ends the clip."""
-        self._level(0, [x], ctx, emit, ctx.last_chunk)
+        last stage's output as it comes, a frame or less at a time, in order. `ending` (default: the
+        chunk's `ctx.last_chunk`) says whether x ends the clip; `chunk`: the chunk's first latent frame.
+        Raises `Gathered` at the end where a frame stopped at the norm a gathering pass gathers."""
+        self._chunk, self._gathered = chunk, False
+        self._level(0, [x], ctx, emit, ctx.last_chunk if ending is None else ending)
+        if self._gathered:
+            raise Gathered
 
     def _level(self, level: int, held: list[torch.Tensor], ctx, emit, ending: bool) -> None:
         """Stage `level` on the frames in `held` (taken out of it: the caller keeps no reference, so
@@ -61,7 +75,13 @@ class FrameStream:
                 frame = x[:, :, j:j + p]
             last = ctx.last_chunk  # read before the next stage's pieces set it
             self.started[level] = True
-            out = [self.stages[level](frame, ctx)]
+            try:
+                out = [self.stages[level](frame, ctx)]
+            except Gathered:  # this frame stops here; the next ones still pass the stages before
+                self._gathered = True
+                if self.statistics is not None:
+                    self.statistics.stopped(self.first_stage + level, self._chunk, frame)
+                continue
             del frame
             if out[0].shape[2]:
                 self._level(level + 1, out, ctx, emit, last)
