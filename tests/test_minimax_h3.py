@@ -1,6 +1,6 @@
 """MiniMax-H3 without core: every size read from the weights (released shapes on the meta device, and
 the small test file), shapes that fit no network and the int8 file refused by `vae.load` with what to load
-instead, the tiles of a clip batched or one at a time giving the same frames, the decoder's blocks run layer
+instead, the VAE inside a full checkpoint loaded, the tiles of a clip batched or one at a time giving the same frames, the decoder's blocks run layer
 by layer over groups of tiles giving its whole run, core's blend weights summing to one over every pixel of
 a frame, and the plan of StreamVAE's tiles, chunks or streamed frames falling back to the whole clip with a
 warning naming them (an out-of-memory error then has no smaller plan). Against core itself:
@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import vae
 from minimax_h3_fixtures import SMALL, model, with_tiles
@@ -50,6 +51,20 @@ def test_the_int8_file_is_refused_with_what_to_load():
                                                                          dtype=torch.uint8)
     with pytest.raises(CheckpointError, match=r"int8 .*transformer_blocks\.0\.ff\.w1.*load the bf16/fp32 MiniMax-H3 VAE"):
         vae.load(sd)
+
+
+def test_the_vae_inside_a_full_checkpoint_loads(tmp_path):
+    """A file with a diffusion model's keys and the VAE under `vae.` (a full checkpoint) loads as MiniMax-H3, lazily
+    from a real safetensors file, and decodes as the VAE's own weights do."""
+    ours = model(SMALL, seed=7)
+    sd = {f"vae.{k}": v.contiguous() for k, v in ours.state_dict().items()}
+    sd |= {"model.diffusion_model.blocks.0.attn.qkv.weight": torch.zeros(8, 8),
+           "model.diffusion_model.final_layer.linear.weight": torch.zeros(4, 4)}
+    save_file(sd, str(tmp_path / "minimax_h3_full.safetensors"))
+    loaded = vae.load(tmp_path / "minimax_h3_full.safetensors")
+    assert loaded.family == "minimax_h3"
+    z = torch.randn(1, 24, 2, 2, 3, generator=torch.Generator().manual_seed(8))
+    assert_exact(vae.decode(loaded, z), vae.decode(ours, z), 1e-6)
 
 
 @pytest.mark.parametrize("op", ["decode", "encode"])
