@@ -1,4 +1,5 @@
-"""MiniMax-H3's one-node swap in a real ComfyUI 0.33.0 server: StreamVAE Load VAE's VAE output in core's VAE Encode
+"""MiniMax-H3's one-node swap in real ComfyUI 0.33.0 and 0.3.75 servers (0.3.75 has no MiniMax-H3 of its own; its
+VAE Encode and VAE Decode run the pack's): StreamVAE Load VAE's VAE output in core's VAE Encode
 and VAE Decode gives the library's LATENT and frames, with the network's frame counts (18 frames encode to 7 latent
 frames, where the 4n+1 rule drops 1 frame and makes 5; a LATENT of 6 latent frames decodes to 18 frames, not 21).
 The file is the tiny model's seeded weights in core's key names (tests/minimax_h3_fixtures.py); the library itself
@@ -14,7 +15,7 @@ from minimax_h3_fixtures import SMALL, model, save
 from reference import assert_exact
 from test_nodes_server import node, object_info, saved_latent, upload_frames, video_of  # noqa: F401
 
-pytestmark = [pytest.mark.comfy, pytest.mark.comfy_trees("0.33.0")]  # a real ComfyUI: CI's second lane
+pytestmark = pytest.mark.comfy  # a real ComfyUI on each tree: CI's second lane
 
 HEIGHT, WIDTH, FRAMES, LATENT_FRAMES = 32, 48, 18, 6
 FILE = "streamvae_small_minimax_h3.safetensors"
