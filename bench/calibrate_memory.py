@@ -61,7 +61,7 @@ def point_spec(family: str, op: str, size: int, tile, mode: str, device: str) ->
     own = families.spec(family).bench.calibration
     spec = dict(family=family, op=op, frames=own.frames, height=size, width=size, tile_size=tile,
                 tiling="fast" if mode == "fast" else "exact", temporal_chunk=1, device=device,
-                drop_other_half=own.decoder_only)
+                drop_other_half=own.decoder_only, kept_stage_bytes=0)  # a chunk's peak: no statistics pass keeps
     if mode == "streamed":
         # The default kernels: streamed frames in small tiles make many distinct conv shapes, and
         # measuring each (kernel_choice.py) would take most of the calibration.

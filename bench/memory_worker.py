@@ -12,6 +12,7 @@ settings, if calibrated). `measure` does the same for a model already built (the
 measures every point in one process: the allocator's statistics are exact there).
 """
 import ctypes
+import dataclasses
 import json
 import math
 import sys
@@ -60,6 +61,7 @@ def measure(model, spec: dict) -> dict:
 
     With spec["memory_budget"] (bytes) the planner picks the settings within it (on CUDA the process
     is also limited to it: `torch.cuda.set_per_process_memory_fraction`, a card of that size); with
+    spec["kept_stage_bytes"] the plan's (`vae.run.clip_statistics`: 0 measures a chunk's peak alone); with
     spec["compare_untiled"] the output is compared with the untiled op's afterwards (max_err)."""
     device = model.device
     cuda = device.type == "cuda"
@@ -82,6 +84,8 @@ def measure(model, spec: dict) -> dict:
             torch.cuda.set_per_process_memory_fraction(
                 min(1.0, settings["memory_budget"] / torch.cuda.get_device_properties(device).total_memory), device)
     plan = models.plan(model, spec["op"], tuple(x.shape), settings, opts)
+    if "kept_stage_bytes" in spec:  # the stage inputs statistics passes keep (host memory on a GPU): not a chunk's
+        plan = dataclasses.replace(plan, kept_stage_bytes=spec["kept_stage_bytes"])
     phases = Phases(device)
     phases.say(f"{spec['family']} {spec['op']} {tuple(x.shape)}: {plan.describe()}")
     io = {}

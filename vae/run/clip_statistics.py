@@ -4,10 +4,10 @@ gathered in passes over the clip before the clip itself runs.
 
 A norm cannot normalise a frame before it has seen every frame of the clip, and what a norm sees depends on
 the norms before it. So the engine runs the clip through the model once per such norm, chunk by chunk with
-fresh causal caches, as the plan runs it (chunks, exact tiles): in pass k every norm before the k-th has its
+fresh causal caches, as the plan runs it (chunks, exact tiles, frames streamed): in pass k every norm before the k-th has its
 statistics, the k-th hands its per-frame moments (float64 B,G,t, merged over the tiles of a chunk) to
 `GatheredStatistics.of`, which keeps them and stops the chunk there (`Gathered`: nothing after that norm
-runs). At the end of the pass the frames' moments become the norm's statistics (`ClipNorm.clip_stats`, an
+runs; streamed, each frame stops there and the next ones still run the stages before it). At the end of the pass the frames' moments become the norm's statistics (`ClipNorm.clip_stats`, an
 exact merge); then the clip runs with every norm's statistics known and gives the whole clip's frames, to
 rounding, whatever the chunks and tiles. Statistics do not depend on how the clip was cut, so they outlive an
 out-of-memory retry that cuts it smaller.
@@ -17,9 +17,8 @@ of the stage where its chunks stopped (every chunk's, a copy: in host memory fro
 fits the plan's `kept_stage_bytes` beside what is kept already; the later passes and the clip itself start
 there. The norms come in the stages' order, so only the latest kept stage is ever read: with enough memory
 each stage runs about once more than in one chunk, and a norm's pass runs no more than the layers before it in
-its stage. The plan prefers one chunk (no passes) and tiles before
-shorter chunks (`planning._candidates`). Stages are kept only after the model's prefill (a pass that starts later
-needs none).
+its stage. The plan prefers one chunk (no passes) and tiles before shorter chunks (`planning._candidates`).
+Stages are kept only after the model's prefill (a pass that starts later needs none).
 """
 import torch
 
@@ -51,6 +50,17 @@ class GatheredStatistics:
         self._kept: dict[int, list[torch.Tensor]] = {}  # each chunk's input pieces there, in frame order
         self._new: dict[int, list[torch.Tensor]] | None = {}  # the inputs this pass keeps (None: it keeps none)
         self._new_stage = 0
+
+    @classmethod
+    def for_run(cls, model, op: str, kept_bytes: int) -> "GatheredStatistics | None":
+        """The statistics of a run of `model`'s op that may gather them (`ClipExtent.gathers_statistics`), else None."""
+        if not model.clip_extent(op).gathers_statistics:
+            return None
+        if model.looks_ahead(op):  # a pass stops chunks before their held-back frames come
+            raise ValueError(f"this {model.family} {op} gathers whole-clip statistics and its convs look ahead in "
+                             "time: StreamVAE runs no such network yet")
+        modules = model.decode_modules() if op == "decode" else model.encode_modules()
+        return cls(clip_norm_count(modules), kept_bytes, prefill_stages=len(model.prefill_stages(op)))
 
     @property
     def passes_left(self) -> int:

@@ -32,7 +32,7 @@ from ..model.blocks import CausalConv3d, FrameConv2d
 from ..model.video_vae import run_stages
 from . import geometry, planning, recovery
 from .causal_cache import CausalCache
-from .clip_statistics import GatheredStatistics, clip_norm_count, gather
+from .clip_statistics import GatheredStatistics, gather
 from .inputs import check_pixels, checked_latent
 from .planning import Plan, Settings
 from .progress import CancelFn, ProgressFn, Steps
@@ -176,13 +176,10 @@ def _run_chunks(model, ctx: RunContext, steps: Steps, plan: Plan, partition: Par
     rebuild is the first chunk's single latent frame. Whole-clip statistics gathered stay (they do not
     depend on the chunks)."""
     n_lat, done = plan.clip.latent_frames, 0
-    gathers = model.clip_extent(plan.op).gathers_statistics
-    modules = model.decode_modules() if plan.op == "decode" else model.encode_modules()
-    statistics = GatheredStatistics(clip_norm_count(modules), plan.kept_stage_bytes,
-                                    prefill_stages=len(model.prefill_stages(plan.op))) if gathers else None
+    statistics = GatheredStatistics.for_run(model, plan.op, plan.kept_stage_bytes)
     try:
         while True:
-            ctx.clip_statistics = statistics if gathers and plan.grid[2] > 1 else None
+            ctx.clip_statistics = statistics if plan.grid[2] > 1 else None
             passes = ctx.clip_statistics.passes_left if ctx.clip_statistics is not None else 0
             chunks_left = -(-(n_lat - done) // plan.temporal_chunk)
             _prepare(model, ctx, plan, steps, partition, chunks_left + passes * plan.grid[2])
