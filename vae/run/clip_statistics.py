@@ -60,7 +60,9 @@ class GatheredStatistics:
             raise ValueError(f"this {model.family} {op} gathers whole-clip statistics and its convs look ahead in "
                              "time: StreamVAE runs no such network yet")
         modules = model.decode_modules() if op == "decode" else model.encode_modules()
-        return cls(clip_norm_count(modules), kept_bytes, prefill_stages=len(model.prefill_stages(op)))
+        device = model.device  # kept in host memory from an accelerator; where it runs on the CPU (or meta device)
+        keep_on = device if device.type in ("cpu", "meta") else torch.device("cpu")
+        return cls(clip_norm_count(modules), kept_bytes, keep_on, prefill_stages=len(model.prefill_stages(op)))
 
     @property
     def passes_left(self) -> int:
