@@ -101,12 +101,22 @@ COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixe
 
 
 def features(mode: str, size: int, tile, chunk_frames: int = 4) -> list[float]:
-    """What the mode's coefficients multiply (`vae.run.memory.estimate`): pixels of a chunk (one latent
-    frame: `chunk_frames` pixel frames) and of its tile; streamed, of one frame and of its tile."""
+    """What the mode's coefficients multiply (`vae.run.memory.estimate`): pixels of a chunk (`chunk_frames`
+    pixel frames: the temporal factor times the latent frames the plan ran per chunk, one unless the family
+    sees the whole clip) and of its tile; streamed, of one frame and of its tile."""
     if mode == "streamed":
         side = min(tile or size, size)
         return [size * size, side * side]
     return [chunk_frames * size * size, chunk_frames * min(tile, size) ** 2 if tile else 0.0][:len(COEFFICIENTS[mode])]
+
+
+def sample(family: str, op: str, mode: str, size: int, tile, result: dict, element_size: int) -> tuple[list, float]:
+    """One measurement (`bench.memory_worker`'s result) as a point of the fit: (features, activation elements the
+    coefficients must give). The chunk is the plan's: one latent frame, or the whole clip's where the family sees
+    it whole (`memory.estimate` counts `temporal_factor` pixel frames per latent frame of the plan's chunk)."""
+    chunk_frames = models.meta_model(family).temporal_factor * result["temporal_chunk"]
+    fitted = result["activation_bytes"] / element_size - known_elements(family, op, mode, size, tile)
+    return features(mode, size, tile, chunk_frames), fitted
 
 
 def known_elements(family: str, op: str, mode: str, size: int, tile) -> float:
@@ -206,8 +216,7 @@ def main():
                 for size, tile in points(family, mode, args.check, cuda):
                     result = measure(op, size, tile, mode)
                     if not args.check:  # "fast" is checked, never fitted
-                        fitted = result["activation_bytes"] / measure.element_size(op) - known_elements(family, op, mode, size, tile)
-                        samples.append((features(mode, size, tile, models.meta_model(family).temporal_factor), fitted))
+                        samples.append(sample(family, op, mode, size, tile, result, measure.element_size(op)))
                     line = f"{family} {op} {mode} {size}px tile {tile}: activations {result['activation_bytes'] / 2**20:.1f} MiB"
                     if args.check and result["predicted_bytes"] is None:
                         line += ", not calibrated (the plan predicts nothing)"

@@ -57,7 +57,8 @@ def measure(model, spec: dict) -> dict:
     activation_bytes (peak during the op minus what was resident just before it: live tensors on
     the CPU, the caching allocator's reserved memory on CUDA, which includes cuDNN workspaces and
     fragmentation), retained_bytes, peak_bytes (from base_bytes, what was resident before the input
-    was made), predicted_bytes (the plan's, if calibrated), the plan in words and the op's seconds.
+    was made), predicted_bytes (the plan's, if calibrated), the plan in words, its temporal_chunk (latent
+    frames; the whole clip where the family sees it whole) and the op's seconds.
 
     With spec["memory_budget"] (bytes) the planner picks the settings within it (on CUDA the process
     is also limited to it: `torch.cuda.set_per_process_memory_fraction`, a card of that size); with
@@ -125,7 +126,7 @@ def measure(model, spec: dict) -> dict:
     # the prediction after the run: the kernels it measured are on record (memory.resident_cache_bytes)
     predicted = models.plan(model, spec["op"], tuple(x.shape), settings, opts).peak_bytes
     result = {"activation_bytes": peak - before, "retained_bytes": retained, "peak_bytes": peak - base,
-              "base_bytes": base, "predicted_bytes": predicted, "plan": plan.describe(),
+              "base_bytes": base, "predicted_bytes": predicted, "plan": plan.describe(), "temporal_chunk": plan.temporal_chunk,
               "fits": plan.fits, "seconds": round(seconds, 3)}
     if spec.get("compare_untiled"):
         if cuda:

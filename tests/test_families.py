@@ -44,10 +44,6 @@ REFERENCES = {
     "hv15": "test_hv15.py::test_decode_matches_diffusers",  # diffusers' AutoencoderKLHunyuanVideo15
     "minimax_h3": "test_minimax_h3_core.py::test_matches_core",  # core 0.33.0's MiniMaxH3VideoVAE
 }
-# Families whose memory model is not calibrated yet: their plan ignores a memory budget and says so. MiniMax-H3's
-# released decoder (36 layers of width 2048; about 3.6 GB of bf16 weights, twice that in the CPU's float32) is
-# not measured on CI's machine; bench.calibrate_memory on a larger one removes it from here.
-UNCALIBRATED = {"minimax_h3"}
 # The kernels' default rules (no timing of every tile's conv shapes), every conv tiled however small its frame
 # (`Optimizations.whole_frame_small_convs`).
 OPTS = Optimizations(kernel_choice="defaults").with_(whole_frame_small_convs=False)
@@ -121,7 +117,7 @@ def test_the_spec_agrees_with_the_network(family):
                               for change in variants))
     assert found == spec.capabilities
     calibration = memory.calibration_path(spec.name)  # in the family's folder
-    assert "cpu" in json.loads(calibration.read_text()) if spec.name not in UNCALIBRATED else not calibration.exists()
+    assert "cpu" in json.loads(calibration.read_text())
     assert all(model.memory_calibration(op)[0] == spec.name for op in ("encode", "decode"))
     assert spec.core is None or spec.core.module in BUILDS
 

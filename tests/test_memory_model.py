@@ -6,9 +6,10 @@ meta device at full size (seconds, no compute)."""
 import pytest
 
 import vae
-from bench import models
+from bench import calibrate_memory, models
 from bench.common import run_worker
 from bench.meta_peak import run_peak
+from vae import families
 from vae.run import memory
 
 # (size in pixels, tile in pixels or None, where the causal caches wait, kernel choice): untiled and
@@ -72,3 +73,28 @@ def test_the_memory_model_covers_the_live_tensors_of_every_family_and_mode(famil
     fixed = memory.coefficients(basis, op, mode, "cpu").get("fixed", 0) * scale * 4  # float32 elements
     ratio = (predicted - fixed) / live
     assert ratio <= HIGH or (family, op, mode) in OVER, f"{family} {op} {mode}: over-predicted {ratio:.2f}x"
+
+
+@pytest.mark.measurement  # two meta-device runs of the released MiniMax-H3 decoder: about 10 s of CPU
+def test_a_whole_clip_familys_fit_gives_back_the_activations_it_was_fitted_on(monkeypatch):
+    """`bench.calibrate_memory`'s samples and fit, on the live tensors of MiniMax-H3's decode at its calibration
+    points (5 frames: its plan runs the whole clip, 2 latent frames, as one chunk), put into the memory model in
+    place of the calibration files, predict those tensors back: the fit counts the chunk the plan ran, as
+    `memory.estimate` does (counting one latent frame per chunk instead predicts twice them)."""
+    family, op, frames = "minimax_h3", "decode", families.spec("minimax_h3").bench.calibration.frames
+    settings, opts = vae.Settings(temporal_chunk=1, cache_offload="none"), vae.Optimizations(kernel_choice="defaults")
+    points, samples, lives = calibrate_memory.points(family, "untiled", False, False), [], []
+    for size, tile in points:
+        plan, live = run_peak(family, op, size, frames, settings)
+        assert plan.temporal_chunk == plan.clip.latent_frames == 2
+        result = {"activation_bytes": live, "temporal_chunk": plan.temporal_chunk}
+        samples.append(calibrate_memory.sample(family, op, "untiled", size, tile, result, element_size=4))
+        lives.append(live)
+    table = {"cpu": {family: {op: {"untiled": calibrate_memory.fit(samples, "untiled")}}}}
+    monkeypatch.setattr(memory, "calibration", lambda: table)
+    model = models.meta_model(family)
+    resident = memory.weight_bytes(model) + memory.resident_cache_bytes(model, op, "cpu", opts)
+    for (size, _), live in zip(points, lives):
+        shape = tuple(models.make_input(family, dict(op=op, frames=frames, height=size, width=size)).shape)
+        plan = vae.plan(model, op, shape, settings, device="cpu", io_on_device=(False, False), opts=opts)
+        assert plan.peak_bytes - resident == pytest.approx(live, rel=0.02), (size, plan.peak_bytes - resident, live)

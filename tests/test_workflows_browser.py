@@ -9,9 +9,9 @@ The examples are real tasks (Wan2.1/2.2 text and image to video, SeedVR2 upscale
 released files. The test installs the tiny VAE fixtures under the released VAE names (LTX-2's: a full
 checkpoint, tests/ltx2_fixtures.py) and empty placeholders under the diffusion-model and text-encoder
 names, so the frontend finds every file; what runs is the VAE part (`vae_part`): each sampler is taken
-out (its latent input goes straight on), each text encoder gives an empty conditioning and LTX-2's audio
-VAE decode a tone (test probe nodes), and what only fed them is dropped. Frame sizes are shrunk for the
-CPU (`cpu_sized`).
+out (its latent input goes straight on), each text encoder gives an empty conditioning and an audio VAE
+decode (LTX-2's, MiniMax-H3's) a tone (test probe nodes), and what only fed them is dropped. Frame sizes
+are shrunk for the CPU (`cpu_sized`).
 """
 import copy
 import io
@@ -31,6 +31,7 @@ from comfy_support.environment import REPO
 from hv10_fixtures import save_small_checkpoint as save_small_hv10
 from hv15_fixtures import save_small_checkpoint as save_small_hv15
 from ltx2_fixtures import model as ltx2_model, save_full_checkpoint
+from minimax_h3_fixtures import model as minimax_h3_model, save as save_minimax_h3
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
 
@@ -44,29 +45,32 @@ RELEASED_VAES = {
 }
 # Released VAE names with no shared fixture: a small seeded checkpoint is written under the name instead.
 WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_hv15,
-                "hunyuan_video_vae_bf16.safetensors": save_small_hv10}
+                "hunyuan_video_vae_bf16.safetensors": save_small_hv10,
+                "minimax_h3_video_vae_fp16.safetensors": lambda path: save_minimax_h3(minimax_h3_model(), path)}
 RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fixtures.save_full_checkpoint
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 # 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents),
-# nor LTXVImgToVideoInplace; nor Kandinsky 5's nodes.
+# nor LTXVImgToVideoInplace; nor Kandinsky 5's nodes, nor MiniMax-H3's.
 NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"},
               "ltx2_image_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
                                       "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode",
                                       "LTXVImgToVideoInplace"},
-              "hv10_kandinsky_text_to_video": {"Kandinsky5ImageToVideo"}}
+              "hv10_kandinsky_text_to_video": {"Kandinsky5ImageToVideo"},
+              "minimax_h3_text_to_video": {"MiniMaxH3ImageToVideo"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
 MODEL_LOADERS = {"UNETLoader", "CLIPLoader", "DualCLIPLoader", "CLIPVisionLoader", "CheckpointLoaderSimple",
                  "LTXAVTextEncoderLoader", "LTXVAudioVAELoader"}
 # Nodes kept though they then feed nothing: StreamVAE Decode to Video reads LTXVConditioning's frame_rate
 # from the prompt.
 READ_FROM_PROMPT = {"LTXVConditioning"}
-AUDIO_TONE = {"hz": 440.0, "seconds": 2.0, "sample_rate": 44100}  # StreamVAETestTone for LTX-2's audio VAE decode
+AUDIO_TONE = {"hz": 440.0, "seconds": 2.0, "sample_rate": 44100}  # StreamVAETestTone for an audio VAE decode
 CPU_SIZES = {
     "EmptyHunyuanLatentVideo": {"width": 64, "height": 48, "length": 9},
     "EmptyLTXVLatentVideo": {"width": 96, "height": 64, "length": 9},
     "WanImageToVideo": {"width": 64, "height": 48, "length": 5},
     "HunyuanVideo15ImageToVideo": {"width": 96, "height": 64, "length": 5},
     "Kandinsky5ImageToVideo": {"width": 64, "height": 48, "length": 9},
+    "MiniMaxH3ImageToVideo": {"width": 96, "height": 64, "length": 5},  # 2 latent frames: 5 frames
     "Wan22ImageToVideoLatent": {"width": 64, "height": 64, "length": 9},
     "ImageScale": {"width": 96, "height": 64},
     "StreamVAEEncodeFromVideo": {"width": 96, "height": 64},
@@ -137,9 +141,9 @@ def models_of(workflow: dict) -> list[dict]:
 @pytest.fixture(scope="module")
 def page(comfy_server, comfy_browser):
     """The frontend, reloaded after every file the examples name was put in place: the tiny VAEs under
-    the released names (HunyuanVideo 1.0's and 1.5's written here, LTX-2's inside a full checkpoint), empty
-    placeholders for the diffusion models and text encoders (never loaded: `vae_part` takes them out),
-    and small input files."""
+    the released names (HunyuanVideo 1.0's and 1.5's and MiniMax-H3's written here, LTX-2's inside a full
+    checkpoint), empty placeholders for the diffusion models, text encoders and MiniMax-H3's audio VAE
+    (never loaded: `vae_part` takes them out), and small input files."""
     models = comfy_server.base / "models"
     for released, tiny in RELEASED_VAES.items():
         shutil.copyfile(models / "vae" / tiny, models / "vae" / released)
@@ -169,9 +173,11 @@ def page(comfy_server, comfy_browser):
 def vae_part(prompt: dict, object_info: dict) -> dict:
     """The API prompt without its diffusion part: each sampler's consumers take the sampler's latent
     input instead (both outputs of SamplerCustomAdvanced), each text encoder is an empty conditioning
-    (the StreamVAETestEmptyConditioning probe), CLIP vision outputs are dropped (WanImageToVideo takes
-    them optionally), LTX-2's audio VAE decode is a tone (StreamVAETestTone: the tiny checkpoint's audio
-    VAE is a stand-in tensor), an LTXVSeparateAVLatent that now splits an LTXVConcatAVLatent's output gives the
+    (the StreamVAETestEmptyConditioning probe) and each CLIPLoader a CLIP that encodes every prompt to one
+    (StreamVAETestClip: MiniMax H3 Image to Video takes the text encoder itself), CLIP vision outputs are
+    dropped (WanImageToVideo takes them optionally), an audio VAE decode is a tone (StreamVAETestTone:
+    LTX-2's tiny checkpoint's audio VAE is a stand-in tensor, MiniMax-H3's audio VAE file a placeholder),
+    an LTXVSeparateAVLatent that now splits an LTXVConcatAVLatent's output gives the
     concat's inputs, and every node that then feeds nothing is dropped, but output nodes and those a node
     reads from the prompt (READ_FROM_PROMPT)."""
     prompt = copy.deepcopy(prompt)
@@ -190,7 +196,9 @@ def vae_part(prompt: dict, object_info: dict) -> dict:
             for output in (0, 1):  # SamplerCustomAdvanced: output, denoised_output
                 replace_links([node_id, output], node["inputs"]["latent_image"])
             del prompt[node_id]
-        elif node["class_type"] == "LTXVAudioVAEDecode":
+        elif node["class_type"] == "CLIPLoader":
+            prompt[node_id] = {"class_type": "StreamVAETestClip", "inputs": {}}
+        elif node["class_type"] in ("LTXVAudioVAEDecode", "VAEDecodeAudio"):
             prompt[node_id] = {"class_type": "StreamVAETestTone", "inputs": dict(AUDIO_TONE)}
         elif node["class_type"] == "CLIPTextEncode":
             prompt[node_id] = {"class_type": "StreamVAETestEmptyConditioning", "inputs": {}}
@@ -300,6 +308,12 @@ def test_example_loads_validates_and_runs(path, page, comfy_server, comfy_client
         assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 25.0, 96, 64)]
         with av.open(str(comfy_server.base / "output" / written[0]["subfolder"] / written[0]["filename"])) as container:
             assert len(container.streams.audio) == 1 and container.streams.audio[0].codec_context.sample_rate > 0
+    if path.stem == "minimax_h3_text_to_video":  # core's SaveVideo: the network's 5 frames of 2 latent frames
+        saved = [out["images"][0] for out in entry["outputs"].values() if "animated" in out]
+        with av.open(str(comfy_server.base / "output" / saved[0]["subfolder"] / saved[0]["filename"])) as container:
+            video = container.streams.video[0]
+            shown = [(frame.width, frame.height) for frame in container.decode(video)]
+            assert (shown, float(video.average_rate), len(container.streams.audio)) == ([(96, 64)] * 5, 24.0, 1)
 
 
 def test_extension_snaps_to_4n1_and_shows_the_plan(page):

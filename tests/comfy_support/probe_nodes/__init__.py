@@ -6,6 +6,8 @@ prompt look inside core's conditioning nodes without a text encoder or a diffusi
 - StreamVAETestConcatLatent: the `concat_latent_image` WanImageToVideo put into a CONDITIONING (the
   start image encoded by its VAE input), or the tensor under another `key` (LTXVAddGuide's
   `keyframe_idxs`, computed from its VAE's frame ratios), as a LATENT for Save Latent.
+- StreamVAETestClip: a CLIP whose every prompt encodes to that empty conditioning, for a conditioning node that
+  takes the text encoder itself (MiniMax H3 Image to Video).
 - StreamVAETestTone: an AUDIO (core's {"waveform": 1,2,S, "sample_rate"}) of a sine tone, what LTX-2's audio
   VAE decode hands a video saver, without an audio model.
 - StreamVAETestImageLatent: an IMAGE as a LATENT, so Save Latent stores its float values (a preview's PNG
@@ -32,6 +34,29 @@ class EmptyConditioning:
 
     def make(self):
         return ([[torch.zeros(1, 1, 16), {}]],)
+
+
+class Clip:
+    RETURN_TYPES = ("CLIP",)
+    FUNCTION = "make"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {}}
+
+    def make(self):
+        return (EmptyTextEncoder(),)
+
+
+class EmptyTextEncoder:
+    """What a conditioning node asks of its CLIP: tokens of a prompt (with any images), then their conditioning."""
+
+    def tokenize(self, text, **kwargs):
+        return {"text": text}
+
+    def encode_from_tokens_scheduled(self, tokens, **kwargs):
+        return EmptyConditioning().make()[0]
 
 
 class ConcatLatent:
@@ -125,6 +150,7 @@ class CoreVAEAtFileWidths:
             return nodes.VAELoader().load_vae(vae_name)
 
 
-NODE_CLASS_MAPPINGS = {"StreamVAETestEmptyConditioning": EmptyConditioning, "StreamVAETestConcatLatent": ConcatLatent,
+NODE_CLASS_MAPPINGS = {"StreamVAETestEmptyConditioning": EmptyConditioning, "StreamVAETestClip": Clip,
+                       "StreamVAETestConcatLatent": ConcatLatent,
                        "StreamVAETestTone": Tone, "StreamVAETestImageLatent": ImageLatent,
                        "StreamVAETestCoreVAEAtFileWidths": CoreVAEAtFileWidths}
