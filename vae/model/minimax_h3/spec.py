@@ -4,8 +4,8 @@ tiles and 17-frame clips, blended), so the engine runs it over the whole clip in
 
 Not declared yet: core's module (`CoreVAE`: bench.core_vae does not build core 0.33.0's `comfy.ldm.minimax.vae`;
 tests/test_minimax_h3_core.py and bench/bench_minimax_h3.py build it themselves), bench workloads (`Bench`:
-bench/bench_minimax_h3.py races it against core on the CPU on its own) and a memory calibration (the plan
-ignores a memory budget for it, saying so)."""
+bench/bench_minimax_h3.py races it against core on the CPU on its own). Its CPU memory calibration
+(memory_calibration.json) covers the decode; the plan ignores a budget for its encode, saying so."""
 from ..family_spec import Capability, FamilySpec, TinyModel
 from .config import MiniMaxH3Config
 from .network import MiniMaxH3VAE
