@@ -1,7 +1,7 @@
 """HunyuanVideo 1.0 / Kandinsky (`hv10`) on the CPU against ComfyUI 0.33.0's own VAE (core's `AutoencoderKL`,
 `conv3d=True`), the same seeded weights at the released widths (issue 52).
 
-    python -m bench.bench_hv10 --frames 17 --size 128x128 --rounds 2 --json bench/results/hv10_17x128_core033.json
+    python -m bench.bench_hv10 --frames 17 --size 64x96 --rounds 1 --dtypes fp32 --json out.json
 
 Rows per op and precision (fp32, and `auto`'s where that is not fp32: bf16 on a CPU with native bf16):
 - "untiled": StreamVAE's default (`frames` model: the whole-clip network), the clip in one chunk;
@@ -120,7 +120,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=["decode"], choices=["decode", "encode"])
     parser.add_argument("--frames", type=int, default=17, help="pixel frames (1 + 4k)")
-    parser.add_argument("--size", default="128x128", help="HxW in pixels")
+    parser.add_argument("--size", default="64x96", help="HxW in pixels")
+    parser.add_argument("--dtypes", nargs="+", choices=["fp32", "auto"], default=["fp32", "auto"],
+                        help="auto: `decode_dtype: auto`'s precision on this CPU (skipped where that is fp32)")
     parser.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up round)")
     parser.add_argument("--memory-repeats", type=int, default=1, help="runs per peak-memory process after its warm-up")
     parser.add_argument("--json", help="also write the rows and the machine to this file")
@@ -129,7 +131,7 @@ def main():
     os.environ[kernel_choice.CACHE_ENV] = tempfile.mkdtemp(prefix="streamvae-kernels-")
     machine, load_before = machine_summary(), os.getloadavg()
     auto = backend.dtype_name(backend.auto_dtype("cpu", "decode"))
-    dtypes = ["fp32"] + ([auto] if auto != "fp32" else [])
+    dtypes = list(dict.fromkeys(auto if d == "auto" else d for d in args.dtypes))
     rows = [row for op in args.ops for dtype in dtypes for row in bench_op(op, dtype, args)]
     load_after = os.getloadavg()
     print(f"\nmachine: {machine}\n{FAMILY} {' and '.join(args.ops)} {args.frames}x{args.height}x{args.width}, "
