@@ -84,6 +84,10 @@ PARTS = [
     _decode("decode-hv15-720p", "hv15:121x720x1280", 420,
             "HunyuanVideo 1.5 decode (issue 41): the default, within 6 GiB, core 0.33.0 and its unmasked attention",
             rows=["reference", "bf16", "bf16-budget_6g", "bf16-core_0.33.0", "bf16-core_attention"]),
+    _decode("decode-hv10-480p", "hv10:17x480x848", 150,
+            "HunyuanVideo 1.0 / Kandinsky decode (issue 52): the default, within 12 GiB (chunks after the statistics "
+            "passes), its frames as core computes them and core 0.33.0",
+            rows=["reference", "bf16", "bf16-budget_12g", "bf16-core_frames", "bf16-core_0.33.0"]),
     Part("profile-wan21", 60, "where the default Wan2.1 decode's time goes",
          ("bench.gpu_check", "--parts", "profile", "--workloads", "wan21:81x480x832", "--part-budget", "{budget}",
           "--out", "{out}")),

@@ -90,11 +90,16 @@ def drop_other_half(model: torch.nn.Module, op: str) -> torch.nn.Module:
 
 def make_input(family: str, spec: dict, seed: int = 0) -> torch.Tensor:
     """For spec["op"] "encode": pixels in [-1, 1] (B,C,T,H,W, the family's image channels) of spec's
-    frames x height x width; for "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size
-    (tiny checkpoints share the released latent geometry)."""
+    frames x height x width; for "decode": a N(0,1) raw latent (B,C,T',h,w) that decodes to that size, with
+    spec["tiny"] for the tiny test model (a tiny checkpoint shares the released latent geometry; a tiny
+    config, such as HunyuanVideo 1.0's, may have fewer latent channels)."""
     g = torch.Generator().manual_seed(seed)
     frames, height, width = spec["frames"], spec["height"], spec["width"]
     model = meta_model(family)
+    small = families.spec(family).tiny.config
+    if spec.get("tiny") and small is not None:
+        with torch.device("meta"):
+            model = families.spec(family).vae_class(small)
     if spec["op"] == "encode":
         return torch.rand(1, model.in_channels, frames, height, width, generator=g) * 2 - 1
     sf, tf = model.spatial_factor, model.temporal_factor
@@ -111,7 +116,7 @@ def model_flops(family: str, op: str, spec: dict, tiny: bool = False) -> int:
     config = weights(family, tiny)[0] if tiny else meta_model(family).config
     with torch.device("meta"):
         model = families.spec(family).vae_class(config)
-    x = make_input(family, dict(spec, op=op)).to("meta")
+    x = make_input(family, dict(spec, op=op, tiny=tiny)).to("meta")
     io = dict(out_device="meta") if op == "decode" else {}
     return count_flops(lambda: run(model, op, x, None, vae.Optimizations.straightforward(), **io))
 

@@ -72,6 +72,9 @@ VARIANTS = {
     "core_attention": Variant("HunyuanVideo 1.5 only: its mid-block attention unmasked, as ComfyUI core computes "
                               "it (attention=full; the default is the masked attention it was trained with)",
                               model_config={"attention": "full"}),
+    "core_frames": Variant("HunyuanVideo 1.0 only: ComfyUI 0.33.0's frames (frames=core: norms per chunk of 2 latent "
+                           "frames, attention unmasked; the default is the whole-clip network)",
+                           model_config={"frames": "core"}),
     "core_0.3.75": Variant("ComfyUI 0.3.75 core's VAE, same weights and input", core="0.3.75"),
     "core_0.33.0": Variant("ComfyUI 0.33.0 core's VAE (comfy-kitchen, comfy-aimdo), same weights and input",
                            core="0.33.0"),

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from bench import gpu_session
 from bench.core_vae import TREES
 from tests.reference import REPO
 
@@ -92,6 +93,29 @@ def test_hv15_rows_and_the_core_attention_row_decode_like_core(tmp_path):
     assert not any("error" in row for row in rows) and all(row["finite"] and row["median_s"] > 0 for row in rows), rows
     assert by_variant["core_attention"]["max_err"] < 1e-4, rows  # fp32 rounding of the same network
     assert by_variant["fp32"]["max_err"] > 2 / 255, rows  # the masked attention: visibly not core's output
+
+
+@pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
+def test_hv10_rows_and_the_core_frames_row_decode_like_core(tmp_path):
+    """gpu_session's HunyuanVideo 1.0 part, dry-run on the CPU (its tiny random-weight model): complete rows,
+    the row with core's frames (`core_frames`: norms per chunk, attention unmasked) decodes what ComfyUI
+    0.33.0's own VAE does, and the default (the whole-clip network) does not."""
+    tree = TREES["0.33.0"]
+    if not (tree.path / "comfy").is_dir() or not tree.sites():
+        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
+    part = next(p for p in gpu_session.PARTS if p.name == "decode-hv10-480p")
+    variants = part.args[part.args.index("--variants") + 1: part.args.index("--part-budget")]
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--workloads", "hv10:9x64x96",
+           "--variants", "core_0.33.0", "core_frames", "fp32", *variants, "--reference", "core_0.33.0",
+           "--repeats", "1", "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, *rows = (json.loads(line) for line in next(tmp_path.glob("*-decode.jsonl")).read_text().splitlines())
+    by_variant = {row["variant"]: row for row in rows}
+    assert set(by_variant) == {"core_0.33.0", "core_frames", "fp32", *variants}, rows
+    assert not any("error" in row for row in rows) and all(row["finite"] and row["median_s"] > 0 for row in rows), rows
+    assert by_variant["core_frames"]["max_err"] < 1e-4, rows  # fp32 rounding of the same network
+    assert by_variant["fp32"]["max_err"] > 2 / 255, rows  # whole-clip norms, masked attention: not core's frames
 
 
 def test_a_part_with_a_failed_row_exits_non_zero(tmp_path):
