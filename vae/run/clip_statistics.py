@@ -4,12 +4,13 @@ gathered in passes over the clip before the clip itself runs.
 
 A norm cannot normalise a frame before it has seen every frame of the clip, and what a norm sees depends on
 the norms before it. So the engine runs the clip through the model once per such norm, chunk by chunk with
-fresh causal caches, as the plan runs it (chunks, exact tiles, frames streamed): in pass k every norm before the k-th has its
-statistics, the k-th hands its per-frame moments (float64 B,G,t, merged over the tiles of a chunk) to
-`GatheredStatistics.of`, which keeps them and stops the chunk there (`Gathered`: nothing after that norm
-runs; streamed, each frame stops there and the next ones still run the stages before it). At the end of the pass the frames' moments become the norm's statistics (`ClipNorm.clip_stats`, an
-exact merge); then the clip runs with every norm's statistics known and gives the whole clip's frames, to
-rounding, whatever the chunks and tiles. Statistics do not depend on how the clip was cut, so they outlive an
+fresh causal caches, as the plan runs it (chunks, exact tiles, frames streamed): in pass k every norm before
+the k-th has its statistics, the k-th hands its per-frame moments (float64 B,G,t, merged over the tiles of a
+chunk) to `GatheredStatistics.of`, which keeps them and stops the chunk there (`Gathered`: nothing after that
+norm runs; streamed, each frame stops there and the next ones still run the stages before it). At the end of
+the pass the frames' moments become the norm's statistics (`ClipNorm.clip_stats`, an exact merge); then the
+clip runs with every norm's statistics known and gives the whole clip's frames, to rounding, whatever the
+chunks and tiles. Statistics do not depend on how the clip was cut, so they outlive an
 out-of-memory retry that cuts it smaller.
 
 Pass k would cost the model up to the k-th norm on the clip, from the op's input. Instead, a pass keeps the input
@@ -50,6 +51,7 @@ class GatheredStatistics:
         self._kept: dict[int, list[torch.Tensor]] = {}  # each chunk's input pieces there, in frame order
         self._new: dict[int, list[torch.Tensor]] | None = {}  # the inputs this pass keeps (None: it keeps none)
         self._new_stage = 0
+        self._kept_total = self._new_total = 0  # bytes in `_kept`, in `_new`
 
     @classmethod
     def for_run(cls, model, op: str, kept_bytes: int) -> "GatheredStatistics | None":
@@ -71,10 +73,10 @@ class GatheredStatistics:
     def run(self, stages: list, x: torch.Tensor, ctx, first: int) -> torch.Tensor:
         """Chunk `first` (x: its input to the op) through `stages` from the stage whose inputs are kept; where it
         stops at the norm this pass gathers, the input of that stage kept (`stopped`)."""
-        start = self.first_stage
-        if start:
-            x = torch.cat([piece.to(x.device, non_blocking=True) for piece in self._kept[first]], dim=2)  # B,C,t,H,W
-        for i in range(start, len(stages)):
+        if self.first_stage:
+            pieces = [piece.to(x.device, non_blocking=True) for piece in self._inputs(first, x)]
+            x = torch.cat(pieces, dim=2)  # B,C,t,H,W: the chunk's frames at the kept stage
+        for i in range(self.first_stage, len(stages)):
             try:
                 y = stages[i](x, ctx)
             except Gathered:
@@ -87,7 +89,7 @@ class GatheredStatistics:
         """Chunk `first` through `stream` (a `strategies.FrameStream` of the stages from the one whose inputs are
         kept, made for this pass) a frame at a time: its kept inputs there, piece by piece, else x; `Gathered`
         raised once every piece has run, where the pass's norm stopped them."""
-        pieces = self._kept[first] if self.first_stage else [x]
+        pieces = self._inputs(first, x)
         gathered = False
         for i, piece in enumerate(pieces):
             try:
@@ -98,23 +100,29 @@ class GatheredStatistics:
         if gathered:
             raise Gathered
 
+    def _inputs(self, first: int, x: torch.Tensor) -> list[torch.Tensor]:
+        """Chunk `first`'s input pieces at the stage its passes start from: those kept there, else [x] (the op's)."""
+        return self._kept[first] if self.first_stage else [x]
+
     def stopped(self, stage: int, first: int, x: torch.Tensor) -> None:
         """Chunk `first` met `Gathered` in `stage`, whose input is x (the chunk's, or one piece of it when frames
         are streamed): a copy of x kept for the passes after this one, where the clip's inputs there fit beside
         those kept now."""
         if stage <= self.first_stage or stage < self.prefill_stages or self._new is None:
             return
-        new = x.numel() * x.element_size() + _bytes(self._new)
-        if new + _bytes(self._kept) > self.kept_bytes:
+        new = self._new_total + x.numel() * x.element_size()
+        if new + self._kept_total > self.kept_bytes:
             self._new = None  # the clip's inputs there do not fit: this pass keeps nothing
             return
         self._new.setdefault(first, []).append(x.to(self.keep_on, copy=True))
+        self._new_total = new
         self._new_stage = stage
 
     def restart(self) -> None:
         """Drop the pass under way and the kept inputs (their chunks are no longer the run's: an out-of-memory
         retry cut them smaller); the statistics known stay."""
         self.first_stage, self._kept, self._new = 0, {}, {}
+        self._kept_total = self._new_total = 0
         self._gathering, self._moments = None, []
 
     def of(self, norm: ClipNorm, means: torch.Tensor, variances: torch.Tensor, first: int):
@@ -142,12 +150,17 @@ class GatheredStatistics:
         self.known[self._gathering] = self._gathering.clip_stats(means, variances)
         self._gathering, self._moments = None, []
         if self._new:  # every chunk's input of the stage where they stopped: the next passes start there
-            self.first_stage, self._kept = self._new_stage, self._new
-        self._new = {}
+            self.first_stage, self._kept, self._kept_total = self._new_stage, self._new, self._new_total
+        self._new, self._new_total = {}, 0
 
 
-def _bytes(kept: dict[int, list[torch.Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for pieces in kept.values() for t in pieces)
+class EachChunksOwn:
+    """A `model.execution.ClipStatistics` that normalises each chunk by its own statistics, in one pass: for runs
+    that measure sizes (`memory.steady_cache_sizes`, bench.meta_peak), whose shapes the whole clip's statistics
+    would not change."""
+
+    def of(self, norm: ClipNorm, means: torch.Tensor, variances: torch.Tensor, first: int):
+        return norm.clip_stats(means, variances)
 
 
 def gather(ctx, frames: int, chunk: int, step, steps, prefill, fresh_caches) -> None:

@@ -30,6 +30,7 @@ import torch
 
 from ..kernels import Optimizations, filter_cache, winograd
 from ..kernels import conv as opt_conv
+from .clip_statistics import EachChunksOwn
 from .geometry import Clip, as_pair, pixel_frames
 from .run_context import RunContext
 
@@ -131,7 +132,7 @@ def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
         first = torch.zeros(frame[:2] + (1,) + frame[3:], dtype=dtype, device=model.device)
     steady = torch.zeros(frame, dtype=dtype, device=model.device)
     ctx = RunContext(opts or Optimizations(), frames_are_images=model.frames_are_images)
-    ctx.clip_statistics = _EachChunksOwn()  # sizes are what is counted here, not values
+    ctx.clip_statistics = EachChunksOwn()  # sizes are what is counted here, not values
     sizes = None
     with torch.inference_mode():
         for chunk, _ in ctx.chunks(1 + STEADY_CHUNKS_MAX, 1, ending=False):
@@ -140,14 +141,6 @@ def steady_cache_sizes(model, op: str, latent_hw: tuple[int, int],
             if sizes is not None and sizes == before:
                 break
     return ctx.cache.sizes()
-
-
-class _EachChunksOwn:
-    """A `model.execution.ClipStatistics` that normalises each chunk with its own statistics: for runs that
-    measure sizes, where the whole clip's statistics would change no shape."""
-
-    def of(self, norm, means, variances, first):
-        return norm.clip_stats(means, variances)
 
 
 def cache_profile(model, op: str, cells: int = 8) -> dict:
