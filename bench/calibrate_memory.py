@@ -153,7 +153,8 @@ def fit(samples: list[tuple[list[float], float]], mode: str) -> dict:
 # of its 1024 -> 8192 channel upsampler conv at latent resolution, above the streamed activations of those
 # sizes, so they fit no per-pixel term and would predict a 720p frame's 2.5 GiB of live tensors as none.
 # `--meta` fits a family's CUDA streamed decode coefficients to the meta-device count of the GPU code path
-# at the target sizes instead (bench.meta_peak: live tensors, bf16), keeping the CPU's fixed term.
+# at the target sizes instead (bench.meta_peak: live tensors, bf16), keeping the CPU's fixed term where the CPU
+# has one (HunyuanVideo 1.0's streamed CPU points take an hour: every point runs its statistics passes).
 META_POINTS = [((720, 1280), 128), ((720, 1280), 256), ((720, 1280), None), ((1088, 1920), 256), ((1088, 1920), None)]
 
 
@@ -171,7 +172,8 @@ def meta_streamed(family: str) -> dict:
         samples.append(([height * width, rows * cols], live.peak / 2 - memory.cache_band_elements(largest, rows, width)))
         print(f"{family} decode streamed {height}x{width} tile {tile}: {live.peak / 2**30:.2f} GiB live (meta)", flush=True)
     entry = fit(samples, "streamed")
-    entry["fixed"] = max(entry["fixed"], memory.coefficients(family, "decode", "streamed", "cpu")["fixed"])
+    if memory.calibration_source(family, "decode", "streamed", "cpu") == "measured":
+        entry["fixed"] = max(entry["fixed"], memory.coefficients(family, "decode", "streamed", "cpu")["fixed"])
     return {**entry, "source": "meta"}
 
 

@@ -24,6 +24,7 @@ import vae.model.layers
 from bench import models
 from vae import families
 from vae.run import memory
+from vae.run.clip_statistics import EachChunksOwn
 from vae.run.run_context import RunContext
 from vae.run.strategies.exact_tiles import ExactTiles
 from vae.run.strategies.frame_stream import FrameStream
@@ -123,6 +124,9 @@ def count(family: str, op: str, height: int, width: int, tile: int, chain: bool)
     model = models.meta_model(family).requires_grad_(False)
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
     ctx = RunContext(vae.Optimizations(kernel_choice="defaults"), frames_are_images=model.frames_are_images)
+    # Norms over the whole clip (HunyuanVideo 1.0) normalise each chunk here: a real run's statistics passes
+    # stop where this pass goes on, and the statistics change no shape.
+    ctx.clip_statistics = EachChunksOwn()
     # The attention's keys and values stay on the (meta) device, counted live: their cache is made before
     # the causal caches' store is replaced by one that keeps shapes only.
     assert ctx.cache.keys_values.offload == "none"
