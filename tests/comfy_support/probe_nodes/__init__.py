@@ -23,27 +23,25 @@ import math
 import torch
 
 
-class EmptyConditioning:
-    RETURN_TYPES = ("CONDITIONING",)
+class Source:
+    """A node of no inputs that makes one value (`make`)."""
     FUNCTION = "make"
     CATEGORY = "testing"
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {}}
+
+
+class EmptyConditioning(Source):
+    RETURN_TYPES = ("CONDITIONING",)
 
     def make(self):
         return ([[torch.zeros(1, 1, 16), {}]],)
 
 
-class Clip:
+class Clip(Source):
     RETURN_TYPES = ("CLIP",)
-    FUNCTION = "make"
-    CATEGORY = "testing"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {}}
 
     def make(self):
         return (EmptyTextEncoder(),)
