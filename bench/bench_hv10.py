@@ -72,12 +72,13 @@ def runners(op: str, dtype: torch.dtype, x: torch.Tensor, budget: int) -> dict:
     ours = models.build(FAMILY, dtype)
     core_frames = models.build(FAMILY, dtype, config={"frames": "core"})
     core = models.build(FAMILY, dtype, core=CORE)
-    x = x.to(dtype) if op == "encode" else x
+    x_core = x.to(dtype)  # core's modules take their own dtype; StreamVAE casts a latent itself
+    x = x_core if op == "encode" else x
     call = core.encode if op == "encode" else core.decode
     return {"untiled": lambda: models.run(ours, op, x),
             "quarter": lambda: models.run(ours, op, x, {"memory_budget": budget}),
             "core frames": lambda: models.run(core_frames, op, x),
-            f"core {CORE}": lambda: call(x)}
+            f"core {CORE}": lambda: call(x_core)}
 
 
 def race(runs: dict, rounds: int, label: str) -> dict:
