@@ -3,6 +3,7 @@ weights, side by side in one process (the variants of a table take turns within 
 
     python -m bench.bench_minimax_h3                     # all three tables
     python -m bench.bench_minimax_h3 --tables block --repeats 5
+    python -m bench.bench_minimax_h3 --dim 2048 --grid 2 1 --json out.json   # decoder blocks at the released width
 
 Tables:
 - decode: a whole decode at reduced widths (encoder 32-64 channels; decoder `--dim`, `--layers`) of one clip
@@ -16,9 +17,12 @@ Tables:
 Error columns: max |ours - core| of the same input, in the output's units (bf16 rows against fp32 core).
 """
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -43,7 +47,12 @@ def core_config(cfg: MiniMaxH3Config) -> dict:
 
 def build_core(config: dict, state_dict: dict) -> torch.nn.Module:
     """Core's MiniMaxH3VideoVAE at `config`'s widths and depth (core's Load VAE builds the released ones
-    only), `state_dict` loaded strictly, float32. Core must be imported (`bench.core_vae._import_core`)."""
+    only), `state_dict` loaded strictly, float32. Core must be imported (`bench.core_vae._import_core`).
+    `state_dict` is emptied as it is read: each tensor becomes core's weight in float32 (a float32 tensor as it
+    is, not copied: a file's tensors mapped into memory stay the page cache's pages, and the bench's core
+    shares its float32 weights with StreamVAE's model), the one read let go once cast, so the peak is the
+    larger of the file's tensors and core's weights, not their sum (the weights core's modules are built
+    with are allocated, never written, and replaced)."""
     import comfy.ldm.minimax.vae as core_vae
 
     core = core_vae.MiniMaxH3VideoVAE(ch=config["ch"], ch_mult=config["ch_mult"], num_res_blocks=config["num_res_blocks"],
@@ -51,7 +60,8 @@ def build_core(config: dict, state_dict: dict) -> torch.nn.Module:
     core.decoder = core_vae.ViT3DDecoder(patch_size=core.vae_ratio, patch_size_t=core.vae_ratio_t, in_channels=24,
                                          num_layers=config["layers"], heads=config["heads"], dim_head=config["head_dim"],
                                          num_register_tokens=config["register_tokens"])
-    core.load_state_dict(state_dict, strict=True)
+    core.load_state_dict({k: state_dict.pop(k).to(torch.float32) for k in list(state_dict)}, strict=True,
+                         assign=True)
     return core.to(torch.float32).eval()
 
 
@@ -64,7 +74,8 @@ def _random(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 
 def _race(variants: dict, repeats: int) -> dict:
-    """name -> (median s, output): every variant once per round, `repeats` rounds after one warm-up round."""
+    """name -> (median s, output, the rounds' s): every variant once per round, `repeats` rounds after one
+    warm-up round."""
     times, outputs = {name: [] for name in variants}, {}
     for round_ in range(repeats + 1):
         for name, run in variants.items():
@@ -73,13 +84,14 @@ def _race(variants: dict, repeats: int) -> dict:
                 outputs[name] = run()
             if round_:
                 times[name].append(time.perf_counter() - start)
-    return {name: (statistics.median(times[name]), outputs[name]) for name in variants}
+    return {name: (statistics.median(times[name]), outputs[name], times[name]) for name in variants}
 
 
 def _rows(table: str, shape: str, results: dict, reference: str, baseline: str) -> list[dict]:
     ref, base = results[reference][1].float(), results[baseline][0]
     return [{"table": table, "shape": shape, "variant": name, "time": t, "speedup": base / t,
-             "max_err": (out.float() - ref).abs().max().item()} for name, (t, out) in results.items()]
+             "max_err": (out.float() - ref).abs().max().item(), "times": times}
+            for name, (t, out, times) in results.items()]
 
 
 def decode_table(args, core_module) -> list[dict]:
@@ -104,7 +116,7 @@ def decode_table(args, core_module) -> list[dict]:
     shape = f"{rows}x{cols} tiles, dim {cfg.dim}, {cfg.layers} layers"
     # core clamps to [0, 1]: errors are against core's clamped frames, ours clamped the same way
     for name in list(results)[1:]:
-        results[name] = (results[name][0], results[name][1].clamp(-1, 1))
+        results[name] = (results[name][0], results[name][1].clamp(-1, 1), results[name][2])
     return _rows("decode", shape, results, "core 0.33.0", "core 0.33.0")
 
 
@@ -168,13 +180,21 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=2, help="decode table: decoder blocks")
     parser.add_argument("--grid", type=int, nargs=2, default=(2, 2), help="decode table: tile rows, cols")
     parser.add_argument("--block-tiles", type=int, nargs="+", default=(1,), help="block table: tiles per call")
+    parser.add_argument("--json", help="also write the rows (with each round's time), the machine and the loads here")
     args = parser.parse_args(argv)
     core_module = _import_core("0.33.0", "comfy.ldm.minimax.vae", cpu=True)
-    print(f"load average before: {os.getloadavg()}")
-    print(machine_summary())
+    machine, loads, rows = machine_summary(), {"before": os.getloadavg()}, []
+    print(f"load average before: {loads['before']}")
+    print(machine)
     for table in args.tables:
-        print_table(TABLES[table](args, core_module), COLUMNS)
-        print(f"load average after {table}: {os.getloadavg()}", flush=True)
+        rows += TABLES[table](args, core_module)
+        print_table([row for row in rows if row["table"] == table], COLUMNS)
+        loads[f"after {table}"] = os.getloadavg()
+        print(f"load average after {table}: {loads[f'after {table}']}", flush=True)
+        if args.json:  # after every table, so a run stopped early keeps what it measured
+            given = sys.argv[1:] if argv is None else argv
+            Path(args.json).write_text(json.dumps({"machine": machine, "argv": given, "load_average": loads, "rows": rows},
+                                                  indent=1))
 
 
 if __name__ == "__main__":

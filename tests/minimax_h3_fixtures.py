@@ -9,15 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import vae
+from bench.core_vae import TREES
 from reference import random_weights
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE
 from vae.model.minimax_h3.spec import TINY as SMALL
 # Scales of the residual branches and norms, drawn near 1 (reference.random_weights draws 1-D weights near 0).
-_NEAR_ONE = ("norm1.weight", "norm2.weight", "norm_out.weight", "scale1", "scale2")
+NEAR_ONE = ("norm1.weight", "norm2.weight", "norm_out.weight", "scale1", "scale2")
 
 
 def model(cfg: MiniMaxH3Config = SMALL, seed: int = 1) -> MiniMaxH3VAE:
@@ -25,7 +27,7 @@ def model(cfg: MiniMaxH3Config = SMALL, seed: int = 1) -> MiniMaxH3VAE:
     g = torch.Generator().manual_seed(seed + 1000)
     with torch.no_grad():
         for name, p in m.named_parameters():
-            if name.endswith(_NEAR_ONE):
+            if name.endswith(NEAR_ONE):
                 p.add_(1.0)
         m.decoder.mask_token.normal_(generator=g)
         m.latents_mean.copy_(0.1 * torch.randn(m.latents_mean.shape, generator=g))
@@ -49,6 +51,18 @@ def load(path: Path, size: int, overlap: int) -> MiniMaxH3VAE:
 
 
 CORE_RUNNER = Path(__file__).parent / "comfy_support" / "core_minimax_h3.py"
+
+
+def skip_without_core() -> None:
+    """Skip the test where ComfyUI 0.33.0's tree is missing (.ci/setup builds it)."""
+    if not (TREES["0.33.0"].path / "comfy").is_dir():
+        pytest.skip(f"no ComfyUI 0.33.0 at {TREES['0.33.0'].path} (run .ci/setup)")
+
+
+def core_input(op: str, shape: tuple, seed: int) -> torch.Tensor:
+    """A seeded input of core's op `op`: a video in [-1, 1] to encode, else a LATENT (standard normal)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, generator=g) * 2 - 1 if op == "encode" else torch.randn(shape, generator=g)
 
 
 def run_core(jobs: list[dict], folder: Path) -> None:

@@ -12,12 +12,11 @@ module runs in CI's second lane (about 90 s on 2 shared cores: core's process is
 import json
 
 import pytest
-import torch
 from safetensors.torch import save_file
 
 from bench.bench_minimax_h3 import core_config
-from bench.core_vae import TREES
-from minimax_h3_fixtures import SMALL, core_outputs, load, model, run_core, save, with_tiles
+from minimax_h3_fixtures import (SMALL, core_input, core_outputs, load, model, run_core, save, skip_without_core,
+                                 with_tiles)
 from reference import assert_exact
 import vae
 from vae.model.minimax_h3.tiles import decode_plan, split_axis
@@ -41,22 +40,16 @@ CASES = {
 GEOMETRY = {"lengths": list(range(16, 4097, 16)), "latent_frames": list(range(1, 81)), "tiles": list(TILES.values())}
 
 
-def _input(op: str, shape: tuple, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(shape, generator=g) * 2 - 1 if op == "encode" else torch.randn(shape, generator=g)
-
-
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
     """(our model per tile setting, the inputs, core's outputs), every case in one core process."""
-    if not (TREES["0.33.0"].path / "comfy").is_dir():
-        pytest.skip(f"no ComfyUI 0.33.0 at {TREES['0.33.0'].path} (run .ci/setup)")
+    skip_without_core()
     folder = tmp_path_factory.mktemp("minimax-h3-core")
     checkpoint = save(model(SMALL, seed=3), folder / "small.safetensors")
     ours, jobs = {}, [{"geometry": GEOMETRY, "outputs": str(folder / "geometry.json")}]
     inputs = {key: {} for key in TILES}
     for i, (name, (key, op, shape)) in enumerate(CASES.items()):
-        inputs[key][f"{op}:{name}"] = _input(op, shape, seed=100 + i)
+        inputs[key][f"{op}:{name}"] = core_input(op, shape, seed=100 + i)
     for key, (size, overlap) in TILES.items():
         ours[key] = load(checkpoint, size, overlap)
         save_file(inputs[key], str(folder / f"{key}-in.safetensors"))
