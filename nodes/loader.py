@@ -6,7 +6,7 @@ LTXVImgToVideo, HunyuanVideo15ImageToVideo, SeedVR2 nodes then run StreamVAE).
 Choices a family declares for its loading (`FamilySpec.load_choices`, no weight says them) are advanced
 inputs, one per choice of the registered families: a list for a `LoadChoice` (`clip_attention` is HunyuanVideo
 1.5's mid-block attention: the trained frame-causal mask, or the unmasked attention core computes), a number
-for a `LoadInteger` (`seed` is the LTX-2.5 diffusion decoder's noise seed).
+for a `LoadInteger` (`decode_seed` is the LTX-2.5 diffusion decoder's noise seed).
 """
 import logging
 

@@ -6,7 +6,7 @@ whole network with core's):
 - `vae.load` detects the split file and the VAE under `vae.` in a full checkpoint (their metadata config read);
 - the config read from a checkpoint: every size from the weights, core's defaults for what a file
   without metadata does not say, a metadata size that contradicts the weights refused;
-- the load config's `noise_seed` (Load VAE's `seed`) seeds the decode; a seed no generator takes is refused;
+- the load config's `noise_seed` (Load VAE's `decode_seed`) seeds the decode; a seed no generator takes is refused;
 - the frames of each stage's grid: 8(T - 1) + 1 pixel frames from T latent frames;
 - a decode is planned as one chunk of the whole clip, untiled, whatever the settings asked (said).
 """
@@ -119,7 +119,7 @@ def test_weights_that_fit_no_rule_are_refused():
 
 
 def test_the_seed_reaches_the_decode(tmp_path):
-    """The load config's `noise_seed` (Load VAE's `seed`) seeds the decoder's noise: seed 7 decodes as
+    """The load config's `noise_seed` (Load VAE's `decode_seed`) seeds the decoder's noise: seed 7 decodes as
     `decode_clip` with 7, other frames than seed 0's; the largest seed a generator takes decodes too."""
     path = save_split(model("released_windows"), tmp_path / "vae.safetensors")
     z = torch.randn(1, 128, 2, 1, 2, generator=torch.Generator().manual_seed(3))

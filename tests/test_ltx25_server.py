@@ -5,7 +5,7 @@ VAE file in models/vae, which core's own Load VAE recognises as its "LTX 2.4 dif
 - Core's VAE Decode of a saved LATENT on core's VAE and on StreamVAE Load VAE's `VAE` give the same frames
   (both seed 0) and the library's (`vae.decode`), within 1e-4 x max(1, |ref|); LTXVImgToVideo, core's LTX
   node that encodes a start image through the VAE it is given, gives the same LATENT on both.
-- Load VAE's advanced `seed` reaches the model: seed 7's frames are the library's with `noise_seed` 7 and
+- Load VAE's advanced `decode_seed` reaches the model: seed 7's frames are the library's with `noise_seed` 7 and
   differ from seed 0's; the node says the seed, and says a seed set on another family's file does nothing.
 
 The weights are the tiny "released_windows" variant (tests/ltx25_fixtures.py: seeded, small widths, the
@@ -46,8 +46,8 @@ def run(comfy_server, object_info):
         "lat": node(object_info, "LoadLatent", latent=LATENT),
         "core": node(object_info, "VAELoader", vae_name=FILE),
         "ours": node(object_info, "StreamVAELoader", vae_name=FILE),
-        "seeded": node(object_info, "StreamVAELoader", vae_name=FILE, seed=SEED),
-        "other": node(object_info, "StreamVAELoader", vae_name=vae_file("wan21"), seed=SEED),
+        "seeded": node(object_info, "StreamVAELoader", vae_name=FILE, decode_seed=SEED),
+        "other": node(object_info, "StreamVAELoader", vae_name=vae_file("wan21"), decode_seed=SEED),
         "dec_core": node(object_info, "VAEDecode", samples=["lat", 0], vae=["core", 0]),
         "dec_ours": node(object_info, "VAEDecode", samples=["lat", 0], vae=["ours", 1]),
         "dec_seeded": node(object_info, "VAEDecode", samples=["lat", 0], vae=["seeded", 1]),
@@ -106,4 +106,4 @@ def test_the_seed_is_shown_on_the_node(run):
     notes = {key: entry["outputs"][key]["streamvae_model"][0]["notes"] for key in ("ours", "seeded", "other")}
     assert not any("seed" in note for note in notes["ours"]), notes
     assert f"noise_seed {SEED} (chosen at load; the default is 0)" in notes["seeded"], notes
-    assert any(f"seed {SEED}: no effect on wan21" in note for note in notes["other"]), notes
+    assert any(f"decode_seed {SEED}: no effect on wan21" in note for note in notes["other"]), notes

@@ -30,7 +30,8 @@ SPEC = FamilySpec(
     fps=24.0,
     fps_node="LTXVConditioning",
     tiny=TinyModel(config=TINY),
-    load_choices=(LoadInteger("noise_seed", input="seed", default=0, minimum=0, maximum=MAX_SEED, help=(
+    # Load VAE's `decode_seed`: not `seed`, to which the frontend adds a "randomize after each run" widget
+    load_choices=(LoadInteger("noise_seed", input="decode_seed", default=0, minimum=0, maximum=MAX_SEED, help=(
         "LTX-2.5 diffusion decoder: the seed of its decode noise; 0 = core's frames.")),),
     capabilities=frozenset({Capability.WHOLE_CLIP}),
     # CPU calibration: one latent frame (a decode is one chunk of the whole clip, and the memory model counts
