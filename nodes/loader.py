@@ -4,8 +4,9 @@ STREAMVAE, and the same model as a core VAE (the one-node swap: core's VAE Decod
 LTXVImgToVideo, HunyuanVideo15ImageToVideo, SeedVR2 nodes then run StreamVAE).
 
 Choices a family declares for its loading (`FamilySpec.load_choices`, no weight says them) are advanced
-inputs, one per choice of the registered families: `clip_attention` is HunyuanVideo 1.5's mid-block
-attention (`attention`: the trained frame-causal mask, or the unmasked attention core computes).
+inputs, one per choice of the registered families: a list for a `LoadChoice` (`clip_attention` is HunyuanVideo
+1.5's mid-block attention: the trained frame-causal mask, or the unmasked attention core computes), a number
+for a `LoadInteger` (`decode_seed` is the LTX-2.5 diffusion decoder's noise seed).
 """
 import logging
 
@@ -49,7 +50,17 @@ def vae_path(name: str) -> str | None:
     return next((path for folder in FOLDERS if (path := folder_paths.get_full_path(folder, name))), None)
 
 
-def load_config(path: str, chosen: dict[str, str]) -> tuple[dict, list[str]]:
+def choice_input(name: str, choice):
+    """The advanced input `name` for a family's load choice: a list of its values, or a number within its bounds."""
+    tooltip = f"{choice.help} Other families: no effect."
+    if isinstance(choice, families.LoadChoice):
+        return io.Combo.Input(name, options=list(choice.values), default=choice.default, optional=True,
+                              **core_api.advanced(), tooltip=tooltip)
+    return io.Int.Input(name, default=choice.default, min=choice.minimum, max=choice.maximum, optional=True,
+                        **core_api.advanced(), tooltip=tooltip)
+
+
+def load_config(path: str, chosen: dict[str, str | int]) -> tuple[dict, list[str]]:
     """The config (field -> value) of the node's choice inputs (`chosen`: input -> value) that the file's
     family declares, and a warning for each other one set away from its default (no effect there)."""
     info = checkpoints.inspect_checkpoint(path)
@@ -59,7 +70,7 @@ def load_config(path: str, chosen: dict[str, str]) -> tuple[dict, list[str]]:
         choice = CHOICE_INPUTS[name]
         if choice in declared:
             config[choice.field] = value
-        elif value != choice.values[0]:
+        elif value != choice.default:
             ignored.append(f"{name} {value}: no effect on {info.family} (it has no such choice)")
     return config, ignored
 
@@ -107,9 +118,7 @@ class LoadVAE(io.ComfyNode):
                                **core_api.advanced(), tooltip=(
                     "measure = the fastest exact kernels on this machine, timed once per layer shape and remembered; "
                     "defaults = fixed rules, for reproducible timings.")),
-                *(io.Combo.Input(name, options=list(choice.values), default=choice.values[0], optional=True,
-                                 **core_api.advanced(), tooltip=f"{choice.help} Other families: no effect.")
-                  for name, choice in CHOICE_INPUTS.items()),
+                *(choice_input(name, choice) for name, choice in CHOICE_INPUTS.items()),
                 io.Custom(COMPILE).Input("compile", optional=True, tooltip=(
                     "Optional torch.compile settings from StreamVAE Torch Compile Settings; unconnected: eager.")),
                 io.Custom(GPU_OPTIONS).Input("gpu_options", optional=True, tooltip=(

@@ -124,8 +124,8 @@ class StreamVAEHandle:
     def load(cls, path: str, name: str, encode_dtype="auto", decode_dtype="auto", device="auto",
              offload_device="auto", kernels="measure", compile_settings=None, gpu=None,
              devices=None, config: dict | None = None) -> "StreamVAEHandle":
-        """`config`: the family's load choices (`FamilySpec.load_choices`), e.g. {"attention": "full"}; a
-        choice away from its default is shown on the node."""
+        """`config`: the family's load choices (`FamilySpec.load_choices`), e.g. {"attention": "full"} or
+        {"noise_seed": 7}; a choice away from its default is shown on the node."""
         load_device = resolve_device(device)
         offload = resolve_offload(offload_device, load_device)
         enc, dec = resolve_dtype(encode_dtype, load_device, "encode"), resolve_dtype(decode_dtype, load_device, "decode")
@@ -134,7 +134,7 @@ class StreamVAEHandle:
         with torch.inference_mode(False):
             model = vae.load(path, device=offload, dtype=dec, encode_dtype=enc, decode_dtype=dec, config=config or None)
         handle = cls(model, name, load_device, offload, compile_settings, gpu, devices, kernels)
-        defaults = {choice.field: choice.values[0] for choice in families.spec(model.family).load_choices}
+        defaults = {choice.field: choice.default for choice in families.spec(model.family).load_choices}
         for field, value in (config or {}).items():
             if value != defaults[field]:
                 handle.note(f"{field} {value} (chosen at load; the default is {defaults[field]})")

@@ -136,7 +136,7 @@ def comfy_server(comfy_tree, tmp_path_factory):
     """A running ComfyUI server (`comfy_support.server.ComfyServer`) of `comfy_tree`, shared by every
     test on that tree.
 
-    Attributes: `url`, `base` (its base directory), `tree`, `log` (text so far), `log_tail()`,
+    Attributes: `url`, `base` (its base directory), `tree`, `log` (text so far), `log_tail()`, `run(prompt)`,
     `assert_pack_imported()`, `client()`. Fails every dependent test with the log tail if the server
     cannot start.
     """

@@ -25,7 +25,7 @@ from bench.core_vae import BUILDS
 from reference import REPO, assert_exact, tiny_checkpoint
 from vae import families
 from vae.kernels import Optimizations
-from vae.model.family_spec import Capability
+from vae.model.family_spec import Capability, LoadChoice
 from vae.model.video_vae import ClipExtent
 from vae.run import memory
 from vae.run.clip_statistics import clip_norm_count
@@ -111,7 +111,7 @@ def test_the_spec_agrees_with_the_network(family):
     for network in (released, model):
         assert (network.spatial_factor, network.temporal_factor) == (spec.spatial_factor, spec.temporal_factor)
     assert released.latent_channels == spec.latent_channels
-    variants = [{}] + [{choice.field: value} for choice in spec.load_choices for value in choice.values]
+    variants = [{}] + [{choice.field: value} for choice in spec.load_choices for value in _offered(choice)]
     with torch.device("meta"):
         found = set().union(*(_capabilities(spec.vae_class(dataclasses.replace(spec.config_class(), **change)))
                               for change in variants))
@@ -122,16 +122,27 @@ def test_the_spec_agrees_with_the_network(family):
     assert spec.core is None or spec.core.module in BUILDS
 
 
+def _offered(choice) -> tuple:
+    """The values a front end offers for a load choice: each of a `LoadChoice`'s, a `LoadInteger`'s bounds."""
+    return choice.values if isinstance(choice, LoadChoice) else (choice.minimum, choice.maximum)
+
+
 def test_load_choices_are_config_values_the_default_first(family):
     """What a front end offers (Load VAE's input of each choice, in the order the families declared them) is what
-    `vae.load(config=)` takes, its first value the config's default, each input name taken once among the
-    families."""
+    `vae.load(config=)` takes: the config's default (a list's first value, within a number's bounds), every
+    value offered, each input name taken once among the families."""
     spec, path, _ = family
     assert (spec in families.CHOOSING) is bool(spec.load_choices)  # offered, after the families declared before it
     for choice in spec.load_choices:
-        assert getattr(spec.config_class(), choice.field) == choice.values[0]
+        assert getattr(spec.config_class(), choice.field) == choice.default
+        if isinstance(choice, LoadChoice):
+            assert choice.default == choice.values[0]
+        else:
+            assert choice.minimum <= choice.default <= choice.maximum
         assert [c.input for c in families.load_choices()].count(choice.input) == 1
-        for value in choice.values:
+        # the frontend gives an input so named a "randomize after each run" widget (an extra widget value)
+        assert choice.input not in ("seed", "noise_seed"), f"{choice.input}: name it otherwise (e.g. decode_seed)"
+        for value in _offered(choice):
             assert getattr(vae.load(path, config={choice.field: value}).config, choice.field) == value
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 import vae
 from hv10_fixtures import save_small_checkpoint
 from reference import assert_exact
-from test_nodes_server import node, object_info, saved_latent, upload_frames, video_of  # noqa: F401
+from test_nodes_server import frames_of, node, object_info, saved_latent, upload_frames, video_of  # noqa: F401
 
 pytestmark = [pytest.mark.comfy, pytest.mark.comfy_trees("0.33.0")]  # a real ComfyUI: CI's second lane
 
@@ -60,17 +60,8 @@ def run(comfy_server, object_info):
         latents[name] = [f"as_latent_{name}", 0]
     for name, link in latents.items():
         prompt[f"save_{name}"] = node(object_info, "SaveLatent", samples=link, filename_prefix=f"hv10_{name}")
-    client = comfy_server.client()
-    try:
-        entry = client.run(prompt, timeout=300)
-    finally:
-        client.close()
+    entry = comfy_server.run(prompt)
     return path, frames, latent, entry
-
-
-def frames_of(video: torch.Tensor) -> torch.Tensor:
-    """The library's B,3,T,H,W in [-1, 1] as core's IMAGE T,H,W,3 in 0..1."""
-    return ((video + 1) / 2).clamp(0, 1)[0].permute(1, 2, 3, 0)
 
 
 def test_core_encode_and_decode_give_the_librarys(comfy_server, run):

@@ -87,11 +87,7 @@ def entry(comfy_server, object_info):
     saved = [n for n in prompt if n.startswith(("as_latent_", "enc_", "stream_enc_", "concat_"))]
     for name in saved:
         prompt[f"save_{name}"] = node(object_info, "SaveLatent", samples=[name, 0], filename_prefix=f"hv15_{name}")
-    client = comfy_server.client()
-    try:
-        return client.run(prompt, timeout=600)
-    finally:
-        client.close()
+    return comfy_server.run(prompt, timeout=600)
 
 
 def image(server, entry, name: str) -> torch.Tensor:

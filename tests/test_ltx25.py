@@ -6,6 +6,7 @@ whole network with core's):
 - `vae.load` detects the split file and the VAE under `vae.` in a full checkpoint (their metadata config read);
 - the config read from a checkpoint: every size from the weights, core's defaults for what a file
   without metadata does not say, a metadata size that contradicts the weights refused;
+- the load config's `noise_seed` (Load VAE's `decode_seed`) seeds the decode; a seed no generator takes is refused;
 - the frames of each stage's grid: 8(T - 1) + 1 pixel frames from T latent frames;
 - a decode is planned as one chunk of the whole clip, untiled, whatever the settings asked (said).
 """
@@ -115,6 +116,32 @@ def test_weights_that_fit_no_rule_are_refused():
     sd["decoder.upsamples.1.proj.weight"] = torch.zeros(3 * 32, 64)
     with pytest.raises(LayoutError, match="stride volume"):
         LTX25VAE.config_from_state_dict(sd, {})
+
+
+def test_the_seed_reaches_the_decode(tmp_path):
+    """The load config's `noise_seed` (Load VAE's `decode_seed`) seeds the decoder's noise: seed 7 decodes as
+    `decode_clip` with 7, other frames than seed 0's; the largest seed a generator takes decodes too."""
+    path = save_split(model("released_windows"), tmp_path / "vae.safetensors")
+    z = torch.randn(1, 128, 2, 1, 2, generator=torch.Generator().manual_seed(3))
+    default, seven = vae.load(path), vae.load(path, config={"noise_seed": 7})
+    frames = vae.decode(seven, z)
+    torch.testing.assert_close(frames, seven.decode_clip(z, 7), rtol=0, atol=0)
+    assert (frames - vae.decode(default, z)).abs().max() > 0.1
+    largest = vae.load(path, config={"noise_seed": 2 ** 64 - 1})
+    assert torch.isfinite(vae.decode(largest, z)).all()
+
+
+@pytest.mark.parametrize("seed, message", [
+    (2 ** 64, rf"ltx25 noise_seed must be an integer from 0 to {2 ** 64 - 1} .*got {2 ** 64}"),
+    (-1, "noise_seed must be a whole number >= 0, got -1"),
+    (1.5, "noise_seed must be a whole number >= 0, got 1.5"),
+    ("7", 'noise_seed must be a whole number >= 0, got "7"'),
+    (True, "noise_seed must be a whole number >= 0, got true"),
+])
+def test_a_seed_no_generator_takes_is_refused(tmp_path, seed, message):
+    path = save_split(model("released_windows"), tmp_path / "vae.safetensors")
+    with pytest.raises(ValueError, match=message):
+        vae.load(path, config={"noise_seed": seed})
 
 
 def test_stage_frames():

@@ -41,11 +41,7 @@ def run(comfy_server, object_info):
         "as_latent": node(object_info, "StreamVAETestImageLatent", image=["dec", 0]),
         "save_dec": node(object_info, "SaveLatent", samples=["as_latent", 0], filename_prefix="minimax_h3_dec"),
     }
-    client = comfy_server.client()
-    try:
-        entry = client.run(prompt, timeout=300)
-    finally:
-        client.close()
+    entry = comfy_server.run(prompt)
     return vae.load(path), frames, latent, entry
 
 

@@ -109,6 +109,11 @@ def video_of(frames_uint8):
     return image.permute(3, 0, 1, 2).unsqueeze(0) * 2 - 1
 
 
+def frames_of(video: torch.Tensor) -> torch.Tensor:
+    """The library's B,3,T,H,W in [-1, 1] as core's IMAGE T,H,W,3 in 0..1."""
+    return ((video + 1) / 2).clamp(0, 1)[0].permute(1, 2, 3, 0)
+
+
 def as_uint8(video):
     """Library output B,3,T,H,W in [-1, 1] -> uint8 frames N,H,W,3 as PreviewImage saves them."""
     image = ((video + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).reshape(-1, *video.shape[3:], 3)

@@ -31,6 +31,7 @@ from comfy_support.environment import REPO
 from hv10_fixtures import save_small_checkpoint as save_small_hv10
 from hv15_fixtures import save_small_checkpoint as save_small_hv15
 from ltx2_fixtures import model as ltx2_model, save_full_checkpoint
+from ltx25_fixtures import model as ltx25_model, save_split as save_ltx25
 from minimax_h3_fixtures import model as minimax_h3_model, save as save_minimax_h3
 from vae.video_codecs import resolve
 from vae.video_writer import VideoWriter
@@ -46,15 +47,18 @@ RELEASED_VAES = {
 # Released VAE names with no shared fixture: a small seeded checkpoint is written under the name instead.
 WRITTEN_VAES = {"hunyuanvideo15_vae_fp16.safetensors": save_small_hv15,
                 "hunyuan_video_vae_bf16.safetensors": save_small_hv10,
-                "minimax_h3_video_vae_fp16.safetensors": lambda path: save_minimax_h3(minimax_h3_model(), path)}
+                "minimax_h3_video_vae_fp16.safetensors": lambda path: save_minimax_h3(minimax_h3_model(), path),
+                "ltx-2.5-video-vae-bf16.safetensors": lambda path: save_ltx25(ltx25_model("released_windows"), path)}
 RELEASED_CHECKPOINTS = {"ltx-2-19b-dev.safetensors": "ltx2"}  # made by ltx2_fixtures.save_full_checkpoint
 # Core 0.33.0 added native SeedVR2; on 0.3.75 its example can only load with exactly these missing.
 # 0.3.75 has LTX-Video's nodes but not LTX-2's audio-video ones (its text encoder, audio VAE and AV latents),
-# nor LTXVImgToVideoInplace; nor Kandinsky 5's nodes, nor MiniMax-H3's.
+# nor LTXVImgToVideoInplace (nor ManualSigmas, LTX-2.5's); nor Kandinsky 5's nodes, nor MiniMax-H3's.
 NEEDS_0_33 = {"seedvr2_upscale_1080p": {"SeedVR2Preprocess", "SeedVR2PostProcessing", "SeedVR2Conditioning"},
               "ltx2_image_to_video": {"LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio",
                                       "LTXVConcatAVLatent", "LTXVSeparateAVLatent", "LTXVAudioVAEDecode",
                                       "LTXVImgToVideoInplace"},
+              "ltx25_image_to_video": {"LTXVEmptyLatentAudio", "LTXVConcatAVLatent", "LTXVSeparateAVLatent",
+                                       "LTXVAudioVAEDecode", "LTXVImgToVideoInplace", "ManualSigmas"},
               "hv10_kandinsky_text_to_video": {"Kandinsky5ImageToVideo"},
               "minimax_h3_text_to_video": {"MiniMaxH3ImageToVideo"}}
 SAMPLERS = {"KSampler", "KSamplerAdvanced", "SamplerCustomAdvanced"}  # each takes `latent_image`
@@ -304,8 +308,9 @@ def test_example_loads_validates_and_runs(path, page, comfy_server, comfy_client
         assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 15.0, 96, 64)]
     if path.stem == "wan22_5b_text_image_to_video":
         assert [w["fps"] for w in written] == [24.0]  # Wan2.2-5B's rate
-    if path.stem == "ltx2_image_to_video":  # the LTXVConditioning's 25 fps (fps 0; LTX-2's own is 24), with sound
-        assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, 25.0, 96, 64)]
+    if path.stem in ("ltx2_image_to_video", "ltx25_image_to_video"):  # the LTXVConditioning's rate (fps 0), with sound
+        rate = 25.0 if path.stem == "ltx2_image_to_video" else 24.0
+        assert [(w["frames"], w["fps"], w["width"], w["height"]) for w in written] == [(9, rate, 96, 64)]
         with av.open(str(comfy_server.base / "output" / written[0]["subfolder"] / written[0]["filename"])) as container:
             assert len(container.streams.audio) == 1 and container.streams.audio[0].codec_context.sample_rate > 0
     if path.stem == "minimax_h3_text_to_video":  # core's SaveVideo: the network's 5 frames of 2 latent frames

@@ -5,7 +5,7 @@ Everything outside a family's folder that needs a fact of a family reads it here
 the command line, the benchmarks, the tests (tests/test_families.py runs the contract every family passes
 over `SPECS`). Adding a family is a line below (docs/families.md, "Adding a family").
 """
-from .model.family_spec import FamilySpec, LoadChoice
+from .model.family_spec import FamilySpec, LoadChoice, LoadInteger
 from .model.hv10.spec import SPEC as HV10
 from .model.hv15.spec import SPEC as HV15
 from .model.ltx2.spec import SPEC as LTX2
@@ -21,7 +21,7 @@ NAMES: tuple[str, ...] = tuple(spec.name for spec in SPECS)
 # The families with load choices, in the order they declared them: a front end's widgets for the choices
 # follow it, and a saved workflow's widget values are positional, so a new family's goes last (placed before
 # another's, it would take that one's saved value).
-CHOOSING: tuple[FamilySpec, ...] = (HV15, HV10)
+CHOOSING: tuple[FamilySpec, ...] = (HV15, HV10, LTX25)
 
 
 def spec(name: str) -> FamilySpec:
@@ -33,7 +33,7 @@ def spec(name: str) -> FamilySpec:
     raise KeyError(f"no family {name!r}; the families are {', '.join(NAMES)}")
 
 
-def load_choices() -> tuple[LoadChoice, ...]:
+def load_choices() -> tuple[LoadChoice | LoadInteger, ...]:
     """Every family's load choices, in the order they were declared (`CHOOSING`): what a front end offers
     when loading."""
     return tuple(choice for family in CHOOSING for choice in family.load_choices)

@@ -213,3 +213,11 @@ class ComfyServer:
     def client(self) -> ComfyClient:
         """A new API client (own client id and websocket) that notices if this server dies."""
         return ComfyClient(self.url, check_alive=self.check_alive)
+
+    def run(self, prompt: dict, timeout: float = 300) -> dict:
+        """`prompt` queued and waited for on a client of its own (`ComfyClient.run`): its /history entry."""
+        client = self.client()
+        try:
+            return client.run(prompt, timeout=timeout)
+        finally:
+            client.close()

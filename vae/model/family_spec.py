@@ -39,6 +39,24 @@ class LoadChoice:
     input: str
     help: str
 
+    @property
+    def default(self) -> str:
+        return self.values[0]
+
+
+@dataclass(frozen=True)
+class LoadInteger:
+    """A config integer no weight says, chosen when loading (`vae.load(config={field: value})`), that a front
+    end offers as its input `input`, from `minimum` to `maximum`, `default` the config's (a noise seed);
+    `help` says what it sets. A family's `load_choices` hold both kinds, in the order its inputs appear."""
+
+    field: str
+    input: str
+    help: str
+    default: int
+    minimum: int
+    maximum: int
+
 
 @dataclass(frozen=True)
 class ComfyLatent:
@@ -143,7 +161,7 @@ class FamilySpec:
     also: tuple[str, ...] = ()
     fps_node: str | None = None
     latent: ComfyLatent = field(default_factory=ComfyLatent)
-    load_choices: tuple[LoadChoice, ...] = ()
+    load_choices: tuple[LoadChoice | LoadInteger, ...] = ()
     capabilities: frozenset[Capability] = frozenset()
     core: CoreVAE | None = None
     bench: Bench = field(default_factory=Bench)

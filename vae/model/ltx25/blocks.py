@@ -26,6 +26,7 @@ Axes = tuple[int, int, int]
 NORM_EPS = 1e-6
 ROPE_BASE = 10000.0
 OUTPUT_TYPES = ("x0", "v")  # what the decoder predicts
+MAX_SEED = 2 ** 64 - 1  # the largest seed of a torch generator (`noise_seed`; core's seed inputs go as far)
 
 
 def swiglu_hidden(width: int) -> int:
@@ -71,6 +72,11 @@ class LTX25Config:
     timestep_scale_multiplier: float = 1000.0
     model_output_type: str = "x0"
     noise_seed: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.noise_seed <= MAX_SEED:  # its kind checked where a config is read (`vae.loading`)
+            raise ValueError(f"ltx25 noise_seed must be an integer from 0 to {MAX_SEED} (a torch generator's seed; 0 "
+                             f"gives core's frames), got {self.noise_seed!r}")
 
     @property
     def spatial_factor(self) -> int:

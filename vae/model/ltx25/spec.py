@@ -2,9 +2,9 @@
 (neighbourhood-attention windows over the clip's grid, noise drawn for the clip), so a decode runs as one
 chunk, untiled; the encoder is LTX-2's, chunked and tiled as LTX-2's. Its noise seed is the config's
 `noise_seed` (`vae.load(config={"noise_seed": n})`; 0, the default, gives core's frames)."""
-from ..family_spec import Bench, Calibration, Capability, FamilySpec, TinyModel
+from ..family_spec import Bench, Calibration, Capability, FamilySpec, LoadInteger, TinyModel
 from ..ltx2.blocks import LTX2Config, LTXBlock
-from .blocks import LTX25Config, swiglu_hidden
+from .blocks import MAX_SEED, LTX25Config, swiglu_hidden
 from .network import LTX25VAE
 
 # The tiny test model: the released windows (11x11x11 in stage 5) and strides, the released latent channels
@@ -30,6 +30,9 @@ SPEC = FamilySpec(
     fps=24.0,
     fps_node="LTXVConditioning",
     tiny=TinyModel(config=TINY),
+    # Load VAE's `decode_seed`: not `seed`, to which the frontend adds a "randomize after each run" widget
+    load_choices=(LoadInteger("noise_seed", input="decode_seed", default=0, minimum=0, maximum=MAX_SEED, help=(
+        "LTX-2.5 diffusion decoder: the seed of its decode noise; 0 = core's frames.")),),
     capabilities=frozenset({Capability.WHOLE_CLIP}),
     # CPU calibration: one latent frame (a decode is one chunk of the whole clip, and the memory model counts
     # temporal_factor pixel frames per latent frame: a longer clip is predicted above its measured peak).
