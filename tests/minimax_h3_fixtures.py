@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import vae
 from bench.core_vae import TREES
+from comfy_support import environment
 from reference import random_weights
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE
 from vae.model.minimax_h3.spec import TINY as SMALL
@@ -54,9 +54,8 @@ CORE_RUNNER = Path(__file__).parent / "comfy_support" / "core_minimax_h3.py"
 
 
 def skip_without_core() -> None:
-    """Skip the test where ComfyUI 0.33.0's tree is missing (.ci/setup builds it)."""
-    if not (TREES["0.33.0"].path / "comfy").is_dir():
-        pytest.skip(f"no ComfyUI 0.33.0 at {TREES['0.33.0'].path} (run .ci/setup)")
+    """Skip the test where ComfyUI 0.33.0's tree is missing (.ci/setup builds it); on CI, fail."""
+    environment.require((TREES["0.33.0"].path / "comfy").is_dir(), f"ComfyUI 0.33.0 at {TREES['0.33.0'].path}")
 
 
 def core_input(op: str, shape: tuple, seed: int) -> torch.Tensor:
