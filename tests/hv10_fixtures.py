@@ -18,12 +18,18 @@ from vae.model.hv10.spec import SPEC
 SMALL = dataclasses.replace(SPEC.tiny.config, latent_channels=SPEC.latent_channels)
 
 
-def save_small_checkpoint(path: Path, seed: int = 52) -> Hv10VAE:
-    """The model written to `path` (fp32, released key names); the same every time for one seed."""
-    model = random_weights(Hv10VAE(SMALL), seed)
+def norm_scales_near_one(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (ours or diffusers', seeded by `random_weights`) with its GroupNorm scales moved from near 0 to
+    near 1, in place: every 1-D weight of this network is a GroupNorm's scale."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 1 and name.endswith(".weight"):  # every 1-D weight is a GroupNorm's scale
+            if p.dim() == 1 and name.endswith(".weight"):
                 p.add_(1.0)
+    return model
+
+
+def save_small_checkpoint(path: Path, seed: int = 52) -> Hv10VAE:
+    """The model written to `path` (fp32, released key names); the same every time for one seed."""
+    model = norm_scales_near_one(random_weights(Hv10VAE(SMALL), seed))
     vae.save_checkpoint(model.state_dict(), path)
     return model

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vae
+from hv10_fixtures import norm_scales_near_one
 from reference import assert_exact, random_weights
 from vae.loading import save_checkpoint
 from vae.model.hv10 import Hv10Config, Hv10VAE
@@ -28,11 +29,7 @@ def released(tmp_path_factory):
     """(the released-width file loaded by `vae.load`, diffusers' decode of LATENT and encode of VIDEO)."""
     with torch.device("meta"):  # initialised once, by random_weights
         reference = diffusers.AutoencoderKLHunyuanVideo()
-    reference = random_weights(reference.to_empty(device="cpu"), seed=52)
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            if p.dim() == 1 and name.endswith(".weight"):  # GroupNorm scales near 1: the residual branches count
-                p.add_(1.0)
+    reference = norm_scales_near_one(random_weights(reference.to_empty(device="cpu"), seed=52))  # residuals count
     reference.use_framewise_encoding = reference.use_framewise_decoding = False  # the whole clip at once
     with torch.no_grad():
         expected = {"decode": reference.decode(LATENT).sample, "encode": reference.encode(VIDEO).latent_dist.mode()}
