@@ -6,9 +6,10 @@ weights, side by side in one process (the variants of a table take turns within 
     python -m bench.bench_minimax_h3 --dim 2048 --grid 2 1 --json out.json   # decoder blocks at the released width
 
 Tables:
-- decode: a whole decode at reduced widths (encoder 32-64 channels; decoder `--dim`, `--layers`) of one clip
-  (7 latent frames) on a `--grid` of core's 256 px tiles: StreamVAE's tiles batched (one attention call per
-  layer for all tiles of the clip), one at a time, with SDPA's math kernel, in bf16; core's decode.
+- decode: a whole decode (`vae.decode`) at reduced widths (encoder 32-64 channels; decoder `--dim`, `--layers`)
+  of one clip (7 latent frames) on a `--grid` of core's 256 px tiles: StreamVAE's default plan on the CPU (one
+  tile at a time), its tiles batched (one attention call per layer for all tiles of the clip), its weights
+  streamed (layer by layer over the clip's tiles), with SDPA's math kernel, in bf16; core's decode.
 - block: one decoder block at the released width (2048 channels, 32 heads of 64) on one tile (1797 tokens;
   `--block-tiles` more at once): StreamVAE's block (SDPA: PyTorch's choice, math; bf16 where the CPU has
   native bf16) and core's `TransformerBlock` (on a CPU core attends with its sub-quadratic attention,
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import vae
 
 from bench.common import machine_summary, print_table
 from bench.core_vae import _import_core
@@ -107,10 +110,11 @@ def decode_table(args, core_module) -> list[dict]:
     bf16 = _random(MiniMaxH3VAE(cfg), 1).to(torch.bfloat16)
     variants = {
         "core 0.33.0": lambda: core.decode(latent) * 2 - 1,
-        "ours, tiles batched": lambda: tiled.decode(ours, z),
-        "ours, one tile at a time": lambda: tiled.decode(ours, z, tiles_per_batch=1),
-        "ours, SDPA math": lambda: _in("math", lambda: tiled.decode(ours, z)),
-        "ours bf16": lambda: tiled.decode(bf16, z.to(torch.bfloat16)),
+        "ours (the CPU's default: one tile at a time)": lambda: vae.decode(ours, z),
+        "ours, tiles batched": lambda: vae.decode(ours, z, vae.Settings(own_tile_batch=rows * cols)),
+        "ours, weights streamed": lambda: vae.decode(ours, z, vae.Settings(stream_weights=True)),
+        "ours, SDPA math": lambda: _in("math", lambda: vae.decode(ours, z)),
+        "ours bf16": lambda: vae.decode(bf16, z.to(torch.bfloat16)),
     }
     results = _race(variants, args.repeats)
     shape = f"{rows}x{cols} tiles, dim {cfg.dim}, {cfg.layers} layers"

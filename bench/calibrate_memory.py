@@ -4,6 +4,7 @@
     python -m bench.calibrate_memory --families seedvr2 --check
     python -m bench.calibrate_memory --modes caches      # only the causal-cache profiles (seconds)
     python -m bench.calibrate_memory --families hv15 --meta  # CUDA streamed decode from the meta-device count
+    python -m bench.calibrate_memory --own-tiles         # a decode over the model's own tiles (meta count)
 
 On the CPU each measurement runs one encode/decode of the full released config (random weights,
 float32) in a fresh process (bench.memory_worker) and records the activation peak of the call
@@ -23,9 +24,11 @@ import json
 
 import torch
 
+import vae
 from bench import models
 from bench.common import run_worker
 from vae import families
+from vae.model.family_spec import Capability
 from vae.run import memory
 from vae.kernels.backend import DTYPES
 
@@ -97,7 +100,7 @@ class Measurer:
 
 # The coefficients of each mode, in the order of `features` (then "fixed").
 COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixel"),
-                "streamed": ("per_pixel", "per_tile_pixel")}
+                "streamed": ("per_pixel", "per_tile_pixel"), "own_tiles": memory.OWN_TILE_COEFFICIENTS}
 
 
 def features(mode: str, size: int, tile, chunk_frames: int = 4) -> list[float]:
@@ -177,6 +180,41 @@ def meta_streamed(family: str) -> dict:
     return {**entry, "source": "meta"}
 
 
+# `--own-tiles`: the decode of a family that runs its own tiles (`ClipExtent.OWN_TILES`), counted on the meta
+# device through the engine (bench.meta_peak.own_tiles_peak: the code path's live tensors, the released
+# network, attention as flash attention) for each device type in its precision: no CPU run of the released
+# decoder (10 GB in float32) at 720p fits the machine beside core's. Points: (height, width), latent frames
+# (7: one clip, 12: two), tiles at a time, weights streamed. A run's peak is the larger of two phases (the
+# tiles' run, the clip's blend) where the model adds terms: its fixed term is raised until no point is
+# predicted under its count.
+OWN_TILE_POINTS = [((368, 640), 7, 1, False), ((480, 864), 7, 2, False), ((480, 864), 7, 15, False),
+                   ((720, 1280), 7, 1, False), ((720, 1280), 7, 4, False), ((720, 1280), 7, 16, False),
+                   ((720, 1280), 12, 1, False), ((1088, 1920), 7, 1, False), ((480, 864), 12, 1, True),
+                   ((720, 1280), 7, 4, True)]
+OWN_TILE_DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}
+
+
+def own_tiles_entry(family: str, device_type: str) -> dict:
+    """The "own_tiles" decode coefficients of `family` on `device_type`, fitted to `OWN_TILE_POINTS`' counts."""
+    from bench.meta_peak import own_tiles_peak
+
+    model, dtype = models.meta_model(family), OWN_TILE_DTYPES[device_type]
+    samples = []
+    for (height, width), latent_frames, batch, streamed in OWN_TILE_POINTS:
+        shape = (1, model.latent_channels, latent_frames, height // model.spatial_factor, width // model.spatial_factor)
+        settings = vae.Settings(own_tile_batch=batch, stream_weights=streamed)
+        plan, peak = own_tiles_peak(family, "decode", shape, settings, dtype)
+        features = memory.own_tile_features(model.own_tile_work("decode", shape), plan.own_tiles)
+        samples.append((features, peak / (torch.finfo(dtype).bits // 8)))
+        print(f"{family} decode own tiles {height}x{width}, {latent_frames} latent frames, {plan.own_tiles}: "
+              f"{peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
+    entry = fit(samples, "own_tiles")
+    predicted = [sum(entry[name] * x for name, x in zip(COEFFICIENTS["own_tiles"], features)) + entry["fixed"]
+                 for features, _ in samples]
+    entry["fixed"] += max(0.0, *(count - p for p, (_, count) in zip(predicted, samples)))
+    return {**entry, "source": "meta"}
+
+
 def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
     """Merge one fitted entry into the family's calibration file (in its folder) as it is now (other runs may
     write it too)."""
@@ -197,7 +235,14 @@ def main():
     parser.add_argument("--check", action="store_true", help="compare predictions with measurements at new sizes")
     parser.add_argument("--meta", action="store_true", help="only the CUDA streamed decode coefficients, from the "
                         "meta-device count (META_POINTS; after the CPU calibration)")
+    parser.add_argument("--own-tiles", action="store_true", help="only the decode coefficients of families that run "
+                        "their own tiles, CPU and CUDA, from the meta-device count (OWN_TILE_POINTS)")
     args = parser.parse_args()
+    if args.own_tiles:
+        for family in (f for f in args.families if families.spec(f).capabilities & {Capability.OWN_TILES}):
+            for device_type in OWN_TILE_DTYPES:
+                save(device_type, family, "decode", "own_tiles", own_tiles_entry(family, device_type))
+        return
     if args.meta:
         for family in args.families:
             save("cuda", family, "decode", "streamed", meta_streamed(family))

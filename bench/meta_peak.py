@@ -33,10 +33,12 @@ GIB = 2**30
 
 
 class LiveBytes(TorchDispatchMode):
-    """Counts the bytes of the storages that ops create, while a tensor on them lives."""
+    """Counts the bytes of the storages that ops create, while a tensor on them lives; not those of `made`
+    (tensors made before the count, whose views the ops return: an output buffer written into)."""
 
-    def __init__(self):
+    def __init__(self, made: tuple[torch.Tensor, ...] = ()):
         super().__init__()
+        self.made = {t.untyped_storage()._cdata for t in made}
         self.storages: dict[int, list] = {}  # storage id -> [bytes, live tensors, shape]
         self.live = self.peak = 0
         self.at_peak: list = []
@@ -45,6 +47,8 @@ class LiveBytes(TorchDispatchMode):
         if not isinstance(t, torch.Tensor):
             return
         key = t.untyped_storage()._cdata
+        if key in self.made:
+            return
         entry = self.storages.get(key)
         if entry is None:
             entry = self.storages[key] = [t.untyped_storage().nbytes(), 0, tuple(t.shape)]
@@ -112,12 +116,13 @@ class ShapeStore:
 def flash_attention_counted():
     """The blocks' attention as flash attention's memory (O(tokens)) while counting: the meta device would
     build the full score matrix. Restored afterwards, so a process that counts (a test) computes again."""
-    real = vae.model.layers.sdpa
+    real, real_functional = vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention
     vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)
+    torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, **kwargs: torch.empty_like(q)
     try:
         yield
     finally:
-        vae.model.layers.sdpa = real
+        vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention = real, real_functional
 
 
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
@@ -168,6 +173,26 @@ def run_peak(family: str, op: str, size: int, frames: int, settings: vae.Setting
         io["out"] = torch.empty((x.shape[0], model.out_channels, plan.clip.frames, x.shape[3] * of, x.shape[4] * of),
                                 device="meta")
     with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
+        (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
+    return plan, live.peak
+
+
+def own_tiles_peak(family: str, op: str, input_shape: tuple[int, ...], settings: vae.Settings,
+                   dtype: torch.dtype) -> tuple[vae.Plan, int]:
+    """(the CPU plan of `settings`, the peak bytes of live tensors) of one run of a model that runs its own
+    tiles (`ClipExtent.OWN_TILES`), `family`'s released network in `dtype` on the meta device, through the
+    engine as `run_peak` counts it, on an input of `input_shape` (the output made outside the count)."""
+    model = models.meta_model(family).requires_grad_(False)
+    model.set_dtypes(**{op: dtype})
+    x = torch.empty(input_shape, dtype=dtype, device="meta")
+    opts = vae.Optimizations(kernel_choice="defaults")
+    plan = vae.plan(model, op, input_shape, settings, device="cpu", io_on_device=(False, False), opts=opts)
+    io = {}
+    if op == "decode":
+        of = model.spatial_factor * model.decode_upscale
+        io["out"] = torch.empty((input_shape[0], model.out_channels, plan.clip.frames, input_shape[3] * of,
+                                 input_shape[4] * of), device="meta")
+    with torch.inference_mode(), flash_attention_counted(), LiveBytes(made=(x, *io.values())) as live:
         (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
     return plan, live.peak
 

@@ -15,6 +15,7 @@ import vae
 from minimax_h3_fixtures import SMALL, model, with_tiles
 from reference import assert_exact
 from vae.loading import CheckpointError
+from vae.model.execution import OwnTiles
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE, tiled
 from vae.model.minimax_h3.checkpoint import config_from_state_dict as from_state_dict
 from vae.model.minimax_h3.config import LATENTS_MEAN, LATENTS_STD
@@ -75,7 +76,7 @@ def test_tiles_batched_or_one_at_a_time(op):
     x = torch.randn(1, 24, 5, 6, 4, generator=g) if op == "decode" else torch.rand(1, 3, 5, 96, 48, generator=g) * 2 - 1
     run = getattr(tiled, op)
     with torch.no_grad():
-        assert_exact(run(m, x, tiles_per_batch=1), run(m, x))
+        assert_exact(run(m, x, OwnTiles(batch=1)), run(m, x))
 
 
 def test_blocks_run_layer_by_layer_over_groups_of_tiles():
@@ -84,10 +85,8 @@ def test_blocks_run_layer_by_layer_over_groups_of_tiles():
     m = model(SMALL, seed=7)
     z = torch.randn(4, 24, 7, 4, 4, generator=torch.Generator().manual_seed(8))  # 4 tiles of one clip
     with torch.no_grad():
-        tokens, rope = m.decoder.embed(m.post_quant_conv(z))
-        for block in m.decoder.transformer_blocks:
-            tokens = torch.cat([block(tokens[first:first + 2], rope) for first in range(0, 4, 2)])
-        assert_exact(m.decoder.unpatchify(tokens, 7, 4, 4), m.decode_tiles(z))
+        streamed = torch.cat(list(m.decode_tile_batches(iter([z[:2], z[2:]]), OwnTiles(2, weights_streamed=True))))
+        assert_exact(streamed, m.decode_tiles(z))
 
 
 @pytest.mark.parametrize("size", [(320, 288), (144, 112), (48, 80), (720, 1280), (272, 48)])
@@ -121,7 +120,8 @@ def test_streamvae_tiles_and_chunks_fall_back_to_the_whole_clip(asked, caplog):
     assert (plan.temporal_chunk, plan.tile_size, plan.frames_streamed, plan.clip.frames) == (6, None, False, 18)
     assert decode_plan(6, SMALL).frames == 18
     assert all(f"{name}=" in caplog.text for name in asked) and "set aside" in caplog.text
-    with pytest.raises(recovery.OutOfMemory, match="sees the whole clip at once: whole clip, untiled"):
+    with pytest.raises(recovery.OutOfMemory, match="sees the whole clip at once: the model's own tiles and clips\\); "
+                                                   "with a memory budget"):
         recovery.smaller_plan(m, plan, "CUDA out of memory")
 
 

@@ -50,6 +50,17 @@ class CausalState(Protocol):
         """The frames counted under `key` so far in this run, before adding `frames`."""
 
 
+@dataclass(frozen=True)
+class OwnTiles:
+    """How a model that runs its own tiles and clips (`video_vae.ClipExtent.OWN_TILES`: MiniMax-H3) runs
+    them, as the run's plan says: `batch` tiles of a clip through the network at once (0: every tile of
+    the clip), and whether its `VideoVAE.streamed_modules` wait in host memory (`weights_streamed`), each
+    copied to the compute device once per clip and run over every tile of the clip before the next."""
+
+    batch: int = 0
+    weights_streamed: bool = False
+
+
 class RunState(Protocol):
     """One encode or decode as its blocks see it.
 
@@ -59,7 +70,8 @@ class RunState(Protocol):
     the blocks' own path) or the `Execution` every conv, norm and attention runs under; `clip_statistics`:
     None (the clip runs in one chunk) or the `ClipStatistics` of a clip run in several; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
-    every `kernels.conv3d` of the run."""
+    every `kernels.conv3d` of the run; `own_tiles`: how a model that runs its own tiles runs them (`OwnTiles`;
+    None for the others)."""
 
     opts: object
     first_chunk: bool
@@ -70,6 +82,7 @@ class RunState(Protocol):
     clip_statistics: "ClipStatistics | None"
     kernel_log: object
     conv_options: dict
+    own_tiles: OwnTiles | None
 
 
 @runtime_checkable

@@ -24,6 +24,9 @@ class Capability(enum.Enum):
     PREFILL = "prefill"  # stages that see every frame before the clip runs, under a load choice (`prefill_stages`)
     # stages that see the whole clip in one call: one chunk, untiled (`clip_extent` is `ClipExtent.WHOLE_CLIP`)
     WHOLE_CLIP = "whole_clip"
+    # the model runs the whole clip over its own tiles and clips, streaming its output clip by clip, a batch of
+    # tiles at a time, its weights resident or streamed (`clip_extent` is `OWN_TILES`: `own_tile_pieces`)
+    OWN_TILES = "own_tiles"
     # norms over the whole clip: chunks once passes gathered their statistics (`clip_extent` is
     # `CHUNKS_AFTER_STATISTICS`, or `WHOLE_CLIP`)
     CLIP_STATISTICS = "clip_statistics"

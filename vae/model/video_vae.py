@@ -18,7 +18,8 @@ time (`strategies.FrameStream`).
 Latents are raw, i.e. unscaled; ComfyUI's LATENTs are `to_comfy_latent(z)` (for SeedVR2 `to_model_space(z)`).
 """
 import enum
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -41,26 +42,42 @@ class ClipExtent(enum.Enum):
     the statistics of norms over the whole clip are known (`model.clip_norm`: a clip in several chunks passes
     through the model once per such norm first, `run.clip_statistics`, so the plan prefers one chunk);
     `WHOLE_CLIP`, the whole clip in one chunk, untiled (a layer that spans every
-    frame and pixel of the clip: windows over its grid, noise drawn for it)."""
+    frame and pixel of the clip: windows over its grid, noise drawn for it); `OWN_TILES`, the whole clip in one
+    chunk that the model itself runs over its own tiles and clips (they define its output: MiniMax-H3), giving
+    its output clip by clip (`VideoVAE.own_tile_pieces`), a batch of tiles at a time, its weights resident or
+    streamed, as the plan says (`execution.OwnTiles`)."""
 
     CHUNKS = "chunks"
     CHUNKS_AFTER_STATISTICS = "chunks after whole-clip statistics"
     WHOLE_CLIP = "whole clip, untiled"
+    OWN_TILES = "the model's own tiles and clips"
 
     @property
     def chunked(self) -> bool:
         """Whether the clip may run in temporal chunks (and a chunk's stages one frame at a time)."""
-        return self is not ClipExtent.WHOLE_CLIP
+        return self in (ClipExtent.CHUNKS, ClipExtent.CHUNKS_AFTER_STATISTICS)
 
     @property
     def tiled(self) -> bool:
         """Whether a chunk may run in exact tiles (or in row bands: spatial parts whose norms merge moments)."""
-        return self is not ClipExtent.WHOLE_CLIP
+        return self.chunked
 
     @property
     def gathers_statistics(self) -> bool:
         """Whether a clip in several chunks needs passes that gather whole-clip statistics first."""
         return self is ClipExtent.CHUNKS_AFTER_STATISTICS
+
+
+@dataclass(frozen=True)
+class OwnTileWork:
+    """The work of one clip of a model that runs its own tiles (`ClipExtent.OWN_TILES`), in pixels at video
+    resolution (batch x frames x rows x columns), which its memory scales with: `tiles` per clip, `tile_pixels`
+    of one tile's run (the frames the network makes or reads for it), `clip_pixels` of the clip's blended
+    frames."""
+
+    tiles: int
+    tile_pixels: int
+    clip_pixels: int
 
 
 class LayoutError(ValueError):
@@ -125,6 +142,23 @@ class VideoVAE(nn.Module):
         """How much of the clip one call of `op`'s stages must see (`ClipExtent`); the plan gives a whole-clip
         extent one chunk of every latent frame (`planning.clip_settings`). Chunks for a causal network."""
         return ClipExtent.CHUNKS
+
+    def own_tile_pieces(self, op: str, x: torch.Tensor, ctx) -> Iterator[torch.Tensor]:
+        """Where `op`'s extent is `ClipExtent.OWN_TILES`: its output for the whole clip `x` (the input its
+        stages take), in consecutive frame pieces, each final when it is yielded (the engine hands each on,
+        so a decode streams to a file with one of the model's clips in memory); the tiles run as
+        `ctx.own_tiles` says."""
+        raise NotImplementedError
+
+    def own_tile_work(self, op: str, input_shape: tuple[int, ...]) -> OwnTileWork:
+        """Where `op`'s extent is `ClipExtent.OWN_TILES`: the work of one of its clips for an input of
+        `input_shape` (the memory model scales with it)."""
+        raise NotImplementedError
+
+    def streamed_modules(self, op: str) -> list[nn.Module]:
+        """The modules of `op` whose weights may wait in host memory, each copied to the compute device
+        while it runs (`execution.OwnTiles.weights_streamed`); none by default."""
+        return []
 
     def frames_made(self, op: str, frames: int) -> int:
         """How many frames `op` makes of `frames`: the latent frames an encode makes of `frames` pixel frames

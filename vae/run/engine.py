@@ -109,6 +109,7 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
     say), or, for a fast-tiled plan (`grid` not None), `fast_tiles(steps)` runs the tiles as
     independent runs and blends them; `steps` counts progress and checks `cancel`."""
     activation_layout.weights_in(model, plan.activation_layout)
+    _place_streamed_weights(model, plan)
     for attempt in recovery.attempts(model, plan.op):
         with attempt, torch.inference_mode():
             if grid is None:
@@ -116,6 +117,24 @@ def _run(model, plan: Plan, partition: Partition, grid, progress: ProgressFn | N
                 clip(_steps(plan, progress, cancel, partition, modules))
             else:
                 fast_tiles(Steps(plan.grid[2] * len(grid[0]) * len(grid[1]), progress, cancel))
+
+
+def _place_streamed_weights(model, plan: Plan) -> None:
+    """The op's `streamed_modules` in host memory (pinned, from a GPU) where the plan streams their weights
+    (`Plan.own_tiles`), else on the compute device: where they stay until a plan says otherwise. (On the meta
+    device, where the memory model counts a run, they stay: weights are counted apart.)"""
+    device = model.device
+    modules = model.streamed_modules(plan.op)
+    if not modules or device.type == "meta":
+        return
+    streamed = plan.own_tiles is not None and plan.own_tiles.weights_streamed
+    for param in (p for module in modules for p in module.parameters()):
+        if not streamed:
+            param.data = param.data.to(device)
+        elif device.type == "cpu":
+            param.data = param.data.cpu()
+        elif param.device.type != "cpu" or not param.is_pinned():
+            param.data = param.data.cpu().pin_memory()
 
 
 def _tile_plan(model, plan: Plan, input_shape) -> Plan:
@@ -238,7 +257,8 @@ def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit, first:
     chunk is passed on a chunk's pixel frames at a time, so no layer holds more than a chunk's. In a
     prefill pass (`_prefill`) only the model's `prefill_stages` run, and nothing is emitted. Where the run
     gathers whole-clip statistics, the chunk (latent frames from `first`) starts at the stage whose inputs
-    the passes kept, and keeps the inputs the pass asks for (`clip_statistics.GatheredStatistics`)."""
+    the passes kept, and keeps the inputs the pass asks for (`clip_statistics.GatheredStatistics`). A model
+    that runs its own tiles (`ctx.own_tiles`) gives its output clip by clip, each emitted as it comes."""
     stages = model.decode_stages() if plan.op == "decode" else model.encode_stages()
     if ctx.frame_stream is not None and ctx.clip_statistics is not None and not ctx.prefill:
         ctx.clip_statistics.stream(ctx.frame_stream, x, ctx, emit, first)
@@ -250,6 +270,10 @@ def _run_chunk(model, x: torch.Tensor, ctx: RunContext, plan: Plan, emit, first:
         FrameStream(stages, piece=plan.temporal_chunk * model.temporal_factor, started=not ctx.first_chunk).run(x, ctx, emit)
     elif ctx.clip_statistics is not None:  # from the stage inputs kept, keeping more (`clip_statistics`)
         emit(ctx.clip_statistics.run(stages, x, ctx, first))
+    elif ctx.own_tiles is not None:  # the model's own clips, each once final
+        for y in model.own_tile_pieces(plan.op, x, ctx):
+            emit(y)
+            del y  # handed on: not held while the model makes the next clip
     else:
         for stage in stages:  # `run_stages`, written out: one Python frame less under every layer
             x = stage(x, ctx)
@@ -324,7 +348,7 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
     clip = plan.clip
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
-    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles)
     run_layout = plan.activation_layout
 
     def step(first, n, write):
@@ -436,7 +460,7 @@ def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: S
     t_out, h_out, w_out = size_thw
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
-    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles)
     run_layout = plan.activation_layout
     pos = 0
 

@@ -30,6 +30,8 @@ import torch
 
 from ..kernels import Optimizations, filter_cache, winograd
 from ..kernels import conv as opt_conv
+from ..model.execution import OwnTiles
+from ..model.video_vae import OwnTileWork
 from .clip_statistics import EachChunksOwn
 from .geometry import Clip, as_pair, pixel_frames
 from .run_context import RunContext
@@ -154,6 +156,50 @@ def cache_profile(model, op: str, cells: int = 8) -> dict:
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _module_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def resident_weight_bytes(model, op: str, own: OwnTiles | None = None) -> int:
+    """The weights on the compute device during `op`: all of them, or, where `own` streams them
+    (`execution.OwnTiles`), all but the `streamed_modules`, of which two are there at a time (the one
+    running and the next arriving)."""
+    streamed = model.streamed_modules(op) if own is not None and own.weights_streamed else []
+    sizes = sorted(map(_module_bytes, streamed))
+    return weight_bytes(model) - sum(sizes) + sum(sizes[-2:])
+
+
+# The coefficients of a model that runs its own tiles (`estimate_own_tiles`), in the order of their features.
+OWN_TILE_COEFFICIENTS = ("per_pixel", "per_tile_pixel", "per_held_tile_pixel")
+
+
+def own_tile_features(work: OwnTileWork, own: OwnTiles) -> list[float]:
+    """What the coefficients of a model that runs its own tiles multiply (`OWN_TILE_COEFFICIENTS`): the
+    pixels of a clip's blended frames, of the tiles run at once, and of the tiles whose tokens are held
+    between blocks (every tile of the clip with the weights streamed, else none)."""
+    held = work.tiles * work.tile_pixels if own.weights_streamed else 0
+    return [work.clip_pixels, min(own.batch, work.tiles) * work.tile_pixels, held]
+
+
+def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io_on_device=(True, True)) -> int:
+    """Predicted peak bytes on the compute device of a model that runs its own tiles (`ClipExtent.OWN_TILES`),
+    as `own` says: the weights there (`resident_weight_bytes`), the whole input and output where they live
+    there, and the activations of one clip, calibrated per device type in the mode "own_tiles":
+
+        activations = element_size * (coefficients . own_tile_features + fixed)
+
+    (`VideoVAE.own_tile_work` gives the pixels)."""
+    device = torch.device(device)
+    op = clip.op
+    dtype = model.decode_dtype if op == "decode" else model.encode_dtype
+    basis, scale = model.memory_calibration(op)
+    coef = coefficients(basis, op, "own_tiles", device.type)
+    features = own_tile_features(model.own_tile_work(op, tuple(input_shape)), own)
+    act = sum(coef.get(name, 0.0) * value for name, value in zip(OWN_TILE_COEFFICIENTS, features)) + coef.get("fixed", 0)
+    buffers = sum(n for n, here in zip(_io_elements(model, clip), io_on_device) if here)
+    return int(resident_weight_bytes(model, op, own) + buffers * 4 + torch.finfo(dtype).bits // 8 * act * scale)
 
 
 def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:

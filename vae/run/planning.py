@@ -26,6 +26,8 @@ import torch
 
 from ..kernels import Optimizations, kernel_choice
 from ..kernels.backend import host_available, host_free
+from ..model.execution import OwnTiles
+from ..model.video_vae import ClipExtent
 from . import geometry, kernel_plan, memory
 from .causal_cache import check_offload
 from .geometry import Clip
@@ -35,6 +37,9 @@ OPS = ("encode", "decode")
 AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
 AUTO_MARGIN_MIN = 512 * 2**20  # ... and at least 512 MiB
 TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96, 64, 48, 32)
+# Tiles of its own a model runs at once by default, per device type (else every tile of a clip): on the CPU one
+# at a time was measured faster than a clip's tiles batched (MiniMax-H3, bench/RESULTS.md section 23).
+OWN_TILE_BATCH = {"cpu": 1}
 STREAM_BELOW_TILE = 256  # under a budget, smaller exact tiles come only with frame streaming
 NEAR_LOWEST = 1.10  # when no setting fits a budget: the fastest one within 10 % of the lowest peak
 log = logging.getLogger("streamvae")
@@ -53,7 +58,10 @@ class Settings:
     (offloaded when a budget or an out-of-memory retry needs it). `stream_frames`: run the
     stages of a chunk one frame at a time (`strategies.FrameStream`; one latent frame per chunk),
     which keeps one frame of every high-resolution layer on the device; None: when a budget needs it.
-    Every setting gives the same result. Values are checked here, with what to do; the family's
+    For a model that runs its own tiles (`ClipExtent.OWN_TILES`: MiniMax-H3), `own_tile_batch`: tiles of
+    a clip through the network at once (None: the device's default, `OWN_TILE_BATCH`, or fewer under a
+    budget), and `stream_weights`: whether the weights it can stream wait in host memory (None: when a
+    budget needs it). Every setting gives the same result. Values are checked here, with what to do; the family's
     smallest tile when planning.
     """
 
@@ -64,9 +72,15 @@ class Settings:
     memory_budget: int | str | None = None
     cache_offload: str = "auto"
     stream_frames: bool | None = None
+    own_tile_batch: int | None = None
+    stream_weights: bool | None = None
 
     def __post_init__(self):
         check_chunk(self.temporal_chunk)
+        if self.own_tile_batch is not None and (isinstance(self.own_tile_batch, bool)
+                                                or not isinstance(self.own_tile_batch, int) or self.own_tile_batch < 1):
+            raise ValueError(f"own_tile_batch must be None (the device's default) or a positive number of tiles, "
+                             f"got {self.own_tile_batch!r}")
         check_offload(self.cache_offload)
         check_budget(self.memory_budget)
         error = geometry.tiling_error(self.tile_size, self.tile_overlap, self.tiling)
@@ -91,6 +105,7 @@ class Plan:
     "defaults": fixed rules). `activation_layout` is the layout of the run's activations ("ncdhw" or
     "ndhwc", `run.kernel_plan`), in which the engine puts the model's weights before the run.
     `kernels` names the kernels its convs, norms and attention may take (`kernel_plan.KernelPlan`).
+    `own_tiles`: how a model that runs its own tiles runs them (`execution.OwnTiles`), else None.
     """
 
     op: str
@@ -115,6 +130,7 @@ class Plan:
     kernels: KernelPlan = KernelPlan()
     # Stage inputs the passes that gather whole-clip statistics may keep, in host memory (`run.clip_statistics`).
     kept_stage_bytes: int = 0
+    own_tiles: OwnTiles | None = None
 
     @property
     def work_bytes(self) -> int | None:
@@ -125,6 +141,9 @@ class Plan:
         tile = "untiled" if self.tile_size is None else f"{self.tiling} tiles {self.tile_size[0]}x{self.tile_size[1]} px"
         caches = "" if self.cache_offload == "none" else f", caches offloaded to {self.cache_offload}"
         frames = ", frames streamed one at a time" if self.frames_streamed else ""
+        if self.own_tiles is not None:
+            weights = ", weights streamed from host memory" if self.own_tiles.weights_streamed else ""
+            return f"the model's own tiles, {self.own_tiles.batch} at a time{weights}, its clips streamed"
         return f"{tile}, {self.temporal_chunk} latent frame(s) per chunk{frames}{caches}"
 
     def kernel_selection(self) -> str:
@@ -147,6 +166,9 @@ class Plan:
             text += f", peak {self.peak_bytes / 2**30:.2f} GiB" + (" (over budget)" if self.fits is False else "")
         if self.frames_streamed:
             text += ", frames streamed"
+        if self.own_tiles is not None:
+            text += f", {self.own_tiles.batch} own tile(s) at a time"
+            text += ", weights streamed" if self.own_tiles.weights_streamed else ""
         if self.cache_offload != "none":
             text += f", caches offloaded to {self.cache_offload}"
         return text
@@ -271,21 +293,20 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     opts = opts or Optimizations()
     budget = resolve_budget(settings.memory_budget, device)
     target = offload_target(device)
-    weights = memory.weight_bytes(model)
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     run_layout = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
     kernels = kernel_plan.kernels_for(model, op, device, dtype, run_layout, opts)
 
-    def make(candidate: Candidate, peak=None) -> Plan:
+    def make(candidate: Candidate, peak=None, own: OwnTiles | None = None) -> Plan:
         chunk, tile, offload, streamed = candidate
         fallback = target if settings.cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
         chunks = grid(clip, chunk, tile, settings.tile_overlap, settings.tiling)
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
-                    chunks, peak, budget, fits, weights, kernel_choice=opts.kernel_choice, kernels_on_record=on_record,
-                    frames_streamed=streamed, activation_layout=run_layout, kernels=kernels,
-                    kept_stage_bytes=_kept_stage_bytes(model, op, chunks[2], device, budget, peak))
+                    chunks, peak, budget, fits, memory.resident_weight_bytes(model, op, own), kernel_choice=opts.kernel_choice,
+                    kernels_on_record=on_record, frames_streamed=streamed, activation_layout=run_layout, kernels=kernels,
+                    kept_stage_bytes=_kept_stage_bytes(model, op, chunks[2], device, budget, peak), own_tiles=own)
 
     def estimated(candidate: Candidate) -> Plan:
         chunk, tile, offload, streamed = candidate
@@ -296,13 +317,28 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     default_chunk = clip.latent_frames if model.clip_extent(op).gathers_statistics else 1
     given = (min(settings.temporal_chunk or default_chunk, clip.latent_frames), settings.tile_size,
              "none" if settings.cache_offload == "auto" else settings.cache_offload, bool(settings.stream_frames))
+    if model.clip_extent(op) is ClipExtent.OWN_TILES:  # one chunk, untiled: the candidates are how its tiles run
+        choices = _own_tile_choices(model, op, input_shape, settings, device)
+
+        def own_plan(own: OwnTiles) -> Plan:
+            return make(given, memory.estimate_own_tiles(model, clip, input_shape, own, device, io_on_device), own)
+
+        return _fastest_fitting(choices[0], choices, own_plan, lambda own: make(given, None, own), budget, op, device)
+    return _fastest_fitting(given, _candidates(model, clip, settings, target, device), estimated, make, budget, op,
+                            device)
+
+
+def _fastest_fitting(given, candidates, estimated, make, budget: int | None, op: str, device) -> Plan:
+    """Without a budget the plan of `given`, with its predicted peak (`estimated`; KeyError where the memory
+    model has no calibration for it) or none (`make`); with one, the first of `candidates` (fastest first)
+    that fits, else the fastest within NEAR_LOWEST of the lowest peak."""
     if budget is None:
         try:
             return estimated(given)
         except KeyError:  # no calibration for this family/op/mode/device: no predicted peak
             return make(given)
     plans = []
-    for candidate in _candidates(model, clip, settings, target, device):
+    for candidate in candidates:
         try:
             plans.append(estimated(candidate))
         except KeyError as missing:  # this mode is not calibrated: the planner cannot say it fits
@@ -353,6 +389,20 @@ def clip_settings(model, clip: Clip, settings: Settings) -> Settings:
 
 
 Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames streamed)
+
+
+def _own_tile_choices(model, op: str, input_shape, settings: Settings, device) -> list[OwnTiles]:
+    """How a model that runs its own tiles may run them, fastest first, the given settings acting as upper
+    limits: the device's batch of tiles (`OWN_TILE_BATCH`, else every tile of a clip; `own_tile_batch`) halved
+    down to one, weights resident, then the same with the weights streamed (`stream_weights` None: both; a
+    model with none to stream: resident)."""
+    tiles = model.own_tile_work(op, tuple(input_shape)).tiles
+    top = min(settings.own_tile_batch or OWN_TILE_BATCH.get(torch.device(device).type, tiles), tiles)
+    batches = sorted({top >> k or 1 for k in range(top.bit_length())}, reverse=True)
+    streams = [False, True] if model.streamed_modules(op) else [False]
+    if settings.stream_weights is not None:
+        streams = [settings.stream_weights and bool(model.streamed_modules(op))]
+    return [OwnTiles(batch, streamed) for streamed in streams for batch in batches]
 
 
 def _candidates(model, clip: Clip, settings: Settings, target: str, device) -> Iterator[Candidate]:

@@ -71,6 +71,9 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
     else:
         tried = " -> ".join((*plan.tried, plan.settings()))
         whole = "" if extent.chunked else f" (this {plan.op} sees the whole clip at once: {extent.value})"
+        if plan.own_tiles is not None:  # its clips already handed on cannot be taken back: a budget plans smaller
+            whole += (f"; with a memory budget (memory_budget) it runs fewer of the model's own tiles at a time or "
+                      f"streams the weights from host memory")
         raise OutOfMemory(
             f"out of memory on {model.device} even at the smallest setting{whole}; tried: {tried}. Free memory (close "
             f"other programs or unload models), {plan.op} fewer frames or a smaller size, or run on another device. "

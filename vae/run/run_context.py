@@ -5,6 +5,7 @@ from typing import Iterator
 from ..kernels import Optimizations
 from ..kernels.kernel_log import KernelLog
 from ..kernels.filter_cache import filter_cache
+from ..model.execution import OwnTiles
 from .causal_cache import CausalCache
 
 
@@ -26,12 +27,14 @@ class RunContext:
     runs a model's `prefill_stages` over the clip before the clip itself (a full attention gathers
     every frame's keys first: `layers.FrameCausalAttention`). `clip_statistics`: None, or the whole-clip
     statistics of norms that span the clip, gathered before a clip in several chunks runs
-    (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`.
+    (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`. `own_tiles`: how a
+    model that runs its own tiles runs them (`model.execution.OwnTiles`, the plan's), else None.
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
-                 kernel_log: KernelLog | None = None, frames_are_images: bool = False):
+                 kernel_log: KernelLog | None = None, frames_are_images: bool = False, own_tiles: OwnTiles | None = None):
         self.opts = opts
+        self.own_tiles = own_tiles
         self.frames_are_images = frames_are_images
         self.first_chunk = True
         self.last_chunk = False

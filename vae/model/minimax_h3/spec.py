@@ -24,5 +24,5 @@ SPEC = FamilySpec(
     temporal_factor=4,
     fps=24.0,  # core 0.33.0's MiniMax-H3 nodes (comfy_extras/nodes_minimax_h3.py): "Frame count at 24 fps"
     tiny=TinyModel(config=TINY),
-    capabilities=frozenset({Capability.WHOLE_CLIP}),
+    capabilities=frozenset({Capability.OWN_TILES}),
 )

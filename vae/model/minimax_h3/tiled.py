@@ -2,16 +2,17 @@
 (`tiles.py`), blended with core's weights, one clip in memory at a time.
 
 This is the model's own function, not an execution strategy: the tiles and clips are semantic (the
-decoder was trained on them). How the tiles of a clip are batched (`tiles_per_batch`) changes only
-float rounding. `decoded_clips` yields each clip's frames once they are final (the next clip blends
-only frames after them), so a caller may write them out and keep one clip's frames in memory.
-`model` is a `network.MiniMaxH3VAE` (its `encode_tiles`, `decode_tiles` and pixel conventions); its stages
-call `encode` and `decode` on the whole clip.
+decoder was trained on them). How the tiles of a clip are batched and whether the decoder's weights are
+streamed (`execution.OwnTiles`, the plan's) changes only float rounding. `decoded_clips` yields each
+clip's frames once they are final (the next clip blends only frames after them), so a caller may write
+them out and keep one clip's frames in memory; `encoded_clips` each clip's latent frames.
+`model` is a `network.MiniMaxH3VAE` (its `encode_tiles`, `decode_tile_batches` and pixel conventions).
 """
 from collections.abc import Callable, Iterator
 
 import torch
 
+from ..execution import OwnTiles
 from .tiles import TileGrid, decode_plan, encode_plan
 
 
@@ -22,17 +23,20 @@ def tile_weights(grid: TileGrid, i: int, j: int) -> torch.Tensor:
     return torch.outer(own_y, torch.tensor(cols.own(j))) + torch.outer(torch.tensor(rows.kept(i)), torch.tensor(cols.tail(j)))
 
 
-def _blend_tiles(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, grid_in: TileGrid, grid_out: TileGrid,
-                 tiles_per_batch: int) -> torch.Tensor:
-    """sum_k W_k run(tile k of x): x B,C,T,H,W cut by `grid_in`, `run`'s outputs placed and weighted by
-    `grid_out` (the same tiles in the output's units), float32 B,C',T',H',W'."""
+def _blend_tiles(run: Callable[[Iterator[torch.Tensor]], Iterator[torch.Tensor]], x: torch.Tensor, grid_in: TileGrid,
+                 grid_out: TileGrid, batch: int) -> torch.Tensor:
+    """sum_k W_k run(tile k of x): x B,C,T,H,W cut by `grid_in` into batches of `batch` tiles (0: all), `run`
+    taking the batches in order (each len(batch)*B,C,T,tile rows,tile cols, made as it asks for them) and
+    yielding their outputs in order, placed and weighted by `grid_out` (the same tiles in the output's units):
+    float32 B,C',T',H',W'."""
     b, tiles = x.shape[0], grid_in.tiles
-    step, canvas = tiles_per_batch or len(tiles), None
-    for first in range(0, len(tiles), step):
-        group = tiles[first:first + step]
-        cut = [x[..., grid_in.rows.starts[i]:grid_in.rows.starts[i] + grid_in.rows.size,
-                 grid_in.cols.starts[j]:grid_in.cols.starts[j] + grid_in.cols.size] for i, j in group]
-        out = run(torch.cat(cut))  # len(group)*B,C',T',tile rows,tile cols
+    step = batch or len(tiles)
+    groups = [tiles[first:first + step] for first in range(0, len(tiles), step)]
+    rows_in, cols_in = grid_in.rows, grid_in.cols
+    cuts = (torch.cat([x[..., rows_in.starts[i]:rows_in.starts[i] + rows_in.size,
+                         cols_in.starts[j]:cols_in.starts[j] + cols_in.size] for i, j in group]) for group in groups)
+    canvas = None
+    for group, out in zip(groups, run(cuts)):  # out: len(group)*B,C',T',tile rows,tile cols
         if canvas is None:
             canvas = out.new_zeros(b, *out.shape[1:3], grid_out.rows.length, grid_out.cols.length, dtype=torch.float32)
         for k, (i, j) in enumerate(group):
@@ -42,10 +46,10 @@ def _blend_tiles(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, g
     return canvas
 
 
-def decoded_clips(model, z: torch.Tensor, tiles_per_batch: int = 0) -> Iterator[torch.Tensor]:
+def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> Iterator[torch.Tensor]:
     """Raw latent B,24,T',h,w -> pixels B,3,n,16h,16w in [-1, 1] (float32), clip by clip in frame order:
-    each clip's frames once the next clip can no longer change them. `tiles_per_batch`: tiles of a clip
-    decoded together (0: all)."""
+    each clip's frames once the next clip can no longer change them. `own`: tiles of a clip decoded
+    together, and whether the transformer blocks' weights are streamed (`network.decode_tile_batches`)."""
     cfg = model.config
     plan = decode_plan(z.shape[2], cfg)
     grid = TileGrid.of(z.shape[3] * cfg.spatial_factor, z.shape[4] * cfg.spatial_factor, cfg)
@@ -55,30 +59,35 @@ def decoded_clips(model, z: torch.Tensor, tiles_per_batch: int = 0) -> Iterator[
         if not clip.raw_frames:
             continue
         frames = list(clip.raw_frames)
-        part = _blend_tiles(lambda tiles: model.decode_tiles(tiles)[:, :, frames],
-                            z[:, :, clip.token_start:clip.token_start + clip.tokens], grid.latent(), grid, tiles_per_batch)
+        part = _blend_tiles(lambda batches: (y[:, :, frames] for y in model.decode_tile_batches(batches, own)),
+                            z[:, :, clip.token_start:clip.token_start + clip.tokens], grid.latent(), grid, own.batch)
         part *= torch.tensor(clip.weights, device=part.device).view(1, 1, -1, 1, 1)  # B,3,n,H,W
         if carry is not None:
             part[:, :, :carry.shape[2]] += carry
         done = plan.final_after(c) - clip.out_start
         yield model.finish_pixels(part[:, :, :done])
-        carry = part[:, :, done:]
+        carry = part[:, :, done:].clone()  # not a view: the clip's canvas goes before the next clip's
+        del part
 
 
-def decode(model, z: torch.Tensor, tiles_per_batch: int = 0) -> torch.Tensor:
+def decode(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> torch.Tensor:
     """Raw latent B,24,T',h,w -> pixels B,3,T,16h,16w in [-1, 1], float32 (T: core's frame count)."""
-    return torch.cat(list(decoded_clips(model, z, tiles_per_batch)), dim=2)
+    return torch.cat(list(decoded_clips(model, z, own)), dim=2)
 
 
-def encode(model, x: torch.Tensor, tiles_per_batch: int = 0) -> torch.Tensor:
+def encoded_clips(model, x: torch.Tensor, own: OwnTiles = OwnTiles()) -> Iterator[torch.Tensor]:
     """Pixels B,3,T,H,W in [-1, 1] (H, W multiples of 16) -> the posterior's moments (raw mean, then logvar)
-    B,2*24,T',H/16,W/16, float32 (core keeps the mean)."""
+    B,2*24,t,H/16,W/16, float32 (core keeps the mean), clip by clip in frame order (clips are independent);
+    `own.batch` tiles of a clip encoded together (the encoder streams no weights)."""
     cfg = model.config
     plan = encode_plan(x.shape[2], cfg)
     grid = TileGrid.of(x.shape[3], x.shape[4], cfg)
-    parts = []
     for c in range(plan.clips):
         clip = model.normalize_pixels(x[:, :, plan.clip_frames(c)])
-        latent = _blend_tiles(model.encode_tiles, clip, grid, grid.latent(), tiles_per_batch)
-        parts.append(latent[:, :, :plan.clip_tokens(c)])
-    return torch.cat(parts, dim=2)
+        latent = _blend_tiles(lambda batches: map(model.encode_tiles, batches), clip, grid, grid.latent(), own.batch)
+        yield latent[:, :, :plan.clip_tokens(c)]
+
+
+def encode(model, x: torch.Tensor, own: OwnTiles = OwnTiles()) -> torch.Tensor:
+    """`encoded_clips`, concatenated: moments B,2*24,T',H/16,W/16."""
+    return torch.cat(list(encoded_clips(model, x, own)), dim=2)

@@ -12,10 +12,12 @@ Token layout B,S,dim (S = t*h*w image tokens in t, h, w order, then the suffix);
 B,heads,S,head_dim.
 """
 import math
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.func import functional_call
 
 from .config import MiniMaxH3Config
 
@@ -139,3 +141,18 @@ class MiniMaxH3Decoder(nn.Module):
         for block in self.transformer_blocks:
             tokens = block(tokens, rope)
         return self.unpatchify(tokens, *z.shape[2:])
+
+    def layer_major(self, tiles: Iterable[torch.Tensor], device: torch.device) -> Iterator[torch.Tensor]:
+        """Batches of latent tiles B',z,t,h,w -> their pixels, in order, as `forward` gives them, but every
+        batch through a transformer block before the next block: each block's weights, waiting in host
+        memory (weights streamed), are copied to `device` once for all the batches, whose tokens are all
+        held meanwhile."""
+        held = [(*self.embed(z), z.shape[2:]) for z in tiles]  # per batch: tokens B',S,dim, RoPE, (t, h, w)
+        for block in self.transformer_blocks:
+            weights = {name: p if p.device == device else p.to(device, non_blocking=True)
+                       for name, p in block.named_parameters()}
+            held = [(functional_call(block, weights, (tokens, rope)), rope, thw) for tokens, rope, thw in held]
+            del weights
+        while held:
+            tokens, _, thw = held.pop(0)
+            yield self.unpatchify(tokens, *thw)

@@ -1,0 +1,143 @@
+"""MiniMax-H3 run as its plan says: the model's own clips handed on as each is final (to a sink, to a video
+file), a batch of its tiles at a time, the decoder's blocks streamed from host memory, under memory budgets;
+each equal within 1e-5 to the model's function run whole (`tiled.decode`: every tile of a clip in one call,
+weights resident; core's frames in test_minimax_h3_core.py). A decode to a file keeps host memory flat in the
+clip's length (peak RSS of a fresh process per length). The planner's CUDA plans for 1280x720x241 fit 6 GiB
+with the weights resident and 2 GiB with them streamed (the meta-device count's coefficients)."""
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import vae
+from bench import models
+from minimax_h3_fixtures import SMALL, model, with_tiles
+from reference import assert_exact
+from vae.model.execution import OwnTiles
+from vae.model.minimax_h3 import tiled
+from vae.run import memory, planning
+
+GIB = 2**30
+DEEPER = dataclasses.replace(with_tiles(SMALL, 64, 32), layers=4)  # 4 blocks: streaming leaves 2 of them resident
+
+
+def _latent(frames: int, rows: int, cols: int, seed: int = 3) -> torch.Tensor:
+    return torch.randn(1, 24, frames, rows, cols, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("settings", [
+    vae.Settings(),  # the CPU's default: one tile at a time
+    vae.Settings(own_tile_batch=4),
+    vae.Settings(stream_weights=True),
+    vae.Settings(own_tile_batch=3, stream_weights=True),
+], ids=["default", "batch4", "streamed", "batch3-streamed"])
+def test_every_plan_gives_the_whole_decode(settings):
+    """Two clips (12 latent frames) over a 3x2 grid of 64 px tiles."""
+    m = model(DEEPER, seed=4)
+    z = _latent(12, 7, 5)
+    plan = vae.plan(m, "decode", tuple(z.shape), settings)
+    assert plan.own_tiles.batch == (settings.own_tile_batch or 1)
+    assert plan.own_tiles.weights_streamed == bool(settings.stream_weights)
+    with torch.no_grad():
+        whole = tiled.decode(m, z)
+    assert_exact(vae.decode(m, z, plan), whole, 1e-5)
+    assert all(p.device.type == "cpu" for p in m.parameters())  # streamed or not, the CPU's own memory
+
+
+def test_clips_reach_the_sink_as_each_is_final():
+    """Three clips: three hand-overs, in frame order, each of the frames no later clip changes."""
+    m = model(DEEPER, seed=5)
+    z = _latent(17, 5, 5, seed=6)
+    got = []
+    vae.decode(m, z, sink=lambda first, frames: got.append((first, frames.clone())))
+    clips = tiled.decode_plan(17, m.config).clips
+    assert [first for first, _ in got] == [clip.out_start for clip in clips]
+    with torch.no_grad():
+        assert_exact(torch.cat([frames for _, frames in got], dim=2), tiled.decode(m, z), 1e-5)
+
+
+def test_a_budget_runs_fewer_tiles_then_streams_the_weights():
+    """Under a budget the plan keeps the most tiles at once that fits, then streams the weights; the
+    predicted peaks order as the choices do, and each budgeted run gives the whole decode. (Blocks of 256
+    channels, 8 of them: enough weight that streaming them saves more than holding a clip's tokens costs.)"""
+    m = model(dataclasses.replace(DEEPER, dim=256, layers=8), seed=7)
+    z = _latent(7, 7, 5, seed=8)
+    shape = tuple(z.shape)
+    clip = planning.clip_of(m, "decode", shape)
+    peak = {own: memory.estimate_own_tiles(m, clip, shape, own, "cpu")
+            for own in (OwnTiles(4), OwnTiles(2), OwnTiles(1), OwnTiles(2, True), OwnTiles(1, True))}
+    assert peak[OwnTiles(4)] > peak[OwnTiles(2)] > peak[OwnTiles(1)] > peak[OwnTiles(1, True)]
+    assert peak[OwnTiles(2, True)] > peak[OwnTiles(1, True)]
+    with torch.no_grad():
+        whole = tiled.decode(m, z)
+    for own, budget in ((OwnTiles(2), peak[OwnTiles(2)]), (OwnTiles(1, True), peak[OwnTiles(1, True)])):
+        settings = vae.Settings(own_tile_batch=4, memory_budget=budget)
+        plan = vae.plan(m, "decode", shape, settings)
+        assert (plan.own_tiles, plan.fits) == (own, True), plan.describe()
+        assert_exact(vae.decode(m, z, settings), whole, 1e-5)
+
+
+def _released_latent_frames(frames: int) -> int:
+    """The fewest latent frames the released decoder makes at least `frames` frames of."""
+    model = models.meta_model("minimax_h3")
+    return next(t for t in range(1, frames) if model.frames_made("decode", t) >= frames)
+
+
+@pytest.mark.parametrize("budget, streamed", [(6, False), (2, True)])
+def test_the_cuda_targets_fit(budget, streamed):
+    """1280x720x241 in bf16 within 6 GiB with the weights resident (a clip's tiles a few at a time) and within
+    2 GiB with the transformer blocks streamed from host memory; without a budget (every tile of a clip at once,
+    weights resident) neither fits."""
+    model = models.meta_model("minimax_h3")
+    model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
+    shape = (1, 24, _released_latent_frames(241), 720 // 16, 1280 // 16)
+    placement = dict(device="cuda", io_on_device=(False, False), opts=vae.Optimizations(kernel_choice="defaults"))
+    plan = vae.plan(model, "decode", shape, vae.Settings(memory_budget=budget * GIB), **placement)
+    assert plan.fits and plan.peak_bytes <= budget * GIB and plan.own_tiles.weights_streamed == streamed, plan.describe()
+    unbudgeted = vae.plan(model, "decode", shape, **placement)
+    assert unbudgeted.own_tiles == OwnTiles(28) and unbudgeted.peak_bytes > budget * GIB
+    assert memory.calibration_source("minimax_h3", "decode", "own_tiles", "cuda") == "meta-device count"
+
+
+_FLAT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import torch
+    import vae
+    from vae.video_writer import readable_frames
+    sys.path.insert(0, "tests")
+    from minimax_h3_fixtures import SMALL, model
+
+    def status(field):
+        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field + ":"))
+        return int(line.split()[1]) * 1024
+
+    m = model(SMALL, seed=9)
+    frames, out = int(sys.argv[1]), Path(sys.argv[2])
+    z = torch.randn(1, 24, frames, 24, 24, generator=torch.Generator().manual_seed(10))  # 384 x 384 px
+    vae.decode_to_file(m, z[:, :, :2], out.with_suffix(".warm.mkv"), codec="ffv1")  # warm-up: kernels, codec
+    before = status("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here
+    vae.decode_to_file(m, z, out, codec="ffv1")
+    print(json.dumps({"growth": status("VmHWM") - before, "frames": readable_frames(out)}))
+""")
+
+
+def test_a_decode_to_a_file_keeps_host_memory_flat_in_length(tmp_path):
+    """32 latent frames (6 clips, 107 frames) and 64 (13 clips, 217 frames) at 384x384 px: the longer clip's
+    peak RSS grows by less than a fifth of its float32 frames (384 MB; one clip's 39 MB). (The writer's thread
+    and its queue of two clips reach their own plateau, about 70 MB, within the first few clips.)"""
+    runs = {}
+    for frames in (32, 64):
+        done = subprocess.run([sys.executable, "-c", _FLAT, str(frames), str(tmp_path / f"{frames}.mkv")],
+                              capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[frames] = json.loads(done.stdout.strip().splitlines()[-1])
+    whole = 3 * runs[64]["frames"] * 384 * 384 * 4
+    assert [runs[n]["frames"] for n in runs] == [model(SMALL).frames_made("decode", n) for n in runs]
+    assert runs[64]["growth"] - runs[32]["growth"] < whole / 5, runs
