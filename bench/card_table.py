@@ -32,6 +32,8 @@ def cell(model, op: str, shape, card_gb: int) -> str:
         return "no calibration"
     how = "untiled" if plan.tile_size is None else f"{plan.tile_size[0]} px tiles"
     how += ", frames streamed" if plan.frames_streamed else ""
+    if plan.own_tiles is not None:  # the model's own tiles: how many at once, where the weights are
+        how = f"{plan.own_tiles.batch} own tiles at once" + (", weights streamed" if plan.own_tiles.weights_streamed else "")
     verdict = "" if plan.fits else " (does not fit)"
     return f"{how}, {plan.peak_bytes / GIB:.1f} GiB{verdict}"
 
@@ -45,6 +47,9 @@ def main() -> None:
         clip = row.clip
         shape = input_shape(row.op, clip.frames, clip.height, clip.width, model.latent_channels, model.spatial_factor,
                             model.temporal_factor)
+        if row.op == "decode":  # the fewest latent frames that decode to the row's frames, by the network's own rule
+            shape = shape[:2] + (next(t for t in range(1, clip.frames + 1)
+                                      if model.frames_made("decode", t) >= clip.frames),) + shape[3:]
         print(f"| {row.label} | " + " | ".join(cell(model, row.op, shape, c) for c in CARDS) + " |")
 
 

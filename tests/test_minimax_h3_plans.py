@@ -21,6 +21,7 @@ from reference import assert_exact
 from vae.model.execution import OwnTiles
 from vae.model.minimax_h3 import tiled
 from vae.run import memory, planning
+from vae.run.progress import Cancelled
 
 GIB = 2**30
 DEEPER = dataclasses.replace(with_tiles(SMALL, 64, 32), layers=4)  # 4 blocks: streaming leaves 2 of them resident
@@ -59,6 +60,20 @@ def test_clips_reach_the_sink_as_each_is_final():
     assert [first for first, _ in got] == [clip.out_start for clip in clips]
     with torch.no_grad():
         assert_exact(torch.cat([frames for _, frames in got], dim=2), tiled.decode(m, z), 1e-5)
+
+
+def test_progress_counts_each_batch_of_tiles_and_a_cancel_stops_the_run():
+    """Two clips of a 3x2 grid, 4 tiles at a time: 2 batches per clip, 4 steps, counted as they are done; a
+    cancel after the first batch stops the decode there."""
+    m = model(DEEPER, seed=4)
+    z = _latent(12, 7, 5)
+    seen = []
+    vae.decode(m, z, vae.Settings(own_tile_batch=4), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    seen.clear()
+    with pytest.raises(Cancelled):
+        vae.decode(m, z, progress=lambda done, total: seen.append(done), cancel=lambda: bool(seen))
+    assert seen == [1]
 
 
 def test_a_budget_runs_fewer_tiles_then_streams_the_weights():

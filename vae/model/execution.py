@@ -71,7 +71,7 @@ class RunState(Protocol):
     None (the clip runs in one chunk) or the `ClipStatistics` of a clip run in several; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
     every `kernels.conv3d` of the run; `own_tiles`: how a model that runs its own tiles runs them (`OwnTiles`;
-    None for the others)."""
+    None for the others), and `step`, what it calls after each batch of them (progress, cancellation; or None)."""
 
     opts: object
     first_chunk: bool
@@ -83,6 +83,7 @@ class RunState(Protocol):
     kernel_log: object
     conv_options: dict
     own_tiles: OwnTiles | None
+    step: Callable[[], None] | None
 
 
 @runtime_checkable

@@ -73,8 +73,9 @@ class OwnTileWork:
     """The work of one clip of a model that runs its own tiles (`ClipExtent.OWN_TILES`), in pixels at video
     resolution (batch x frames x rows x columns), which its memory scales with: `tiles` per clip, `tile_pixels`
     of one tile's run (the frames the network makes or reads for it), `clip_pixels` of the clip's blended
-    frames."""
+    frames; and the op's `clips` (its progress is counted per batch of tiles of each)."""
 
+    clips: int
     tiles: int
     tile_pixels: int
     clip_pixels: int

@@ -153,9 +153,15 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     """Give the run fresh causal caches where `plan` puts them, its execution strategy (the
     partition's row bands, exact tiles when the plan's tile is smaller than the (padded) frame, or
     whole frames: None) and, when the plan streams frames, its frame-at-a-time schedule of the
-    model's stages; recount the steps of the `chunks_left` chunks to go."""
+    model's stages; recount the steps of the `chunks_left` chunks to go (for a model that runs its own
+    tiles, one per batch of them, which it counts itself: `RunState.step`)."""
     _fresh_caches(model, ctx, plan)
     frame, tile = (plan.clip.height, plan.clip.width), plan.tile_size
+    if plan.own_tiles is not None:  # the model's own tiles: a unit per batch of them (`RunState.step`)
+        work = model.own_tile_work(plan.op, plan.input_shape)
+        ctx.execution, ctx.step = None, steps
+        steps.replan(chunks_left, work.clips * -(-work.tiles // plan.own_tiles.batch))
+        return
     if partition.execution is not None:
         ctx.execution = partition.execution
     elif tile is None or (tile[0] >= frame[0] and tile[1] >= frame[1]):

@@ -71,7 +71,8 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
         return {name: value for name, value in entry.items() if name != "source"}
     entry = table.get("cpu", {}).get(family, {}).get(op, {}).get(mode)
     if entry:
-        return entry if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in entry.items()}
+        numbers = {name: value for name, value in entry.items() if name != "source"}
+        return numbers if mode == "caches" else {k: v * UNCALIBRATED_MARGIN for k, v in numbers.items()}
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run python -m bench.calibrate_memory")
 
 

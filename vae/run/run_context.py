@@ -28,13 +28,15 @@ class RunContext:
     every frame's keys first: `layers.FrameCausalAttention`). `clip_statistics`: None, or the whole-clip
     statistics of norms that span the clip, gathered before a clip in several chunks runs
     (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`. `own_tiles`: how a
-    model that runs its own tiles runs them (`model.execution.OwnTiles`, the plan's), else None.
+    model that runs its own tiles runs them (`model.execution.OwnTiles`, the plan's), else None; `step`, what
+    it calls after each batch of them (the run's progress and cancellation, `progress.Steps`), else None.
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
                  kernel_log: KernelLog | None = None, frames_are_images: bool = False, own_tiles: OwnTiles | None = None):
         self.opts = opts
         self.own_tiles = own_tiles
+        self.step = None
         self.frames_are_images = frames_are_images
         self.first_chunk = True
         self.last_chunk = False

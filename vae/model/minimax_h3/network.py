@@ -84,7 +84,8 @@ class MiniMaxH3VAE(VideoVAE):
         """Pixels B,3,T,H,W -> moments B,48,t,h,w per clip (encode); raw latent B,24,T',h,w -> pixels
         B,3,n,H,W per clip (decode), each clip's frames once final."""
         own = ctx.own_tiles or OwnTiles()
-        return tiled.encoded_clips(self, x, own) if op == "encode" else tiled.decoded_clips(self, x, own)
+        run = tiled.encoded_clips if op == "encode" else tiled.decoded_clips
+        return run(self, x, own, ctx.step)
 
     def own_tile_work(self, op: str, input_shape: tuple[int, ...]) -> OwnTileWork:
         """Per clip: its tiles; one tile's pixel frames (decode: the 4 x its latent frames it makes, before
@@ -96,10 +97,13 @@ class MiniMaxH3VAE(VideoVAE):
             h, w = h * cfg.spatial_factor, w * cfg.spatial_factor
             tile_frames = max(clip.tokens for clip in plan.clips) * cfg.temporal_factor
             clip_frames = max(len(clip.raw_frames) for clip in plan.clips)
+            clips = sum(bool(clip.raw_frames) for clip in plan.clips)
         else:
+            clips = encode_plan(t, cfg).clips
             tile_frames = clip_frames = len(encode_plan(t, cfg).clip_frames(0))
         grid = TileGrid.of(h, w, cfg)
-        return OwnTileWork(len(grid.tiles), b * tile_frames * grid.rows.size * grid.cols.size, b * clip_frames * h * w)
+        return OwnTileWork(clips, len(grid.tiles), b * tile_frames * grid.rows.size * grid.cols.size,
+                           b * clip_frames * h * w)
 
     def streamed_modules(self, op: str) -> list[nn.Module]:
         """The decoder's transformer blocks (most of its weights: 3.6 GB of 3.7 in bf16)."""

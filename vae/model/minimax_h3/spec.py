@@ -1,12 +1,14 @@
 """MiniMax-H3's declaration (`vae.model.family_spec`): its tiles and clips are the model's own (core's 256 px
-tiles and 17-frame clips, blended), so the engine runs it over the whole clip in one chunk, untiled
-(`ClipExtent.WHOLE_CLIP`), with the network's frame counts (`MiniMaxH3VAE.frames_made`).
+tiles and 17-frame clips, blended), so the engine hands it the whole clip and takes its output clip by clip
+(`ClipExtent.OWN_TILES`), with the network's frame counts (`MiniMaxH3VAE.frames_made`); the plan says how many
+of its tiles run at once and whether its decoder's blocks stream from host memory.
 
 Not declared yet: core's module (`CoreVAE`: bench.core_vae does not build core 0.33.0's `comfy.ldm.minimax.vae`;
-tests/test_minimax_h3_core.py and bench/bench_minimax_h3.py build it themselves), bench workloads (`Bench`:
-bench/bench_minimax_h3.py races it against core on the CPU on its own). Its CPU memory calibration
-(memory_calibration.json) covers the decode; the plan ignores a budget for its encode, saying so."""
-from ..family_spec import Capability, FamilySpec, TinyModel
+tests/test_minimax_h3_core.py and bench/bench_minimax_h3.py build it themselves), GPU and CPU bench workloads
+(bench/bench_minimax_h3.py races it against core on the CPU on its own); its bench rows are the card table's.
+Its memory calibration (memory_calibration.json, CPU and CUDA) covers the decode; the plan ignores a budget for
+its encode, saying so."""
+from ..family_spec import Bench, Capability, CardRow, Clip, FamilySpec, TinyModel
 from .config import MiniMaxH3Config
 from .network import MiniMaxH3VAE
 
@@ -25,4 +27,5 @@ SPEC = FamilySpec(
     fps=24.0,  # core 0.33.0's MiniMax-H3 nodes (comfy_extras/nodes_minimax_h3.py): "Frame count at 24 fps"
     tiny=TinyModel(config=TINY),
     capabilities=frozenset({Capability.OWN_TILES}),
+    bench=Bench(cards=(CardRow("MiniMax-H3 720p, 241 frames, decode", "decode", Clip(241, 720, 1280)),)),
 )

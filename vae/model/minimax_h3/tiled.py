@@ -15,6 +15,8 @@ import torch
 from ..execution import OwnTiles
 from .tiles import TileGrid, decode_plan, encode_plan
 
+Step = Callable[[], None] | None  # one batch of tiles done (the run's progress and cancellation), or None
+
 
 def tile_weights(grid: TileGrid, i: int, j: int) -> torch.Tensor:
     """Tile (i, j)'s blend weights over its own extent, rows x cols, float32 (tiles.py: W_k)."""
@@ -24,14 +26,14 @@ def tile_weights(grid: TileGrid, i: int, j: int) -> torch.Tensor:
 
 
 def _blend_tiles(run: Callable[[Iterator[torch.Tensor]], Iterator[torch.Tensor]], x: torch.Tensor, grid_in: TileGrid,
-                 grid_out: TileGrid, batch: int) -> torch.Tensor:
+                 grid_out: TileGrid, batch: int, step: Step) -> torch.Tensor:
     """sum_k W_k run(tile k of x): x B,C,T,H,W cut by `grid_in` into batches of `batch` tiles (0: all), `run`
     taking the batches in order (each len(batch)*B,C,T,tile rows,tile cols, made as it asks for them) and
     yielding their outputs in order, placed and weighted by `grid_out` (the same tiles in the output's units):
-    float32 B,C',T',H',W'."""
+    float32 B,C',T',H',W'. `step()` after each batch placed (progress, cancellation), where given."""
     b, tiles = x.shape[0], grid_in.tiles
-    step = batch or len(tiles)
-    groups = [tiles[first:first + step] for first in range(0, len(tiles), step)]
+    size = batch or len(tiles)
+    groups = [tiles[first:first + size] for first in range(0, len(tiles), size)]
     rows_in, cols_in = grid_in.rows, grid_in.cols
     cuts = (torch.cat([x[..., rows_in.starts[i]:rows_in.starts[i] + rows_in.size,
                          cols_in.starts[j]:cols_in.starts[j] + cols_in.size] for i, j in group]) for group in groups)
@@ -43,13 +45,16 @@ def _blend_tiles(run: Callable[[Iterator[torch.Tensor]], Iterator[torch.Tensor]]
             y, x0 = grid_out.rows.starts[i], grid_out.cols.starts[j]
             region = canvas[..., y:y + grid_out.rows.size, x0:x0 + grid_out.cols.size]
             region += out[k * b:(k + 1) * b].float() * tile_weights(grid_out, i, j).to(canvas.device)
+        if step is not None:
+            step()
     return canvas
 
 
-def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> Iterator[torch.Tensor]:
+def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step = None) -> Iterator[torch.Tensor]:
     """Raw latent B,24,T',h,w -> pixels B,3,n,16h,16w in [-1, 1] (float32), clip by clip in frame order:
     each clip's frames once the next clip can no longer change them. `own`: tiles of a clip decoded
-    together, and whether the transformer blocks' weights are streamed (`network.decode_tile_batches`)."""
+    together, and whether the transformer blocks' weights are streamed (`network.decode_tile_batches`); `step()`
+    after each batch of tiles."""
     cfg = model.config
     plan = decode_plan(z.shape[2], cfg)
     grid = TileGrid.of(z.shape[3] * cfg.spatial_factor, z.shape[4] * cfg.spatial_factor, cfg)
@@ -60,7 +65,7 @@ def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> Iterato
             continue
         frames = list(clip.raw_frames)
         part = _blend_tiles(lambda batches: (y[:, :, frames] for y in model.decode_tile_batches(batches, own)),
-                            z[:, :, clip.token_start:clip.token_start + clip.tokens], grid.latent(), grid, own.batch)
+                            z[:, :, clip.token_start:clip.token_start + clip.tokens], grid.latent(), grid, own.batch, step)
         part *= torch.tensor(clip.weights, device=part.device).view(1, 1, -1, 1, 1)  # B,3,n,H,W
         if carry is not None:
             part[:, :, :carry.shape[2]] += carry
@@ -75,16 +80,17 @@ def decode(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> torch.Tensor:
     return torch.cat(list(decoded_clips(model, z, own)), dim=2)
 
 
-def encoded_clips(model, x: torch.Tensor, own: OwnTiles = OwnTiles()) -> Iterator[torch.Tensor]:
+def encoded_clips(model, x: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step = None) -> Iterator[torch.Tensor]:
     """Pixels B,3,T,H,W in [-1, 1] (H, W multiples of 16) -> the posterior's moments (raw mean, then logvar)
     B,2*24,t,H/16,W/16, float32 (core keeps the mean), clip by clip in frame order (clips are independent);
-    `own.batch` tiles of a clip encoded together (the encoder streams no weights)."""
+    `own.batch` tiles of a clip encoded together (the encoder streams no weights); `step()` after each batch."""
     cfg = model.config
     plan = encode_plan(x.shape[2], cfg)
     grid = TileGrid.of(x.shape[3], x.shape[4], cfg)
     for c in range(plan.clips):
         clip = model.normalize_pixels(x[:, :, plan.clip_frames(c)])
-        latent = _blend_tiles(lambda batches: map(model.encode_tiles, batches), clip, grid, grid.latent(), own.batch)
+        latent = _blend_tiles(lambda batches: map(model.encode_tiles, batches), clip, grid, grid.latent(), own.batch,
+                              step)
         yield latent[:, :, :plan.clip_tokens(c)]
 
 
