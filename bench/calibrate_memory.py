@@ -251,6 +251,9 @@ def main():
     args.modes = args.modes or list(CHECK_POINTS if args.check else [*FIT_POINTS, "caches"])
     cuda = device_type == "cuda"
     for family in args.families:
+        if Capability.OWN_TILES in families.spec(family).capabilities:  # its own modes: --own-tiles
+            print(f"{family}: runs its own tiles, calibrated with --own-tiles", flush=True)
+            continue
         if "caches" in args.modes and not args.check:
             model = models.build(family, torch.float32, args.device)
             for op in args.ops:

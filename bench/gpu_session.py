@@ -88,6 +88,10 @@ PARTS = [
             "HunyuanVideo 1.0 / Kandinsky decode (issue 52): the default, within 12 GiB (chunks after the statistics "
             "passes), its frames as core computes them and core 0.33.0",
             rows=["reference", "bf16", "bf16-budget_12g", "bf16-core_frames", "bf16-core_0.33.0"]),
+    _decode("decode-minimax_h3-480p", "minimax_h3:121x480x864", 300,
+            "MiniMax-H3 decode (issue 51): the default (a clip's 15 tiles at once), within 6 GiB (fewer at once) and "
+            "within 2 GiB (its decoder's blocks streamed from host memory); no core row (bench.core_vae cannot "
+            "build core's module)", rows=["reference", "bf16", "bf16-budget_6g", "bf16-budget_2g"]),
     Part("profile-wan21", 60, "where the default Wan2.1 decode's time goes",
          ("bench.gpu_check", "--parts", "profile", "--workloads", "wan21:81x480x832", "--part-budget", "{budget}",
           "--out", "{out}")),

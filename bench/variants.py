@@ -68,6 +68,8 @@ VARIANTS = {
     "budget_12g": Variant("a 12 GiB memory budget", settings=dict(memory_budget=12 * 2**30)),
     "budget_6g": Variant("a 6 GiB memory budget (an 8 GB card; frames streamed below the large tiles)",
                          settings=dict(memory_budget=6 * 2**30)),
+    "budget_2g": Variant("a 2 GiB memory budget (MiniMax-H3: its decoder's blocks streamed from host memory)",
+                         settings=dict(memory_budget=2 * 2**30)),
     "budget_auto": Variant("memory budget 'auto' (what the nodes run)", settings=dict(memory_budget="auto")),
     "core_attention": Variant("HunyuanVideo 1.5 only: its mid-block attention unmasked, as ComfyUI core computes "
                               "it (attention=full; the default is the masked attention it was trained with)",
