@@ -38,7 +38,8 @@ AUTO_MARGIN = 0.10            # "auto" budget: free memory minus 10% ...
 AUTO_MARGIN_MIN = 512 * 2**20  # ... and at least 512 MiB
 TILE_CANDIDATES = (2048, 1536, 1024, 768, 640, 512, 384, 320, 256, 192, 128, 96, 64, 48, 32)
 # Tiles of its own a model runs at once by default, per device type (else every tile of a clip): on the CPU one
-# at a time was measured faster than a clip's tiles batched (MiniMax-H3, bench/RESULTS.md section 23).
+# at a time, faster than a clip's tiles batched in two runs of three and smaller (MiniMax-H3, bench/RESULTS.md
+# sections 23 and 25).
 OWN_TILE_BATCH = {"cpu": 1}
 STREAM_BELOW_TILE = 256  # under a budget, smaller exact tiles come only with frame streaming
 NEAR_LOWEST = 1.10  # when no setting fits a budget: the fastest one within 10 % of the lowest peak
