@@ -180,33 +180,40 @@ def meta_streamed(family: str) -> dict:
     return {**entry, "source": "meta"}
 
 
-# `--own-tiles`: the decode of a family that runs its own tiles (`ClipExtent.OWN_TILES`), counted on the meta
-# device through the engine (bench.meta_peak.own_tiles_peak: the code path's live tensors, the released
-# network, attention as flash attention) for each device type in its precision: no CPU run of the released
-# decoder (10 GB in float32) at 720p fits the machine beside core's. Points: (height, width), latent frames
-# (7: one clip, 12: two), tiles at a time, weights streamed. A run's peak is the larger of two phases (the
-# tiles' run, the clip's blend) where the model adds terms: its fixed term is raised until no point is
-# predicted under its count.
-OWN_TILE_POINTS = [((368, 640), 7, 1, False), ((480, 864), 7, 2, False), ((480, 864), 7, 15, False),
-                   ((720, 1280), 7, 1, False), ((720, 1280), 7, 4, False), ((720, 1280), 7, 16, False),
-                   ((720, 1280), 12, 1, False), ((1088, 1920), 7, 1, False), ((480, 864), 12, 1, True),
-                   ((720, 1280), 7, 4, True)]
-OWN_TILE_DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}
+# `--own-tiles`: the encode and decode of a family that runs its own tiles (`ClipExtent.OWN_TILES`), counted on
+# the meta device through the engine (bench.meta_peak.own_tiles_peak: the code path's live tensors, the released
+# network, attention as flash attention) for each device type in its precision (the CPU float32; CUDA as
+# CUDA_DTYPES): no CPU run of the released network (10 GB in float32) at 720p fits the machine beside core's.
+# Points: (height, width), frames (latent frames of a decode, 7: one clip, 12: two; pixel frames of an
+# encode, 17 a clip), tiles at a time, weights streamed. A run's peak is the larger of two phases (the tiles'
+# run, the clip's blend) where the model adds terms: its fixed term is raised until no point is predicted
+# under its count.
+OWN_TILE_POINTS = {
+    "decode": [((368, 640), 7, 1, False), ((480, 864), 7, 2, False), ((480, 864), 7, 15, False),
+               ((720, 1280), 7, 1, False), ((720, 1280), 7, 4, False), ((720, 1280), 7, 16, False),
+               ((720, 1280), 12, 1, False), ((1088, 1920), 7, 1, False), ((480, 864), 12, 1, True),
+               ((720, 1280), 7, 4, True)],
+    "encode": [((368, 640), 17, 1, False), ((480, 864), 34, 1, False), ((480, 864), 34, 3, False),
+               ((720, 1280), 34, 1, False), ((720, 1280), 34, 4, False), ((1088, 1920), 17, 1, False)],
+}
 
 
-def own_tiles_entry(family: str, device_type: str) -> dict:
-    """The "own_tiles" decode coefficients of `family` on `device_type`, fitted to `OWN_TILE_POINTS`' counts."""
+def own_tiles_entry(family: str, op: str, device_type: str) -> dict:
+    """The "own_tiles" coefficients of `family`'s `op` on `device_type`, fitted to `OWN_TILE_POINTS`' counts."""
     from bench.meta_peak import own_tiles_peak
 
-    model, dtype = models.meta_model(family), OWN_TILE_DTYPES[device_type]
+    model = models.meta_model(family)
+    dtype = DTYPES[CUDA_DTYPES[op]] if device_type == "cuda" else torch.float32
     samples = []
-    for (height, width), latent_frames, batch, streamed in OWN_TILE_POINTS:
-        shape = (1, model.latent_channels, latent_frames, height // model.spatial_factor, width // model.spatial_factor)
+    for (height, width), frames, batch, streamed in OWN_TILE_POINTS[op]:
+        sf = model.spatial_factor
+        shape = ((1, model.latent_channels, frames, height // sf, width // sf) if op == "decode"
+                 else (1, model.in_channels, frames, height, width))
         settings = vae.Settings(own_tile_batch=batch, stream_weights=streamed)
-        plan, peak = own_tiles_peak(family, "decode", shape, settings, dtype)
-        features = memory.own_tile_features(model.own_tile_work("decode", shape), plan.own_tiles)
+        plan, peak = own_tiles_peak(family, op, shape, settings, dtype)
+        features = memory.own_tile_features(model.own_tile_work(op, shape), plan.own_tiles)
         samples.append((features, peak / (torch.finfo(dtype).bits // 8)))
-        print(f"{family} decode own tiles {height}x{width}, {latent_frames} latent frames, {plan.own_tiles}: "
+        print(f"{family} {op} own tiles {height}x{width}, {frames} frames in, {plan.own_tiles}: "
               f"{peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
     entry = fit(samples, "own_tiles")
     predicted = [sum(entry[name] * x for name, x in zip(COEFFICIENTS["own_tiles"], features)) + entry["fixed"]
@@ -235,13 +242,14 @@ def main():
     parser.add_argument("--check", action="store_true", help="compare predictions with measurements at new sizes")
     parser.add_argument("--meta", action="store_true", help="only the CUDA streamed decode coefficients, from the "
                         "meta-device count (META_POINTS; after the CPU calibration)")
-    parser.add_argument("--own-tiles", action="store_true", help="only the decode coefficients of families that run "
-                        "their own tiles, CPU and CUDA, from the meta-device count (OWN_TILE_POINTS)")
+    parser.add_argument("--own-tiles", action="store_true", help="only the coefficients of families that run their "
+                        "own tiles, CPU and CUDA, from the meta-device count (OWN_TILE_POINTS)")
     args = parser.parse_args()
     if args.own_tiles:
         for family in (f for f in args.families if families.spec(f).capabilities & {Capability.OWN_TILES}):
-            for device_type in OWN_TILE_DTYPES:
-                save(device_type, family, "decode", "own_tiles", own_tiles_entry(family, device_type))
+            for op in args.ops:
+                for device_type in ("cpu", "cuda"):
+                    save(device_type, family, op, "own_tiles", own_tiles_entry(family, op, device_type))
         return
     if args.meta:
         for family in args.families:

@@ -86,8 +86,8 @@ def test_an_own_tiles_fit_predicts_its_points_at_or_above_their_counts(monkeypat
     tensors (its peak less the weights on the device) no lower than counted (its fixed term is raised until none
     is) and within 1.5x."""
     family = "minimax_h3"
-    monkeypatch.setattr(calibrate_memory, "OWN_TILE_POINTS", OWN_TILE_CHECK)
-    entry = calibrate_memory.own_tiles_entry(family, "cpu")
+    monkeypatch.setattr(calibrate_memory, "OWN_TILE_POINTS", {"decode": OWN_TILE_CHECK})
+    entry = calibrate_memory.own_tiles_entry(family, "decode", "cpu")
     monkeypatch.setattr(memory, "calibration", lambda: {"cpu": {family: {"decode": {"own_tiles": entry}}}})
     model = models.meta_model(family)
     for (height, width), latent_frames, batch, streamed in OWN_TILE_CHECK:

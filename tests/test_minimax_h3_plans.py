@@ -1,6 +1,6 @@
 """MiniMax-H3 run as its plan says: the model's own clips handed on as each is final (to a sink, to a video
-file), a batch of its tiles at a time, the decoder's blocks streamed from host memory, under memory budgets;
-each equal within 1e-5 to the model's function run whole (`tiled.decode`: every tile of a clip in one call,
+file), a batch of its tiles at a time, the decoder's blocks streamed from host memory, under memory budgets
+(an encode's too); each equal within 1e-5 to the model's function run whole (`tiled.decode`: every tile of a clip in one call,
 weights resident; core's frames in test_minimax_h3_core.py). A decode to a file keeps host memory flat in the
 clip's length (peak RSS of a fresh process per length). The planner's CUDA plans for 1280x720x241 fit 6 GiB
 with the weights resident and 2 GiB with them streamed (the meta-device count's coefficients)."""
@@ -95,6 +95,20 @@ def test_a_budget_runs_fewer_tiles_then_streams_the_weights():
         plan = vae.plan(m, "decode", shape, settings)
         assert (plan.own_tiles, plan.fits) == (own, True), plan.describe()
         assert_exact(vae.decode(m, z, settings), whole, 1e-5)
+
+
+def test_an_encode_under_a_budget_runs_fewer_tiles_at_once():
+    """Two clips of 17 frames over a 2x2 grid of 64 px tiles: a budget at the two-tiles plan's peak gets two tiles
+    at a time, and the encode equals every tile of a clip at once."""
+    m = model(DEEPER, seed=11)
+    x = torch.rand(1, 3, 34, 96, 96, generator=torch.Generator().manual_seed(12)) * 2 - 1
+    clip = planning.clip_of(m, "encode", tuple(x.shape))
+    budget = memory.estimate_own_tiles(m, clip, tuple(x.shape), OwnTiles(2), "cpu")
+    settings = vae.Settings(own_tile_batch=4, memory_budget=budget)
+    assert vae.plan(m, "encode", tuple(x.shape), settings).own_tiles == OwnTiles(2)
+    with torch.no_grad():
+        whole = tiled.encode(m, x)[:, :24]  # the mean
+    assert_exact(vae.encode(m, x, settings), whole, 1e-5)
 
 
 def _released_latent_frames(frames: int) -> int:

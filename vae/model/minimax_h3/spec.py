@@ -6,8 +6,7 @@ of its tiles run at once and whether its decoder's blocks stream from host memor
 Not declared yet: core's module (`CoreVAE`: bench.core_vae does not build core 0.33.0's `comfy.ldm.minimax.vae`;
 tests/test_minimax_h3_core.py and bench/bench_minimax_h3.py build it themselves), GPU and CPU bench workloads
 (bench/bench_minimax_h3.py races it against core on the CPU on its own); its bench rows are the card table's.
-Its memory calibration (memory_calibration.json, CPU and CUDA) covers the decode; the plan ignores a budget for
-its encode, saying so."""
+Its memory calibration (memory_calibration.json, CPU and CUDA) covers its encode and decode."""
 from ..family_spec import Bench, Capability, CardRow, Clip, FamilySpec, TinyModel
 from .config import MiniMaxH3Config
 from .network import MiniMaxH3VAE
