@@ -8,6 +8,7 @@ import pytest
 
 from bench import gpu_session
 from bench.core_vae import TREES
+from comfy_support import environment
 from tests.reference import REPO
 
 
@@ -46,8 +47,8 @@ def test_core_033_rows_decode_like_the_fp32_reference(tmp_path):
     decode of the same latent gives our fp32 reference's frames (a wrong weight, latent scale or layout
     is off by O(1)), and the row records core's package versions."""
     tree = TREES["0.33.0"]
-    if not (tree.path / "comfy").is_dir() or not tree.sites():
-        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
+    environment.require((tree.path / "comfy").is_dir() and bool(tree.sites()),
+                        f"ComfyUI 0.33.0 at {tree.path} with its packages")
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--workloads",
            "wan21:5x32x32", "seedvr2:5x32x32", "ltx2:17x64x96", "--variants", "reference", "core_0.33.0", "--repeats", "1",
            "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
@@ -80,8 +81,8 @@ def test_hv15_rows_and_the_core_attention_row_decode_like_core(tmp_path):
     rows, the row with the attention unmasked (`core_attention`) decodes what ComfyUI 0.33.0's own
     decoder does, and StreamVAE's default (the masked attention the model was trained with) does not."""
     tree = TREES["0.33.0"]
-    if not (tree.path / "comfy").is_dir() or not tree.sites():
-        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
+    environment.require((tree.path / "comfy").is_dir() and bool(tree.sites()),
+                        f"ComfyUI 0.33.0 at {tree.path} with its packages")
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--families", "hv15",
            "--variants", "core_0.33.0", "core_attention", "fp32", "bf16", "--reference", "core_0.33.0",
            "--repeats", "1", "--out", str(tmp_path), "--scratch", str(tmp_path / "scratch")]
@@ -101,8 +102,8 @@ def test_hv10_rows_and_the_core_frames_row_decode_like_core(tmp_path):
     the row with core's frames (`core_frames`: norms per chunk, attention unmasked) decodes what ComfyUI
     0.33.0's own VAE does, and the default (the whole-clip network) does not."""
     tree = TREES["0.33.0"]
-    if not (tree.path / "comfy").is_dir() or not tree.sites():
-        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup)")
+    environment.require((tree.path / "comfy").is_dir() and bool(tree.sites()),
+                        f"ComfyUI 0.33.0 at {tree.path} with its packages")
     part = next(p for p in gpu_session.PARTS if p.name == "decode-hv10-480p")
     variants = part.args[part.args.index("--variants") + 1: part.args.index("--part-budget")]
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--parts", "decode", "--workloads", "hv10:9x64x96",

@@ -11,6 +11,7 @@ import pytest
 
 from bench import gpu_session
 from bench.core_vae import TREES
+from comfy_support import environment
 from tests.reference import REPO
 
 
@@ -25,8 +26,8 @@ def session(tmp_path, *args):
 @pytest.mark.heavy  # minutes of CPU: run once per version of its code (tests/heavy.py)
 def test_a_recorded_part_is_skipped_by_the_next_window(tmp_path):
     tree = TREES["0.33.0"]
-    if not (tree.path / "comfy").is_dir() or not tree.sites():
-        pytest.skip(f"no ComfyUI 0.33.0 at {tree.path} with its packages (run .ci/setup): the part has core's row")
+    environment.require((tree.path / "comfy").is_dir() and bool(tree.sites()),
+                        f"ComfyUI 0.33.0 at {tree.path} with its packages (the part has core's row)")
     session(tmp_path, "--seconds", "300", "--parts", "decode-wan21-480p")
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert [(e["part"], e["status"], e["code"]) for e in ledger] == [
@@ -100,8 +101,8 @@ def test_the_carry_holds_every_core_vae_the_rows_import(tmp_path):
     """A GPU machine has no network: prepare_gpu_carry.sh's copies of the core trees must import every core VAE
     bench.core_vae compares with (LTX-2's and HV1.5's rows failed on a GPU once for a folder left behind)."""
     for version, tree in TREES.items():
-        if not (tree.path / "comfy").is_dir() or (version == "0.33.0" and not tree.sites()):
-            pytest.skip(f"no ComfyUI {version} at {tree.path} with its packages (run .ci/setup)")
+        environment.require((tree.path / "comfy").is_dir() and (version != "0.33.0" or bool(tree.sites())),
+                            f"ComfyUI {version} at {tree.path} with its packages")
     env = {**os.environ, "STREAMVAE_CARRY": str(tmp_path)}
     subprocess.run(["bash", "bench/prepare_gpu_carry.sh", "--trees-only"], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=300)

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 import vae
 from bench.core_vae import TREES
+from comfy_support import environment
 from ltx2_fixtures import close
 from ltx25_fixtures import VARIANTS, model, run_core, save_full_checkpoint, save_split
 
@@ -28,8 +29,7 @@ CASES = {"released_windows": (save_full_checkpoint, (1, 128, 3, 2, 2), (0, 7), T
 @pytest.fixture(scope="module")
 def core_results(tmp_path_factory):
     """variant -> (the file, inputs, core's outputs), all variants in one core process."""
-    if not (TREES["0.33.0"].path / "comfy").is_dir():
-        pytest.skip(f"no ComfyUI 0.33.0 at {TREES['0.33.0'].path} (run .ci/setup)")
+    environment.require((TREES["0.33.0"].path / "comfy").is_dir(), f"ComfyUI 0.33.0 at {TREES['0.33.0'].path}")
     folder = tmp_path_factory.mktemp("ltx25-core")
     jobs, ours = [], {}
     for i, (name, (write, shape, seeds, encode)) in enumerate(CASES.items()):

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 import vae
 from bench.core_vae import TREES
+from comfy_support import environment
 from ltx2_fixtures import VARIANTS, close, model, run_core, save_full_checkpoint
 
 
@@ -24,8 +25,7 @@ def _inputs(m) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def core_results(tmp_path_factory):
     """variant -> (our model loaded from the file, inputs, core's outputs), all variants in one core process."""
-    if not (TREES["0.33.0"].path / "comfy").is_dir():
-        pytest.skip(f"no ComfyUI 0.33.0 at {TREES['0.33.0'].path} (run .ci/setup)")
+    environment.require((TREES["0.33.0"].path / "comfy").is_dir(), f"ComfyUI 0.33.0 at {TREES['0.33.0'].path}")
     folder = tmp_path_factory.mktemp("ltx2-core")
     jobs, ours = [], {}
     for i, name in enumerate(VARIANTS):

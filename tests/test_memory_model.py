@@ -95,5 +95,5 @@ def test_an_own_tiles_fit_predicts_its_points_at_or_above_their_counts(monkeypat
         plan, live = own_tiles_peak(family, "decode", shape, vae.Settings(own_tile_batch=batch, stream_weights=streamed),
                                     torch.float32)
         predicted = memory.estimate_own_tiles(model, plan.clip, shape, plan.own_tiles, "cpu", (False, False))
-        activations = predicted - memory.resident_weight_bytes(model, "decode", plan.own_tiles)
+        activations = predicted - memory.resident_weight_bytes(model, "decode", plan.own_tiles, "cpu")
         assert live <= activations <= 1.5 * live, (shape, plan.own_tiles, activations, live)

@@ -163,11 +163,12 @@ def _module_bytes(module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-def resident_weight_bytes(model, op: str, own: OwnTiles | None = None) -> int:
-    """The weights on the compute device during `op`: all of them, or, where `own` streams them
-    (`execution.OwnTiles`), all but the `streamed_modules`, of which two are there at a time (the one
-    running and the next arriving)."""
-    streamed = model.streamed_modules(op) if own is not None and own.weights_streamed else []
+def resident_weight_bytes(model, op: str, own: OwnTiles | None, device) -> int:
+    """The weights in the compute device's memory during `op`: all of them, or, where `own` streams them
+    (`execution.OwnTiles`) from host memory to another device, all but the `streamed_modules`, of which two
+    are there at a time (the one running and the next arriving). (On the CPU host memory is the device's.)"""
+    streams = own is not None and own.weights_streamed and torch.device(device).type != "cpu"
+    streamed = model.streamed_modules(op) if streams else []
     sizes = sorted(map(_module_bytes, streamed))
     return weight_bytes(model) - sum(sizes) + sum(sizes[-2:])
 
@@ -200,7 +201,7 @@ def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io
     features = own_tile_features(model.own_tile_work(op, tuple(input_shape)), own)
     act = sum(coef.get(name, 0.0) * value for name, value in zip(OWN_TILE_COEFFICIENTS, features)) + coef.get("fixed", 0)
     buffers = sum(n for n, here in zip(_io_elements(model, clip), io_on_device) if here)
-    return int(resident_weight_bytes(model, op, own) + buffers * 4 + torch.finfo(dtype).bits // 8 * act * scale)
+    return int(resident_weight_bytes(model, op, own, device) + buffers * 4 + torch.finfo(dtype).bits // 8 * act * scale)
 
 
 def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:

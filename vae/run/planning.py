@@ -305,7 +305,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         fits = None if peak is None else budget is None or peak <= budget
         chunks = grid(clip, chunk, tile, settings.tile_overlap, settings.tiling)
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
-                    chunks, peak, budget, fits, memory.resident_weight_bytes(model, op, own), kernel_choice=opts.kernel_choice,
+                    chunks, peak, budget, fits, memory.resident_weight_bytes(model, op, own, device), kernel_choice=opts.kernel_choice,
                     kernels_on_record=on_record, frames_streamed=streamed, activation_layout=run_layout, kernels=kernels,
                     kept_stage_bytes=_kept_stage_bytes(model, op, chunks[2], device, budget, peak), own_tiles=own)
 
@@ -395,12 +395,12 @@ Candidate = tuple  # (temporal chunk, tile (h, w) or None, cache offload, frames
 def _own_tile_choices(model, op: str, input_shape, settings: Settings, device) -> list[OwnTiles]:
     """How a model that runs its own tiles may run them, fastest first, the given settings acting as upper
     limits: the device's batch of tiles (`OWN_TILE_BATCH`, else every tile of a clip; `own_tile_batch`) halved
-    down to one, weights resident, then the same with the weights streamed (`stream_weights` None: both; a
-    model with none to stream: resident)."""
+    down to one, weights resident, then the same with the weights streamed (`stream_weights` None: both, but
+    on the CPU, whose memory streaming would not spare, resident; a model with none to stream: resident)."""
     tiles = model.own_tile_work(op, tuple(input_shape)).tiles
     top = min(settings.own_tile_batch or OWN_TILE_BATCH.get(torch.device(device).type, tiles), tiles)
     batches = sorted({top >> k or 1 for k in range(top.bit_length())}, reverse=True)
-    streams = [False, True] if model.streamed_modules(op) else [False]
+    streams = [False, True] if model.streamed_modules(op) and torch.device(device).type != "cpu" else [False]
     if settings.stream_weights is not None:
         streams = [settings.stream_weights and bool(model.streamed_modules(op))]
     return [OwnTiles(batch, streamed) for streamed in streams for batch in batches]
