@@ -216,8 +216,7 @@ def own_tiles_entry(family: str, op: str, device_type: str) -> dict:
         print(f"{family} {op} own tiles {height}x{width}, {frames} frames in, {plan.own_tiles}: "
               f"{peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
     entry = fit(samples, "own_tiles")
-    predicted = [sum(entry[name] * x for name, x in zip(COEFFICIENTS["own_tiles"], features)) + entry["fixed"]
-                 for features, _ in samples]
+    predicted = [memory.own_tile_elements(entry, features) for features, _ in samples]
     entry["fixed"] += max(0.0, *(count - p for p, (_, count) in zip(predicted, samples)))
     return {**entry, "source": "meta"}
 

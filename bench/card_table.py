@@ -24,6 +24,11 @@ CARD_RESERVE = 0.8 * GIB  # the CUDA context and what else a card holds (display
 WORKLOADS = [(spec.name, row) for spec in families.SPECS for row in spec.bench.cards]
 
 
+def decode_latent_frames(model, frames: int) -> int:
+    """The fewest latent frames `model` decodes to at least `frames` frames, by its own frame rule."""
+    return next(t for t in range(1, frames + 1) if model.frames_made("decode", t) >= frames)
+
+
 def cell(model, op: str, shape, card_gb: int) -> str:
     budget = int(card_gb * GB - CARD_RESERVE)
     placement = dict(device="cuda", io_on_device=(False, False), opts=vae.Optimizations(kernel_choice="defaults"))
@@ -47,9 +52,8 @@ def main() -> None:
         clip = row.clip
         shape = input_shape(row.op, clip.frames, clip.height, clip.width, model.latent_channels, model.spatial_factor,
                             model.temporal_factor)
-        if row.op == "decode":  # the fewest latent frames that decode to the row's frames, by the network's own rule
-            shape = shape[:2] + (next(t for t in range(1, clip.frames + 1)
-                                      if model.frames_made("decode", t) >= clip.frames),) + shape[3:]
+        if row.op == "decode":  # by the network's own frame rule
+            shape = shape[:2] + (decode_latent_frames(model, clip.frames),) + shape[3:]
         print(f"| {row.label} | " + " | ".join(cell(model, row.op, shape, c) for c in CARDS) + " |")
 
 

@@ -165,6 +165,23 @@ def run_peak(family: str, op: str, size: int, frames: int, settings: vae.Setting
     allocator overhead; attention as flash attention). Fixed default kernels."""
     model = models.meta_model(family).requires_grad_(False)
     x = models.make_input(family, dict(op=op, frames=frames, height=size, width=size)).to("meta")
+    return _engine_peak(model, op, x, settings)
+
+
+def own_tiles_peak(family: str, op: str, input_shape: tuple[int, ...], settings: vae.Settings,
+                   dtype: torch.dtype) -> tuple[vae.Plan, int]:
+    """`run_peak` of a model that runs its own tiles (`ClipExtent.OWN_TILES`), `family`'s released network in
+    `dtype`, on an input of `input_shape`; the input and the output buffer (whose views the run writes through)
+    are not counted at all."""
+    model = models.meta_model(family).requires_grad_(False)
+    model.set_dtypes(**{op: dtype})
+    return _engine_peak(model, op, torch.empty(input_shape, dtype=dtype, device="meta"), settings, own_io=True)
+
+
+def _engine_peak(model, op: str, x: torch.Tensor, settings: vae.Settings, own_io: bool = False) -> tuple[vae.Plan, int]:
+    """(the CPU plan of `settings`, the peak bytes of live tensors) of `op` of the meta `model` on `x` through
+    the engine, fixed default kernels; the output buffer made before the count, and with `own_io` neither it
+    nor `x` counted through the views ops return of them (`LiveBytes.made`)."""
     opts = vae.Optimizations(kernel_choice="defaults")
     plan = vae.plan(model, op, tuple(x.shape), settings, device="cpu", io_on_device=(False, False), opts=opts)
     io = {}
@@ -172,27 +189,8 @@ def run_peak(family: str, op: str, size: int, frames: int, settings: vae.Setting
         of = model.spatial_factor * model.decode_upscale
         io["out"] = torch.empty((x.shape[0], model.out_channels, plan.clip.frames, x.shape[3] * of, x.shape[4] * of),
                                 device="meta")
-    with torch.inference_mode(), flash_attention_counted(), LiveBytes() as live:
-        (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
-    return plan, live.peak
-
-
-def own_tiles_peak(family: str, op: str, input_shape: tuple[int, ...], settings: vae.Settings,
-                   dtype: torch.dtype) -> tuple[vae.Plan, int]:
-    """(the CPU plan of `settings`, the peak bytes of live tensors) of one run of a model that runs its own
-    tiles (`ClipExtent.OWN_TILES`), `family`'s released network in `dtype` on the meta device, through the
-    engine as `run_peak` counts it, on an input of `input_shape` (the output made outside the count)."""
-    model = models.meta_model(family).requires_grad_(False)
-    model.set_dtypes(**{op: dtype})
-    x = torch.empty(input_shape, dtype=dtype, device="meta")
-    opts = vae.Optimizations(kernel_choice="defaults")
-    plan = vae.plan(model, op, input_shape, settings, device="cpu", io_on_device=(False, False), opts=opts)
-    io = {}
-    if op == "decode":
-        of = model.spatial_factor * model.decode_upscale
-        io["out"] = torch.empty((input_shape[0], model.out_channels, plan.clip.frames, input_shape[3] * of,
-                                 input_shape[4] * of), device="meta")
-    with torch.inference_mode(), flash_attention_counted(), LiveBytes(made=(x, *io.values())) as live:
+    made = (x, *io.values()) if own_io else ()
+    with torch.inference_mode(), flash_attention_counted(), LiveBytes(made) as live:
         (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
     return plan, live.peak
 

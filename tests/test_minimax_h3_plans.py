@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vae
-from bench import models
+from bench import card_table, models
 from minimax_h3_fixtures import SMALL, model, with_tiles
 from reference import assert_exact
 from vae.model.execution import OwnTiles
@@ -115,12 +115,6 @@ def test_an_encode_under_a_budget_runs_fewer_tiles_at_once():
     assert_exact(vae.encode(m, x, settings), whole, 1e-5)
 
 
-def _released_latent_frames(frames: int) -> int:
-    """The fewest latent frames the released decoder makes at least `frames` frames of."""
-    model = models.meta_model("minimax_h3")
-    return next(t for t in range(1, frames) if model.frames_made("decode", t) >= frames)
-
-
 @pytest.mark.parametrize("budget, streamed", [(6, False), (2, True)])
 def test_the_cuda_targets_fit(budget, streamed):
     """1280x720x241 in bf16 within 6 GiB with the weights resident (a clip's tiles a few at a time) and within
@@ -128,7 +122,7 @@ def test_the_cuda_targets_fit(budget, streamed):
     weights resident) neither fits."""
     model = models.meta_model("minimax_h3")
     model.set_dtypes(encode=torch.float32, decode=torch.bfloat16)
-    shape = (1, 24, _released_latent_frames(241), 720 // 16, 1280 // 16)
+    shape = (1, 24, card_table.decode_latent_frames(model, 241), 720 // 16, 1280 // 16)
     placement = dict(device="cuda", io_on_device=(False, False), opts=vae.Optimizations(kernel_choice="defaults"))
     plan = vae.plan(model, "decode", shape, vae.Settings(memory_budget=budget * GIB), **placement)
     assert plan.fits and plan.peak_bytes <= budget * GIB and plan.own_tiles.weights_streamed == streamed, plan.describe()

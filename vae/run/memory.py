@@ -185,6 +185,12 @@ def own_tile_features(work: OwnTileWork, own: OwnTiles) -> list[float]:
     return [work.clip_pixels, min(own.batch, work.tiles) * work.tile_pixels, held]
 
 
+def own_tile_elements(coef: dict, features: list[float]) -> float:
+    """Activation elements of a model that runs its own tiles: `coef` (the "own_tiles" coefficients) . the
+    `own_tile_features` + fixed."""
+    return sum(coef.get(name, 0.0) * value for name, value in zip(OWN_TILE_COEFFICIENTS, features)) + coef.get("fixed", 0)
+
+
 def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io_on_device=(True, True)) -> int:
     """Predicted peak bytes on the compute device of a model that runs its own tiles (`ClipExtent.OWN_TILES`),
     as `own` says: the weights there (`resident_weight_bytes`), the whole input and output where they live
@@ -199,7 +205,7 @@ def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io
     basis, scale = model.memory_calibration(op)
     coef = coefficients(basis, op, "own_tiles", device.type)
     features = own_tile_features(model.own_tile_work(op, tuple(input_shape)), own)
-    act = sum(coef.get(name, 0.0) * value for name, value in zip(OWN_TILE_COEFFICIENTS, features)) + coef.get("fixed", 0)
+    act = own_tile_elements(coef, features)
     buffers = sum(n for n, here in zip(_io_elements(model, clip), io_on_device) if here)
     return int(resident_weight_bytes(model, op, own, device) + buffers * 4 + torch.finfo(dtype).bits // 8 * act * scale)
 

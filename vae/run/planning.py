@@ -294,6 +294,7 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
     opts = opts or Optimizations()
     budget = resolve_budget(settings.memory_budget, device)
     target = offload_target(device)
+    weights = memory.weight_bytes(model)
     on_record = kernel_choice.choices_for(device).on_record() if opts.kernel_choice == "measure" else None
     dtype = model.decode_dtype if op == "decode" else model.encode_dtype
     run_layout = kernel_plan.choose(model, opts.activation_layout, opts.kernel_choice, dtype)
@@ -304,8 +305,9 @@ def plan(model, op: str, input_shape, settings: Settings | None = None, *, devic
         fallback = target if settings.cache_offload == "auto" and offload != target else None
         fits = None if peak is None else budget is None or peak <= budget
         chunks = grid(clip, chunk, tile, settings.tile_overlap, settings.tiling)
+        resident = weights if own is None else memory.resident_weight_bytes(model, op, own, device)
         return Plan(op, tuple(input_shape), clip, chunk, tile, settings.tile_overlap, settings.tiling, offload, fallback,
-                    chunks, peak, budget, fits, memory.resident_weight_bytes(model, op, own, device), kernel_choice=opts.kernel_choice,
+                    chunks, peak, budget, fits, resident, kernel_choice=opts.kernel_choice,
                     kernels_on_record=on_record, frames_streamed=streamed, activation_layout=run_layout, kernels=kernels,
                     kept_stage_bytes=_kept_stage_bytes(model, op, chunks[2], device, budget, peak), own_tiles=own)
 
