@@ -93,6 +93,7 @@ def _capabilities(model) -> set:
         found |= {Capability.KV_CACHE} if model.attention_cache_elements(op, 1, 1, (1, 1)) else set()
         found |= {Capability.PREFILL} if model.prefill_stages(op) else set()
         found |= {Capability.WHOLE_CLIP} if model.clip_extent(op) is ClipExtent.WHOLE_CLIP else set()
+        found |= {Capability.UNTILED_CHUNKS} if model.clip_extent(op) is ClipExtent.UNTILED_CHUNKS else set()
         found |= {Capability.OWN_TILES} if model.clip_extent(op) is ClipExtent.OWN_TILES else set()
         modules = model.decode_modules() if op == "decode" else model.encode_modules()
         if clip_norm_count(modules):  # norms over the whole clip: chunks only after their statistics, or none

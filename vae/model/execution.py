@@ -71,7 +71,9 @@ class RunState(Protocol):
     None (the clip runs in one chunk) or the `ClipStatistics` of a clip run in several; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
     every `kernels.conv3d` of the run; `own_tiles`: how a model that runs its own tiles runs them (`OwnTiles`;
-    None for the others), and `step`, what it calls after each batch of them (progress, cancellation; or None)."""
+    None for the others), and `step`, what it calls after each batch of them (progress, cancellation; or None);
+    `clip_latent_frames`: the latent frames of the whole clip (what a decode takes, an encode makes), for a layer
+    whose windows shift at the clip's last frame or whose noise is drawn for the clip (None outside a run)."""
 
     opts: object
     first_chunk: bool
@@ -84,6 +86,7 @@ class RunState(Protocol):
     conv_options: dict
     own_tiles: OwnTiles | None
     step: Callable[[], None] | None
+    clip_latent_frames: int | None
 
 
 @runtime_checkable

@@ -19,9 +19,12 @@ class Capability(enum.Enum):
     """What a family asks of the engine beyond a causal network run chunk by chunk, each derived by the
     engine from the model through the `VideoVAE` method named."""
 
-    LOOKAHEAD = "lookahead"  # convs read frames ahead: its last frames come with the clip's last chunk (`looks_ahead`)
+    # layers read frames ahead: its last frames come with the clip's last chunk (`looks_ahead`)
+    LOOKAHEAD = "lookahead"
     KV_CACHE = "kv_cache"  # a frame-causal attention keeps the clip's keys and values (`attention_cache_elements`)
     PREFILL = "prefill"  # stages that see every frame before the clip runs, under a load choice (`prefill_stages`)
+    # temporal chunks of whole frames, never exact tiles (`clip_extent` is `ClipExtent.UNTILED_CHUNKS`)
+    UNTILED_CHUNKS = "untiled_chunks"
     # stages that see the whole clip in one call: one chunk, untiled (`clip_extent` is `ClipExtent.WHOLE_CLIP`)
     WHOLE_CLIP = "whole_clip"
     # the model runs the whole clip over its own tiles and clips, streaming its output clip by clip, a batch of

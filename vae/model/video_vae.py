@@ -41,7 +41,9 @@ class ClipExtent(enum.Enum):
     frames, exact tiles or one frame at a time (a causal network); `CHUNKS_AFTER_STATISTICS`, the same once
     the statistics of norms over the whole clip are known (`model.clip_norm`: a clip in several chunks passes
     through the model once per such norm first, `run.clip_statistics`, so the plan prefers one chunk);
-    `WHOLE_CLIP`, the whole clip in one chunk, untiled (a layer that spans every
+    `UNTILED_CHUNKS`, consecutive temporal chunks of whole frames, never in exact tiles (layers that are no
+    convs, which keep their own state between chunks: LTX-2.5's neighbourhood-attention decoder, whose windows
+    look ahead); `WHOLE_CLIP`, the whole clip in one chunk, untiled (a layer that spans every
     frame and pixel of the clip: windows over its grid, noise drawn for it); `OWN_TILES`, the whole clip in one
     chunk that the model itself runs over its own tiles and clips (they define its output: MiniMax-H3), giving
     its output clip by clip (`VideoVAE.own_tile_pieces`), a batch of tiles at a time, its weights resident or
@@ -49,18 +51,19 @@ class ClipExtent(enum.Enum):
 
     CHUNKS = "chunks"
     CHUNKS_AFTER_STATISTICS = "chunks after whole-clip statistics"
+    UNTILED_CHUNKS = "temporal chunks of whole frames"
     WHOLE_CLIP = "whole clip, untiled"
     OWN_TILES = "the model's own tiles and clips"
 
     @property
     def chunked(self) -> bool:
         """Whether the clip may run in temporal chunks (and a chunk's stages one frame at a time)."""
-        return self in (ClipExtent.CHUNKS, ClipExtent.CHUNKS_AFTER_STATISTICS)
+        return self in (ClipExtent.CHUNKS, ClipExtent.CHUNKS_AFTER_STATISTICS, ClipExtent.UNTILED_CHUNKS)
 
     @property
     def tiled(self) -> bool:
         """Whether a chunk may run in exact tiles (or in row bands: spatial parts whose norms merge moments)."""
-        return self.chunked
+        return self in (ClipExtent.CHUNKS, ClipExtent.CHUNKS_AFTER_STATISTICS)
 
     @property
     def gathers_statistics(self) -> bool:

@@ -354,7 +354,8 @@ def _encode_clip(model, video, outputs: list[torch.Tensor], n_moments: int, plan
     clip = plan.clip
     rows = partition.rows(clip.spatial_factor) or (0, clip.height)  # padded video rows this process encodes
     real = (rows[0], min(rows[1], h))  # the part of them the input has (a band starts inside the frame)
-    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles,
+                     clip_latent_frames=plan.clip.latent_frames)
     run_layout = plan.activation_layout
 
     def step(first, n, write):
@@ -466,7 +467,8 @@ def _decode_clip(model, z, size_thw, deliver: SinkFn, plan: Plan, opts, steps: S
     t_out, h_out, w_out = size_thw
     rows = partition.rows(1)
     part = z if rows is None else z[..., rows[0]:rows[1], :]  # B,C,T',band rows,w
-    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles)
+    ctx = RunContext(opts, kernel_log=kernel_log, frames_are_images=model.frames_are_images, own_tiles=plan.own_tiles,
+                     clip_latent_frames=plan.clip.latent_frames)
     run_layout = plan.activation_layout
     pos = 0
 

@@ -373,11 +373,18 @@ def _kept_stage_bytes(model, op: str, chunks: int, device: torch.device, budget:
 
 def clip_settings(model, clip: Clip, settings: Settings) -> Settings:
     """`settings` for how much of the clip `model`'s op must see at once (`VideoVAE.clip_extent`): for a whole-clip
-    extent one untiled chunk of every latent frame; what the caller asked otherwise is said and set aside (it
-    would not give the whole clip's frames)."""
+    extent one untiled chunk of every latent frame, for untiled chunks no tiles; what the caller asked otherwise is
+    said and set aside (it would not give the whole clip's frames)."""
     extent = model.clip_extent(clip.op)
-    if extent.chunked:
+    if extent.tiled:
         return settings
+    if extent.chunked:
+        if settings.tile_size and min(settings.tile_size) < max(clip.height, clip.width):
+            _warn_once(f"StreamVAE {clip.op}: this {model.family} {clip.op} runs on whole frames ({extent.value}: its "
+                       f"layers are no convs that exact tiles could split), so tile_size={settings.tile_size!r} is set "
+                       f"aside: it runs untiled, in temporal chunks. To need less memory: shorter chunks "
+                       f"(temporal_chunk) or a smaller size")
+        return dataclasses.replace(settings, tile_size=None, tiling="exact")
     asked = [f"{name}={value!r}" for name, value, kept in (
         ("temporal_chunk", settings.temporal_chunk, settings.temporal_chunk in (None, clip.latent_frames)),
         ("tile_size", settings.tile_size, not settings.tile_size or min(settings.tile_size) >= max(clip.height, clip.width)),

@@ -30,11 +30,14 @@ class RunContext:
     (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`. `own_tiles`: how a
     model that runs its own tiles runs them (`model.execution.OwnTiles`, the plan's), else None; `step`, what
     it calls after each batch of them (the run's progress and cancellation, `progress.Steps`), else None.
+    `clip_latent_frames`: the latent frames of the whole clip (None outside an engine run).
     """
 
     def __init__(self, opts: Optimizations, execution=None, cache: CausalCache | None = None,
-                 kernel_log: KernelLog | None = None, frames_are_images: bool = False, own_tiles: OwnTiles | None = None):
+                 kernel_log: KernelLog | None = None, frames_are_images: bool = False, own_tiles: OwnTiles | None = None,
+                 clip_latent_frames: int | None = None):
         self.opts = opts
+        self.clip_latent_frames = clip_latent_frames
         self.own_tiles = own_tiles
         self.step = None
         self.frames_are_images = frames_are_images

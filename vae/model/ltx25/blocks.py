@@ -123,6 +123,30 @@ class GridPart:
                  self.keep[2]:self.keep[2] + self.size[2]]
 
 
+def draw_noise(shape, seed: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Core's x_t: standard normal values of `shape` from a generator on `device` seeded with `seed` (on the
+    meta device, which has no generator, a tensor of that shape: the benchmarks count memory there)."""
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return torch.randn(shape, dtype=dtype, device=device, generator=generator)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """B,C,T,H,W pixels -> B,T,H/p,W/p,C*p*p tokens, channel order (C, column offset, row offset) (upstream's)."""
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t, h // p, p, w // p, p)  # B,C,T,h,q,w,r
+    return x.permute(0, 2, 3, 5, 1, 6, 4).reshape(b, t, h // p, w // p, c * p * p)  # B,T,h,w,C,r,q -> B,T,h,w,C*p*p
+
+
+def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """Inverse of `patchify`: B,T,h,w,C*p*p -> B,C,T,h*p,w*p."""
+    b, t, h, w, cpp = x.shape
+    x = x.view(b, t, h, w, cpp // (p * p), p, p)  # B,T,h,w,C,r,q
+    return x.permute(0, 4, 1, 2, 6, 3, 5).reshape(b, cpp // (p * p), t, h * p, w * p)  # B,C,T,h,q,w,r -> B,C,T,H,W
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """RMS norm over the last axis, in x's dtype (core's `rms_norm`)."""
     return F.rms_norm(x, (x.shape[-1],), weight=weight.to(x.dtype), eps=NORM_EPS)
@@ -251,9 +275,13 @@ class LTX25DiffusionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, modulation: tuple[torch.Tensor, ...],
                 part: GridPart | None = None) -> torch.Tensor:
+        return self.with_context_added(x + self.context_proj(context), modulation, part)
+
+    def with_context_added(self, x: torch.Tensor, modulation: tuple[torch.Tensor, ...],
+                           part: GridPart | None = None) -> torch.Tensor:
+        """The block after its context's addition: x (B,t,h,w,C) is x + context_proj(context)."""
         part = part or GridPart.whole(x)
         mod = [modulation[i] + self.scale_shift_table[i].view(1, 1, 1, 1, -1) for i in range(MODULATION_CHUNKS)]
-        x = x + self.context_proj(context)
         x = part.kept(x) + self.attn(modulate(self.norm1(x), mod[SCALE_MSA], mod[SHIFT_MSA]), part)
         return x + self.mlp(modulate(self.norm2(x), mod[SCALE_MLP], mod[SHIFT_MLP]))
 

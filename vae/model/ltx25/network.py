@@ -17,19 +17,18 @@ diffusion VAE", checkpoint key `decoder.conv_in_x_t.weight`): what the network i
 - The noise is drawn as core draws it (`draw_noise`): once for the clip, `randn(B,3,T,H,W)` from a
   generator of the decode's device seeded with `LTX25Config.noise_seed` (core: 0, the default).
 
-The decoder's windows span the clip's whole grid (they shift inward at its borders, and look ahead in
-time) and its noise is drawn for the whole clip at once, so its one stage runs on the whole clip, untiled
-(`clip_extent`: the plan gives it one untiled chunk of every latent frame). `per_channel_statistics`
+`forward` (`decode_clip`) runs the decoder on a whole clip at once: the reference. A run's decode is its one
+stage (`decode_stages`) on the run's temporal chunks of whole frames (`clip_extent`: `ClipExtent.UNTILED_CHUNKS`),
+each layer giving the frames whose windows it has seen, the same frames late (`streaming.py`). `per_channel_statistics`
 normalise the latent for the diffusion model: core's LATENT is (raw - mean) / std, as for LTX-2.
 """
 import torch
 import torch.nn as nn
 
-from ..execution import RunState
 from ..layers import patchify as patchify_pixels
 from ..ltx2.network import LTX2VAE, LTXEncoder, LTXLatentStatistics
 from ..video_vae import ClipExtent, Stage, VideoVAE
-from . import checkpoint
+from . import checkpoint, streaming
 from .blocks import (
     LTX25AdaLN,
     LTX25Config,
@@ -38,31 +37,10 @@ from .blocks import (
     LTX25RMSNorm,
     LTX25TimestepEmbedder,
     LTX25Upsample,
+    draw_noise,
+    patchify,
+    unpatchify,
 )
-
-
-def draw_noise(shape, seed: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Core's x_t: standard normal values of `shape` from a generator on `device` seeded with `seed` (on the
-    meta device, which has no generator, a tensor of that shape: the benchmarks count memory there)."""
-    if torch.device(device).type == "meta":
-        return torch.empty(shape, dtype=dtype, device=device)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return torch.randn(shape, dtype=dtype, device=device, generator=generator)
-
-
-def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
-    """B,C,T,H,W pixels -> B,T,H/p,W/p,C*p*p tokens, channel order (C, column offset, row offset) (upstream's)."""
-    b, c, t, h, w = x.shape
-    x = x.reshape(b, c, t, h // p, p, w // p, p)  # B,C,T,h,q,w,r
-    return x.permute(0, 2, 3, 5, 1, 6, 4).reshape(b, t, h // p, w // p, c * p * p)  # B,T,h,w,C,r,q -> B,T,h,w,C*p*p
-
-
-def unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
-    """Inverse of `patchify`: B,T,h,w,C*p*p -> B,C,T,h*p,w*p."""
-    b, t, h, w, cpp = x.shape
-    x = x.view(b, t, h, w, cpp // (p * p), p, p)  # B,T,h,w,C,r,q
-    return x.permute(0, 4, 1, 2, 6, 3, 5).reshape(b, cpp // (p * p), t, h * p, w * p)  # B,C,T,h,q,w,r -> B,C,T,H,W
 
 
 class LTX25Decoder(nn.Module):
@@ -178,18 +156,18 @@ class LTX25VAE(VideoVAE):
         return [lambda x, ctx: patchify_pixels(x, self.config.encoder.patch_size), *self.encoder.stages()]
 
     def decode_stages(self) -> list[Stage]:
-        return [self._decode_whole_clip]
+        """One stage per layer, each giving the frames its windows have seen whole (`streaming.stages`)."""
+        return streaming.stages(self.decoder, self.config.noise_seed)
 
     def clip_extent(self, op: str) -> ClipExtent:
-        """The decoder sees the whole clip, untiled: its windows span the clip's grid, its noise is drawn for it."""
-        return ClipExtent.WHOLE_CLIP if op == "decode" else ClipExtent.CHUNKS
+        """The decoder runs in temporal chunks of whole frames (its layers keep their own state between chunks:
+        `streaming`), never in exact tiles (it has no convs); the encoder is chunked and tiled as LTX-2's."""
+        return ClipExtent.UNTILED_CHUNKS if op == "decode" else ClipExtent.CHUNKS
 
-    def _decode_whole_clip(self, z: torch.Tensor, ctx: RunState) -> torch.Tensor:
-        """The decoder's one stage: a whole clip's raw latent (the run's one chunk, untiled) -> its pixels."""
-        if not (ctx.first_chunk and ctx.last_chunk) or ctx.execution is not None:
-            raise ValueError("the LTX-2.5 diffusion decoder runs on the whole clip at once, untiled (its windows and "
-                             "noise span the clip): decode with temporal_chunk covering every latent frame, no tiles")
-        return self.decode_clip(z.contiguous(), self.config.noise_seed)
+    def looks_ahead(self, op: str) -> bool:
+        """The decoder's attention windows look ahead in time: its frames come late, the last ones with the
+        clip's last chunk (`streaming`)."""
+        return op == "decode" or super().looks_ahead(op)
 
     def decode_clip(self, z: torch.Tensor, seed: int = 0) -> torch.Tensor:
         """A raw latent B,128,T,h,w -> pixels B,3,8(T-1)+1,32h,32w, in one pass over the whole clip, the noise

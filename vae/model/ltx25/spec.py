@@ -1,7 +1,7 @@
-"""LTX-2.5's diffusion-decoder VAE declared (`vae.model.family_spec`): its decoder sees the whole clip at once
-(neighbourhood-attention windows over the clip's grid, noise drawn for the clip), so a decode runs as one
-chunk, untiled; the encoder is LTX-2's, chunked and tiled as LTX-2's. Its noise seed is the config's
-`noise_seed` (`vae.load(config={"noise_seed": n})`; 0, the default, gives core's frames)."""
+"""LTX-2.5's diffusion-decoder VAE declared (`vae.model.family_spec`): its decoder runs in temporal chunks of
+whole frames, its neighbourhood-attention windows looking ahead (so its frames come late, the last with the
+clip's last chunk), never in exact tiles; the encoder is LTX-2's, chunked and tiled as LTX-2's. Its noise seed
+is the config's `noise_seed` (`vae.load(config={"noise_seed": n})`; 0, the default, gives core's frames)."""
 from ..family_spec import Bench, Calibration, Capability, FamilySpec, LoadInteger, TinyModel
 from ..ltx2.blocks import LTX2Config, LTXBlock
 from .blocks import MAX_SEED, LTX25Config, swiglu_hidden
@@ -33,7 +33,7 @@ SPEC = FamilySpec(
     # Load VAE's `decode_seed`: not `seed`, to which the frontend adds a "randomize after each run" widget
     load_choices=(LoadInteger("noise_seed", input="decode_seed", default=0, minimum=0, maximum=MAX_SEED, help=(
         "LTX-2.5 diffusion decoder: the seed of its decode noise; 0 = core's frames.")),),
-    capabilities=frozenset({Capability.WHOLE_CLIP}),
+    capabilities=frozenset({Capability.LOOKAHEAD, Capability.UNTILED_CHUNKS}),
     # CPU calibration: one latent frame (a decode is one chunk of the whole clip, and the memory model counts
     # temporal_factor pixel frames per latent frame: a longer clip is predicted above its measured peak).
     bench=Bench(calibration=Calibration(frames=1, points={"untiled": [(96, None), (160, None)]}, decoder_only=True)),

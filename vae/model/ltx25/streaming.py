@@ -1,0 +1,213 @@
+"""LTX-2.5's decoder as the stages of a run (`decode_stages`): one stage per layer, each giving the frames whose
+windows it has seen whole, so consecutive chunks of the clip's latent frames give exactly the whole clip's
+frames (`network.LTX25Decoder`), late.
+
+Every layer maps frames to frames in order: a linear per token; a pixel-shuffle upsample (a frame to
+`stride` frames, the clip's duplicate first one dropped); a neighbourhood-attention block, whose windows
+reach `kernel_t // 2` frames back and ahead, further ahead near its grid's first frame and further back
+near its last (a window shifts inward at the grid's borders, never at a chunk's). A block handed its input
+frames in order gives query frame q once its input holds q's window (`_attend`): between calls it keeps in
+the run's causal cache (`ctx.cache`, under itself) its input from the first frame a later query reads, and
+counts the frames it has taken and given (`CausalState.advance`); it computes them in bands of query rows
+(`BAND_TOKENS`), each band with the key rows its windows read. Nothing is computed twice but the keys and
+values of the frames a block keeps and of the rows a band reads beyond its own. Every layer is a stage of its own, so the engine passes the frames a
+layer gives on at once, a piece at a time (`strategies.FrameStream`; the clip's last chunk always, where
+every layer gives the frames it held back): each block holds about its window's frames, not the clip's.
+
+Stage 5 runs once per sampling step (`LTX25Config.num_inference_steps`; once for the released decoder): the
+noised pixels of a pass wait in the cache until the pass gives their frames (`_pass_end`: an Euler step to
+the next pass's, or the output), and every diffusion block adds the stage-4 context of the frames it takes,
+kept in the cache from the first frame the last block of the last pass has not taken.
+
+A layer's grid length comes from the clip's latent frames (`RunState.clip_latent_frames`): the windows'
+border shift, the crop of the trailing copies' frames after stage 4, and the noise, drawn whole for the clip
+as core draws it (`blocks.draw_noise`, with the first stage-5 frames) and kept in the cache in pieces of
+`NOISE_PIECE` frames until used (offloaded with the caches).
+
+Between stages tokens B,t,h,w,C travel as B,C,t,h,w views (channels-last 3-D strides: the frame layout of the
+stages, the cache and `FrameStream`); pixels are B,3,t,H,W.
+"""
+import torch
+
+from ...kernels.neighborhood import key_span, window_start
+from ..video_vae import Stage
+from .blocks import GridPart, draw_noise, patchify, unpatchify
+
+NOISE_PIECE = 8  # pixel frames per cache entry of the drawn noise (one latent frame's)
+# Query tokens per block call, in bands of rows (each with its windows' key rows): bounds a call's temporaries
+# (its q, k, v, attention and SwiGLU hidden values) whatever the frame size.
+BAND_TOKENS = 1 << 17
+
+
+def stages(decoder, seed: int) -> list[Stage]:
+    """The decoder's layers as stages: raw latent frames B,C,t,h,w in, pixel frames B,3,t',H,W out; `seed`:
+    the noise's."""
+    cfg = decoder.config
+    out: list[Stage] = [lambda z, ctx: _entry(decoder, z, ctx)]
+    for i, (blocks, upsample) in enumerate(zip(decoder.det_stages, decoder.upsamples)):
+        out += [lambda x, ctx, block=block, i=i: _frames(_attend(block, block, _tokens(x), ctx, _grid(decoder, ctx, i)))
+                for block in blocks]
+        out.append(lambda x, ctx, upsample=upsample: _upsample(upsample, x, ctx))
+    out.append(lambda x, ctx: _context(decoder, x, ctx, seed))
+    for step in range(cfg.num_inference_steps):
+        out += [lambda x, ctx, block=block, step=step: _diffuse(decoder, block, step, x, ctx) for block in decoder.diff_blocks]
+        out.append(lambda x, ctx, step=step: _pass_end(decoder, step, x, ctx))
+    return out
+
+
+def _tokens(frames: torch.Tensor | None) -> torch.Tensor | None:
+    return None if frames is None else frames.permute(0, 2, 3, 4, 1)  # B,C,t,h,w -> B,t,h,w,C
+
+
+def _frames(tokens: torch.Tensor) -> torch.Tensor:
+    return tokens.permute(0, 4, 1, 2, 3)  # B,t,h,w,C -> B,C,t,h,w (a view)
+
+
+def _grid(decoder, ctx, i: int) -> int:
+    """Frames of stage i's grid (0-3: stages 1-4 with the trailing copies; 4: stage 5, the pixel frames)."""
+    if ctx.clip_latent_frames is None:
+        raise ValueError("the LTX-2.5 diffusion decoder runs in an engine run (vae.decode): its windows and noise "
+                         "span the clip, whose length the run gives")
+    return decoder.config.stage_frames(ctx.clip_latent_frames)[i]
+
+
+def _entry(decoder, z: torch.Tensor, ctx) -> torch.Tensor:
+    """Latent frames (with the clip's last one, its trailing copies) through `conv_in`: B,C,t,h,w -> tokens."""
+    if ctx.last_chunk:
+        z = torch.cat([z, z[:, :, -1:].expand(-1, -1, decoder.config.trailing_frames, -1, -1)], dim=2)  # B,C,t+n,h,w
+    return _frames(decoder.conv_in(z.permute(0, 2, 3, 4, 1)))  # B,C,t,h,w -> B,t,h,w,C -> B,t,h,w,C0
+
+
+def _upsample(upsample, x: torch.Tensor, ctx) -> torch.Tensor:
+    received = ctx.cache.advance(upsample, x.shape[2])
+    return _frames(upsample(_tokens(x), drop_first=received == 0))  # its first frame is the clip's: drop the duplicate
+
+
+def _keep(ctx, key, tokens: torch.Tensor) -> None:
+    """Keep `tokens` (B,t,h,w,C) under `key` for the next call (nothing when t is 0)."""
+    if tokens.shape[1]:
+        ctx.cache.put(key, _frames(tokens))  # a dense copy
+
+
+def _ready(given: int, received: int, kernel: int, length: int) -> int:
+    """The end of the queries from `given` whose windows lie in the first `received` frames of a grid of
+    `length` frames (windows start where `window_start` says: ascending with the query)."""
+    if received == length:
+        return length
+    stop = given
+    while stop < length and window_start(stop, kernel, length) + min(kernel, length) <= received:
+        stop += 1
+    return stop
+
+
+def _attend(key, block, new: torch.Tensor, ctx, length: int, run=None) -> torch.Tensor:
+    """A neighbourhood-attention block (`block`, its state under `key`) on its next input frames `new`
+    (B,n,h,w,C of a grid of `length` frames) -> its output frames that they complete, in order.
+    `run(x, part)`: the block on the frames x with its `GridPart` (default: the block itself)."""
+    run = run or block
+    received = ctx.cache.advance((key, "in"), new.shape[1]) + new.shape[1]
+    given = ctx.cache.advance((key, "out"), 0)
+    held = _tokens(ctx.cache.pop(key))
+    x = new if held is None else torch.cat([held, new], dim=1)  # input frames [start, received)
+    kernel = block.attn.kernel[0]
+    start, stop = window_start(given, kernel, length), _ready(given, received, kernel, length)
+    out = new[:, :0]
+    if stop > given:
+        reach = window_start(stop - 1, kernel, length) + min(kernel, length)  # the last key frame read, + 1
+        b, _, h, w, c = x.shape
+        out = x.new_empty((b, stop - given, h, w, c))
+        rows = max(1, BAND_TOKENS // ((stop - given) * w))
+        for r0 in range(0, h, rows):  # bands of query rows, each with the key rows its windows read
+            r1 = min(h, r0 + rows)
+            k0, k1 = key_span(r0, r1, block.attn.kernel[1], h)
+            part = GridPart((length, h, w), (start, k0, 0), (given - start, r0 - k0, 0), (stop - given, r1 - r0, w))
+            out[:, :, r0:r1] = run(x[:, :reach - start, k0:k1], part)
+        ctx.cache.advance((key, "out"), stop - given)
+    if stop < length:  # the next query's first key onwards (it also holds that query's own frame)
+        _keep(ctx, key, x[:, window_start(stop, kernel, length) - start:])
+    return out
+
+
+def _noise(decoder, ctx, first: int, n: int, shape, seed: int, like: torch.Tensor) -> torch.Tensor:
+    """Frames [first, first + n) of the clip's noise (B,3,T,H,W, T = shape's): drawn whole with the clip's
+    first stage-5 frames, then kept in pieces of NOISE_PIECE frames, each dropped once used."""
+    if not n:
+        return like.new_empty((*shape[:2], 0, *shape[3:]))
+    if first == 0:
+        noise = draw_noise(shape, seed, like.dtype, like.device)
+        for k in range(0, shape[2], NOISE_PIECE):
+            ctx.cache.put((decoder, "noise", k), noise[:, :, k:k + NOISE_PIECE])
+        del noise
+    pieces = []
+    for k in range(first // NOISE_PIECE * NOISE_PIECE, first + n, NOISE_PIECE):
+        done = k + NOISE_PIECE <= first + n
+        piece = ctx.cache.pop((decoder, "noise", k)) if done else ctx.cache.get((decoder, "noise", k))
+        pieces.append(piece[:, :, max(0, first - k):first + n - k])
+    return torch.cat(pieces, dim=2)
+
+
+def _last_key(decoder):
+    """The state key of the last diffusion block of the last pass (the last to take each context frame)."""
+    return decoder.diff_blocks[-1], decoder.config.num_inference_steps - 1
+
+
+def _context(decoder, x: torch.Tensor, ctx, seed: int) -> torch.Tensor:
+    """Stage 4's next output frames (B,C5,n,H5,W5), the trailing copies' share cropped, kept as the context,
+    and their noise drawn: -> the first pass's input tokens of those frames (as frames)."""
+    length, p = _grid(decoder, ctx, 4), decoder.config.patch_size
+    first = ctx.cache.advance((decoder, "context"), x.shape[2])
+    context = _tokens(x[:, :, :max(0, length - first)])  # B,n,H5,W5,C5
+    b, n, h5, w5, _ = context.shape
+    held = _tokens(ctx.cache.pop((decoder, "context")))
+    _keep(ctx, (decoder, "context"), context if held is None else torch.cat([held, context], dim=1))
+    x_t = _noise(decoder, ctx, first, n, (b, decoder.config.out_channels, length, h5 * p, w5 * p), seed, context)
+    return _pass_input(decoder, 0, x_t, ctx)
+
+
+def _pass_input(decoder, step: int, x_t: torch.Tensor, ctx) -> torch.Tensor:
+    """Noised pixels B,3,n,H,W of pass `step`, kept until the pass gives their frames -> its input tokens (as frames)."""
+    if x_t.shape[2]:
+        held = ctx.cache.pop((decoder, "x_t", step))
+        ctx.cache.put((decoder, "x_t", step), x_t if held is None else torch.cat([held, x_t], dim=2))
+    return _frames(decoder.conv_in_x_t(patchify(x_t, decoder.config.patch_size)))  # B,3,n,H,W -> B,n,H5,W5,C5
+
+
+def _diffuse(decoder, block, step: int, x: torch.Tensor, ctx) -> torch.Tensor:
+    """A diffusion block of pass `step` on its next input frames (as frames), their context added."""
+    if not x.shape[2]:  # (nothing comes: nothing to give)
+        return x
+    key, last = (block, step), _last_key(decoder)
+    kept_from = ctx.cache.advance((last, "in"), 0)  # the context's first kept frame
+    taken = ctx.cache.advance((key, "in"), 0)
+    x = _tokens(x)
+    context = _tokens(ctx.cache.get((decoder, "context")))
+    added = x + block.context_proj(context[:, taken - kept_from:taken - kept_from + x.shape[1]])
+    t = decoder.timesteps(x.device)[step]
+    modulation = decoder.modulation(t.expand(x.shape[0]), x.dtype)
+    out = _attend(key, block, added, ctx, _grid(decoder, ctx, 4),
+                  lambda frames, part: block.with_context_added(frames, modulation, part))
+    if key == last:  # the context frames every block has taken now go
+        held = _tokens(ctx.cache.pop((decoder, "context")))
+        _keep(ctx, (decoder, "context"), held[:, ctx.cache.advance((last, "in"), 0) - kept_from:])
+    return _frames(out)
+
+
+def _pass_end(decoder, step: int, x: torch.Tensor, ctx) -> torch.Tensor:
+    """Pass `step`'s output tokens (as frames) -> the model's prediction for their frames and, with the noised
+    pixels they started from, the next pass's input tokens (an Euler step, as `LTX25Decoder.forward`) or the
+    output pixels B,3,n,H,W."""
+    cfg = decoder.config
+    out = unpatchify(decoder.conv_out(decoder.norm_out(_tokens(x))), cfg.patch_size)  # B,n,H5,W5,C5 -> B,3,n,H,W
+    n = out.shape[2]
+    waiting = ctx.cache.pop((decoder, "x_t", step))
+    if waiting is None:  # (no frames yet)
+        waiting = out[:, :, :0]
+    if waiting.shape[2] > n:
+        ctx.cache.put((decoder, "x_t", step), waiting[:, :, n:])
+    x_t, timesteps, x0 = waiting[:, :, :n], decoder.timesteps(out.device), cfg.model_output_type == "x0"
+    t = timesteps[step]
+    if step + 1 < len(timesteps):
+        out = out.float()
+        velocity = (x_t.float() - out) / t if x0 else out
+        return _pass_input(decoder, step + 1, (x_t.float() - (t - timesteps[step + 1]) * velocity).to(x.dtype), ctx)
+    return out if x0 else (x_t.float() - t * out.float()).to(x.dtype)
