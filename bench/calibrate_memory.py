@@ -5,6 +5,7 @@
     python -m bench.calibrate_memory --modes caches      # only the causal-cache profiles (seconds)
     python -m bench.calibrate_memory --families hv15 --meta  # CUDA streamed decode from the meta-device count
     python -m bench.calibrate_memory --own-tiles         # a decode over the model's own tiles (meta count)
+    python -m bench.calibrate_memory --untiled-chunks    # a decode in temporal chunks of whole frames (meta count)
 
 On the CPU each measurement runs one encode/decode of the full released config (random weights,
 float32) in a fresh process (bench.memory_worker) and records the activation peak of the call
@@ -100,7 +101,8 @@ class Measurer:
 
 # The coefficients of each mode, in the order of `features` (then "fixed").
 COEFFICIENTS = {"untiled": ("per_pixel",), "exact": ("per_pixel", "per_tile_pixel"),
-                "streamed": ("per_pixel", "per_tile_pixel"), "own_tiles": memory.OWN_TILE_COEFFICIENTS}
+                "streamed": ("per_pixel", "per_tile_pixel"), "own_tiles": memory.OWN_TILE_COEFFICIENTS,
+                "untiled_chunks": memory.UNTILED_CHUNK_COEFFICIENTS}
 
 
 def features(mode: str, size: int, tile, chunk_frames: int = 4) -> list[float]:
@@ -221,6 +223,39 @@ def own_tiles_entry(family: str, op: str, device_type: str) -> dict:
     return {**entry, "source": "meta"}
 
 
+# `--untiled-chunks`: the decode of a family in temporal chunks of whole frames (`ClipExtent.UNTILED_CHUNKS`:
+# LTX-2.5), its layers' state on the device and offloaded, counted on the meta device through the engine
+# (bench.meta_peak.untiled_chunks_count: the code path's live tensors, the released network) for each device
+# type in its precision: its NA blocks keep about their windows' frames, so the peak follows a chunk's frames,
+# one frame's and the clip's (the noise) in proportions no single size shows, and from about 512 px its blocks
+# compute in bands of rows (`BAND_TOKENS`), so the points reach 1080p. Points: (height, width), pixel frames,
+# latent frames per chunk. The fixed term is raised until no point is predicted under its count.
+UNTILED_CHUNK_POINTS = [((256, 256), 65, 1), ((256, 256), 33, 2), ((512, 512), 65, 1), ((512, 512), 49, 2),
+                        ((640, 640), 81, 1), ((576, 1024), 97, 2), ((736, 1280), 65, 1), ((736, 1280), 121, 1),
+                        ((736, 1280), 49, 2), ((960, 1664), 73, 1), ((1088, 1920), 121, 1), ((1088, 1920), 41, 2)]
+
+
+def untiled_chunks_entry(family: str, device_type: str, offloaded: bool, points=None) -> dict:
+    """The "untiled_chunks" (or "untiled_chunks_offloaded") decode coefficients of `family` on `device_type`,
+    fitted to the counts of `points` (default `UNTILED_CHUNK_POINTS`)."""
+    from bench.meta_peak import untiled_chunks_count
+
+    model = models.meta_model(family)
+    dtype = DTYPES[CUDA_DTYPES["decode"]] if device_type == "cuda" else torch.float32
+    offload = ("host" if device_type == "cuda" else "disk") if offloaded else "none"
+    samples = []
+    for (height, width), frames, chunk in points or UNTILED_CHUNK_POINTS:
+        settings = vae.Settings(temporal_chunk=chunk, cache_offload=offload)
+        plan, live = untiled_chunks_count(family, height, width, frames, dtype, settings)
+        samples.append((memory.untiled_chunk_features(model, plan.clip, chunk), live.peak / (torch.finfo(dtype).bits // 8)))
+        print(f"{family} decode {frames}x{height}x{width}, {chunk} latent frame(s) a chunk, caches {offload}: "
+              f"{live.peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
+    entry = fit(samples, "untiled_chunks")
+    predicted = [memory.untiled_chunk_elements(entry, features) for features, _ in samples]
+    entry["fixed"] += max(0.0, *(count - p for p, (_, count) in zip(predicted, samples)))
+    return {**{name: entry[name] for name in (*memory.UNTILED_CHUNK_COEFFICIENTS, "fixed")}, "source": "meta"}
+
+
 def save(device_type: str, family: str, op: str, mode: str, entry: dict) -> None:
     """Merge one fitted entry into the family's calibration file (in its folder) as it is now (other runs may
     write it too)."""
@@ -243,7 +278,17 @@ def main():
                         "meta-device count (META_POINTS; after the CPU calibration)")
     parser.add_argument("--own-tiles", action="store_true", help="only the coefficients of families that run their "
                         "own tiles, CPU and CUDA, from the meta-device count (OWN_TILE_POINTS)")
+    parser.add_argument("--untiled-chunks", action="store_true", help="only the decode coefficients of families in "
+                        "temporal chunks of whole frames, CPU and CUDA, caches on the device and offloaded, from the "
+                        "meta-device count (UNTILED_CHUNK_POINTS)")
     args = parser.parse_args()
+    if args.untiled_chunks:
+        for family in (f for f in args.families if Capability.UNTILED_CHUNKS in families.spec(f).capabilities):
+            for device_type in ("cpu", "cuda"):
+                for offloaded in (False, True):
+                    mode = "untiled_chunks_offloaded" if offloaded else "untiled_chunks"
+                    save(device_type, family, "decode", mode, untiled_chunks_entry(family, device_type, offloaded))
+        return
     if args.own_tiles:
         for family in (f for f in args.families if families.spec(f).capabilities & {Capability.OWN_TILES}):
             for op in args.ops:
@@ -261,13 +306,15 @@ def main():
         if Capability.OWN_TILES in families.spec(family).capabilities:  # its own modes: --own-tiles
             print(f"{family}: runs its own tiles, calibrated with --own-tiles", flush=True)
             continue
+        chunked = Capability.UNTILED_CHUNKS in families.spec(family).capabilities  # its decode: --untiled-chunks
+        ops = [op for op in args.ops if not (chunked and op == "decode")]
         if "caches" in args.modes and not args.check:
             model = models.build(family, torch.float32, args.device)
-            for op in args.ops:
+            for op in ops:
                 save(device_type, family, op, "caches", memory.cache_profile(model, op))
             del model
         measure = Measurer(family, args.device)
-        for op in args.ops:
+        for op in ops:
             for mode in (m for m in args.modes if m != "caches"):
                 samples = []
                 for size, tile in points(family, mode, args.check, cuda):

@@ -14,6 +14,7 @@ import torch
 import vae
 from bench import models
 from vae import families
+from vae.model.video_vae import ClipExtent
 from vae.run.geometry import input_shape
 
 GB = 10**9
@@ -37,6 +38,9 @@ def cell(model, op: str, shape, card_gb: int) -> str:
         return "no calibration"
     how = "untiled" if plan.tile_size is None else f"{plan.tile_size[0]} px tiles"
     how += ", frames streamed" if plan.frames_streamed else ""
+    if model.clip_extent(op) is ClipExtent.UNTILED_CHUNKS:  # untiled always: how long its chunks, where its state waits
+        how = f"{plan.temporal_chunk} latent frame(s) a chunk" + (
+            f", caches to {plan.cache_offload}" if plan.cache_offload != "none" else "")
     if plan.own_tiles is not None:  # the model's own tiles: how many at once, where the weights are
         how = f"{plan.own_tiles.batch} own tiles at once" + (", weights streamed" if plan.own_tiles.weights_streamed else "")
     verdict = "" if plan.fits else " (does not fit)"

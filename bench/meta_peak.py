@@ -3,6 +3,7 @@ holds at once, without a GPU (no kernel workspaces, no allocator overhead), and 
 
     python -m bench.meta_peak --family seedvr2 --op decode --size 1080x1920 --tile 64
     python -m bench.meta_peak --size 1080x1920 --tile 64 --no-chain      # residual blocks conv by conv
+    python -m bench.meta_peak --family ltx25 --size 736x1280 --frames 121 --offload host  # a whole decode
 
 It runs the released config's stages the way a frame-streamed plan does (`strategies.FrameStream`,
 `strategies.ExactTiles` with chained residual blocks, the caches and waiting frames off the device,
@@ -23,7 +24,9 @@ import vae
 import vae.model.layers
 from bench import models
 from vae import families
+from vae.kernels import neighborhood
 from vae.run import memory
+from vae.run.causal_cache import CausalCache
 from vae.run.clip_statistics import EachChunksOwn
 from vae.run.run_context import RunContext
 from vae.run.strategies.exact_tiles import ExactTiles
@@ -112,17 +115,31 @@ class ShapeStore:
         self.live.clear()
 
 
+def _blocked_na_counted(q, k, v, part, scale, block=None) -> torch.Tensor:
+    """`neighborhood.blocked`'s memory without its loop over blocks: the output and one group of blocks' query,
+    key and value copies (each group is at most `BLOCKED_CALL_ELEMENTS`; its attention counts as flash
+    attention's, as everywhere here)."""
+    out = torch.empty(q.shape, dtype=v.dtype, device=q.device)
+    group = torch.empty(min(neighborhood.BLOCKED_CALL_ELEMENTS, q.numel() + k.numel() + v.numel()),
+                        dtype=neighborhood.compute_dtype(q.dtype, q.device), device=q.device)
+    del group
+    return out
+
+
 @contextlib.contextmanager
 def flash_attention_counted():
     """The blocks' attention as flash attention's memory (O(tokens)) while counting: the meta device would
-    build the full score matrix. Restored afterwards, so a process that counts (a test) computes again."""
-    real, real_functional = vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention
+    build the full score matrix; the blocked neighbourhood attention as one group of its blocks
+    (`_blocked_na_counted`: its loop over thousands of blocks would take minutes at 720p). Restored
+    afterwards, so a process that counts (a test) computes again."""
+    real = vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention, neighborhood.blocked
     vae.model.layers.sdpa = lambda q, k, v, kernel: torch.empty_like(q)
     torch.nn.functional.scaled_dot_product_attention = lambda q, k, v, **kwargs: torch.empty_like(q)
+    neighborhood.blocked = _blocked_na_counted
     try:
         yield
     finally:
-        vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention = real, real_functional
+        vae.model.layers.sdpa, torch.nn.functional.scaled_dot_product_attention, neighborhood.blocked = real
 
 
 def count(family: str, op: str, height: int, width: int, tile: int, chain: bool) -> LiveBytes:
@@ -178,10 +195,43 @@ def own_tiles_peak(family: str, op: str, input_shape: tuple[int, ...], settings:
     return _engine_peak(model, op, torch.empty(input_shape, dtype=dtype, device="meta"), settings, own_io=True)
 
 
+def untiled_chunks_count(family: str, height: int, width: int, frames: int, dtype: torch.dtype,
+                         settings: vae.Settings) -> tuple[vae.Plan, LiveBytes]:
+    """(the CPU plan of `settings`, the live tensors) of a decode of `frames` pixel frames of height x width by
+    `family`'s released network in `dtype` on the meta device through the engine, for an op in temporal chunks
+    of whole frames (`ClipExtent.UNTILED_CHUNKS`: LTX-2.5's decoder): its layers' state offloaded as the
+    settings say (host or disk: only what is read back is counted), the output buffer not counted."""
+    model = models.meta_model(family).requires_grad_(False)
+    model.set_dtypes(decode=dtype)
+    sf, tf = model.spatial_factor, model.temporal_factor
+    z = torch.empty(1, model.latent_channels, (frames - 1) // tf + 1, height // sf, width // sf, dtype=dtype,
+                    device="meta")
+    with offloaded_as_shapes():
+        return _engine_count(model, "decode", z, settings)
+
+
+@contextlib.contextmanager
+def offloaded_as_shapes():
+    """The caches' offload stores (host memory, disk) as `ShapeStore`s while counting: what a run reads back
+    from them is a new device tensor (counted), what it keeps there is not. Restored afterwards."""
+    real = CausalCache._offload_store
+    CausalCache._offload_store = lambda self: ShapeStore()
+    try:
+        yield
+    finally:
+        CausalCache._offload_store = real
+
+
 def _engine_peak(model, op: str, x: torch.Tensor, settings: vae.Settings, own_io: bool = False) -> tuple[vae.Plan, int]:
-    """(the CPU plan of `settings`, the peak bytes of live tensors) of `op` of the meta `model` on `x` through
-    the engine, fixed default kernels; the output buffer made before the count, and with `own_io` neither it
-    nor `x` counted through the views ops return of them (`LiveBytes.made`)."""
+    """(the CPU plan of `settings`, the peak bytes of live tensors) of `op` of the meta `model` on `x` (`_engine_count`)."""
+    plan, live = _engine_count(model, op, x, settings, own_io)
+    return plan, live.peak
+
+
+def _engine_count(model, op: str, x: torch.Tensor, settings: vae.Settings, own_io: bool = False) -> tuple[vae.Plan, LiveBytes]:
+    """(the CPU plan of `settings`, the live tensors) of `op` of the meta `model` on `x` through the engine, fixed
+    default kernels; the output buffer made before the count, and with `own_io` neither it nor `x` counted
+    through the views ops return of them (`LiveBytes.made`)."""
     opts = vae.Optimizations(kernel_choice="defaults")
     plan = vae.plan(model, op, tuple(x.shape), settings, device="cpu", io_on_device=(False, False), opts=opts)
     io = {}
@@ -192,7 +242,7 @@ def _engine_peak(model, op: str, x: torch.Tensor, settings: vae.Settings, own_io
     made = (x, *io.values()) if own_io else ()
     with torch.inference_mode(), flash_attention_counted(), LiveBytes(made) as live:
         (vae.decode if op == "decode" else vae.encode)(model, x, plan, opts=opts, **io)
-    return plan, live.peak
+    return plan, live
 
 
 def main() -> None:
@@ -202,8 +252,20 @@ def main() -> None:
     parser.add_argument("--size", default="1080x1920", help="HxW in pixels")
     parser.add_argument("--tile", type=int, default=64)
     parser.add_argument("--no-chain", action="store_true")
+    parser.add_argument("--frames", type=int, default=None,
+                        help="a whole decode of this many pixel frames through the engine (a family in temporal chunks "
+                        "of whole frames: LTX-2.5), bf16, one latent frame per chunk; --offload where its state waits")
+    parser.add_argument("--offload", default="host", choices=["none", "host"])
     args = parser.parse_args()
     height, width = (int(v) for v in args.size.lower().split("x"))
+    if args.frames is not None:
+        plan, live = untiled_chunks_count(args.family, height, width, args.frames, torch.bfloat16,
+                                          vae.Settings(temporal_chunk=1, cache_offload=args.offload))
+        print(f"{args.family} decode {args.frames}x{args.size} bf16, {plan.describe()}: peak {live.peak / GIB:.2f} GiB "
+              f"of live tensors")
+        for nbytes, shape in reversed(live.at_peak):
+            print(f"  {nbytes / GIB:.2f} GiB {shape}")
+        return
     live = count(args.family, args.op, height, width, args.tile, not args.no_chain)
     elem = 2 if args.op == "decode" else 4
     print(f"{args.family} {args.op} {args.size} tile {args.tile} chain {not args.no_chain}: peak "

@@ -21,7 +21,8 @@ TARGETS = [("seedvr2", "decode", 21, 1080, 1920, 6), ("seedvr2", "decode", 21, 2
            ("wan21", "decode", 21, 1080, 1920, 8), ("ltx2", "decode", 241, 720, 1280, 6),
            ("ltx2", "decode", 241, 1088, 1920, 8), ("ltx2", "decode", 121, 2176, 3840, 12),
            ("hv15", "decode", 121, 720, 1280, 6), ("hv15", "decode", 121, 1080, 1920, 8),  # issue 41
-           ("hv10", "decode", 129, 720, 1280, 8), ("hv10", "decode", 129, 1088, 1920, 12)]  # issue 52
+           ("hv10", "decode", 129, 720, 1280, 8), ("hv10", "decode", 129, 1088, 1920, 12),  # issue 52
+           ("ltx25", "decode", 121, 720, 1280, 8), ("ltx25", "decode", 121, 1088, 1920, 12)]  # issue 50
 
 
 @pytest.mark.parametrize("family,op,frames,height,width,budget", TARGETS, ids=lambda v: str(v))

@@ -9,7 +9,7 @@ import torch
 import vae
 from bench import calibrate_memory, models
 from bench.common import run_worker
-from bench.meta_peak import own_tiles_peak, run_peak
+from bench.meta_peak import own_tiles_peak, run_peak, untiled_chunks_count
 from vae.run import memory
 
 # (size in pixels, tile in pixels or None, where the causal caches wait, kernel choice): untiled and
@@ -97,3 +97,23 @@ def test_an_own_tiles_fit_predicts_its_points_at_or_above_their_counts(monkeypat
         predicted = memory.estimate_own_tiles(model, plan.clip, shape, plan.own_tiles, "cpu", (False, False))
         activations = predicted - memory.resident_weight_bytes(model, "decode", plan.own_tiles, "cpu")
         assert live <= activations <= 1.5 * live, (shape, plan.own_tiles, activations, live)
+
+
+# Decodes in temporal chunks of whole frames (LTX-2.5) that `bench.calibrate_memory.UNTILED_CHUNK_POINTS` did not
+# use: (height, width), pixel frames, latent frames per chunk, where the caches wait on the CPU.
+UNTILED_CHUNK_CHECK = [((480, 864), 89, 1, "none"), ((480, 864), 89, 1, "disk"), ((832, 1472), 57, 2, "disk")]
+
+
+@pytest.mark.measurement  # three meta-device decodes of the released LTX-2.5 decoder: about a minute of CPU
+@pytest.mark.parametrize("size,frames,chunk,offload", UNTILED_CHUNK_CHECK, ids=str)
+def test_the_untiled_chunks_model_covers_decodes_it_was_not_fitted_on(size, frames, chunk, offload):
+    """The stored "untiled_chunks" coefficients (the caches on the device, or offloaded) predict the live tensors
+    of a chunked decode at a size, length and chunk outside their fit (but within its range of sizes: below about
+    512 px they over-predict, up to twice at 320 px, where the blocks' bands span the frame) from LOW times the
+    count to 1.5 times it: a prediction below is a run that will not fit its budget, far above one that
+    shrinks for nothing."""
+    family = "ltx25"
+    plan, live = untiled_chunks_count(family, *size, frames, torch.float32,
+                                      vae.Settings(temporal_chunk=chunk, cache_offload=offload))
+    assert plan.temporal_chunk == chunk and plan.cache_offload == offload
+    assert LOW * live.peak <= plan.work_bytes <= 1.5 * live.peak, (plan.work_bytes / 2**20, live.peak / 2**20)

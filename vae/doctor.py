@@ -114,7 +114,8 @@ def _memory(device: torch.device, model, plan) -> str:
     if model is None or plan is None:
         return memory.calibration_summary(device.type)
     family, _ = model.memory_calibration(plan.op)
-    mode = memory.calibration_mode(plan.tile_size, plan.tiling, plan.frames_streamed)
+    mode = memory.calibration_mode(model.clip_extent(plan.op), plan.tile_size, plan.tiling, plan.frames_streamed,
+                                   plan.cache_offload)
     return f"{family} {plan.op} {mode}: {memory.calibration_source(family, plan.op, mode, device.type)}"
 
 

@@ -21,6 +21,12 @@ own (its old and new frames), which `cache_profile` (elements per video pixel, a
 largest, measured by a short run) gives. The keys and values a frame-causal attention keeps of the
 whole clip (HunyuanVideo 1.5: `VideoVAE.attention_cache_elements`) are counted on top: at every step
 where they stay on the device, at the attention step where they are offloaded.
+
+An op in temporal chunks of whole frames (`ClipExtent.UNTILED_CHUNKS`: LTX-2.5's decoder, whose layers keep
+their own state between chunks) has modes of its own, "untiled_chunks" and, its state offloaded,
+"untiled_chunks_offloaded": activations = element_size * (per_pixel * chunk_pixels + per_frame_pixel *
+frame_pixels + per_clip_pixel * clip_pixels + fixed) (`untiled_chunk_features`), fitted to the meta-device
+count of its code path (`bench.calibrate_memory --untiled-chunks`).
 """
 import json
 from functools import lru_cache
@@ -31,7 +37,7 @@ import torch
 from ..kernels import Optimizations, filter_cache, winograd
 from ..kernels import conv as opt_conv
 from ..model.execution import OwnTiles
-from ..model.video_vae import OwnTileWork
+from ..model.video_vae import ClipExtent, OwnTileWork
 from .clip_statistics import EachChunksOwn
 from .geometry import Clip, as_pair, pixel_frames
 from .run_context import RunContext
@@ -76,8 +82,12 @@ def coefficients(family: str, op: str, mode: str, device_type: str) -> dict:
     raise KeyError(f"no memory calibration for {family} {op} {mode}; run python -m bench.calibrate_memory")
 
 
-def calibration_mode(tile_size, tiling: str, streamed: bool) -> str:
-    """The calibrated mode a plan's activations follow: "streamed", "untiled" (fast tiles too) or "exact"."""
+def calibration_mode(extent: ClipExtent, tile_size, tiling: str, streamed: bool, cache_offload: str) -> str:
+    """The calibrated mode a plan's activations follow: for an op in temporal chunks of whole frames
+    (`ClipExtent.UNTILED_CHUNKS`) "untiled_chunks", or "untiled_chunks_offloaded" with the caches offloaded;
+    else "streamed", "untiled" (fast tiles too) or "exact"."""
+    if extent is ClipExtent.UNTILED_CHUNKS:
+        return "untiled_chunks" if cache_offload == "none" else "untiled_chunks_offloaded"
     return "streamed" if streamed else "untiled" if tile_size is None or tiling == "fast" else "exact"
 
 
@@ -210,6 +220,25 @@ def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io
     return int(resident_weight_bytes(model, op, own, device) + buffers * 4 + torch.finfo(dtype).bits // 8 * act * scale)
 
 
+# The coefficients of an op in temporal chunks of whole frames (`ClipExtent.UNTILED_CHUNKS`), in the order of
+# their features (`untiled_chunk_features`).
+UNTILED_CHUNK_COEFFICIENTS = ("per_pixel", "per_frame_pixel", "per_clip_pixel")
+
+
+def untiled_chunk_features(model, clip: Clip, temporal_chunk: int) -> list[float]:
+    """What the coefficients of an op in temporal chunks of whole frames multiply (`UNTILED_CHUNK_COEFFICIENTS`):
+    the pixels of a chunk's frames (what a call computes), of one frame (what its layers keep between calls:
+    their windows' frames, whatever the chunk) and of the clip (what it keeps for the whole clip: LTX-2.5's
+    noise, drawn whole), at video resolution."""
+    frame = clip.batch * clip.height * clip.width
+    return [frame * model.temporal_factor * min(temporal_chunk, clip.latent_frames), frame, frame * clip.frames]
+
+
+def untiled_chunk_elements(coef: dict, features: list[float]) -> float:
+    """Activation elements of an op in temporal chunks of whole frames: `coef` . the `untiled_chunk_features` + fixed."""
+    return sum(coef.get(name, 0.0) * value for name, value in zip(UNTILED_CHUNK_COEFFICIENTS, features)) + coef.get("fixed", 0)
+
+
 def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:
     """What stays resident between calls of `op` on `device`: the CPU Winograd filter transforms of
     its eligible 3x3 convs that run Winograd, up to the cache's cap; nothing elsewhere. With kernels
@@ -277,9 +306,12 @@ def estimate(model, clip: Clip, temporal_chunk: int, tile_size, tiling: str = "e
     fast = tile_size is not None and tiling == "fast"
     frame_pixels = tile_pixels / frames if fast else b * height * width  # one frame of what one stream runs
     basis, scale = model.memory_calibration(op)  # a variant scales its family's coefficients by its width
-    mode = calibration_mode(tile_size, tiling, streamed)
+    extent = model.clip_extent(op)
+    mode = calibration_mode(extent, tile_size, tiling, streamed, cache_offload)
     coef = {k: v * scale for k, v in coefficients(basis, op, mode, device.type).items()}
     resident = weight_bytes(model) + buffers * 4 + resident_cache_bytes(model, op, device, opts)
+    if extent is ClipExtent.UNTILED_CHUNKS:  # its layers' own state: calibrated whole, on the device or offloaded
+        return int(resident + elem * untiled_chunk_elements(coef, untiled_chunk_features(model, clip, temporal_chunk)))
     cache_all, cache_largest = _cache_elements(model, op, device.type)
     chunk = 1 if streamed else min(temporal_chunk, n_lat)
     if streamed:
@@ -325,7 +357,14 @@ def cache_band_elements(largest: float, tile_rows: int, width: int) -> float:
 
 
 def cache_calibrated(model, op: str, device_type: str) -> bool:
-    """Whether the causal caches' size is known for this family/op (needed to plan offloading them)."""
+    """Whether the causal caches' size is known for this family/op (needed to plan offloading them): for an op
+    in temporal chunks of whole frames, whether its offloaded mode is calibrated."""
+    if model.clip_extent(op) is ClipExtent.UNTILED_CHUNKS:
+        try:
+            coefficients(model.memory_calibration(op)[0], op, "untiled_chunks_offloaded", device_type)
+        except KeyError:
+            return False
+        return True
     return _cache_elements(model, op, device_type) != (0.0, 0.0)
 
 

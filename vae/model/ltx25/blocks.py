@@ -133,6 +133,17 @@ def draw_noise(shape, seed: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.randn(shape, dtype=dtype, device=device, generator=generator)
 
 
+def sampling_step(x_t: torch.Tensor, out: torch.Tensor, timesteps: torch.Tensor, step: int, x0: bool) -> torch.Tensor:
+    """After pass `step` (of `timesteps`, from 1 down) of the noised pixels x_t (B,3,T,H,W), whose prediction
+    is `out` (x0 with `x0`, else v): an Euler step along the straight path to the next pass's x_t, or after
+    the last pass the output pixels, in x_t's dtype (upstream's sampling loop)."""
+    t = timesteps[step]
+    if step + 1 < len(timesteps):
+        velocity = (x_t.float() - out.float()) / t if x0 else out.float()
+        return (x_t.float() - (t - timesteps[step + 1]) * velocity).to(x_t.dtype)
+    return out if x0 else (x_t.float() - t * out.float()).to(x_t.dtype)
+
+
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     """B,C,T,H,W pixels -> B,T,H/p,W/p,C*p*p tokens, channel order (C, column offset, row offset) (upstream's)."""
     b, c, t, h, w = x.shape

@@ -17,10 +17,11 @@ diffusion VAE", checkpoint key `decoder.conv_in_x_t.weight`): what the network i
 - The noise is drawn as core draws it (`draw_noise`): once for the clip, `randn(B,3,T,H,W)` from a
   generator of the decode's device seeded with `LTX25Config.noise_seed` (core: 0, the default).
 
-`forward` (`decode_clip`) runs the decoder on a whole clip at once: the reference. A run's decode is its one
-stage (`decode_stages`) on the run's temporal chunks of whole frames (`clip_extent`: `ClipExtent.UNTILED_CHUNKS`),
-each layer giving the frames whose windows it has seen, the same frames late (`streaming.py`). `per_channel_statistics`
-normalise the latent for the diffusion model: core's LATENT is (raw - mean) / std, as for LTX-2.
+`forward` (`decode_clip`) runs the decoder on a whole clip at once: the reference. A run's decode is one stage
+per layer (`decode_stages`) on the run's temporal chunks of whole frames (`clip_extent`:
+`ClipExtent.UNTILED_CHUNKS`), each layer giving the frames whose windows it has seen, the same frames late
+(`streaming.py`). `per_channel_statistics` normalise the latent for the diffusion model: core's LATENT is
+(raw - mean) / std, as for LTX-2.
 """
 import torch
 import torch.nn as nn
@@ -39,6 +40,7 @@ from .blocks import (
     LTX25Upsample,
     draw_noise,
     patchify,
+    sampling_step,
     unpatchify,
 )
 
@@ -108,13 +110,9 @@ class LTX25Decoder(nn.Module):
         context = self.context(z)
         timesteps, batch, x0 = self.timesteps(z.device), z.shape[0], self.config.model_output_type == "x0"
         x_t = noise
-        for i, t in enumerate(timesteps[:-1]):
-            out = self.denoise(context, x_t, t.expand(batch)).float()
-            velocity = (x_t.float() - out) / t if x0 else out
-            x_t = (x_t.float() - (t - timesteps[i + 1]) * velocity).to(z.dtype)
-        t = timesteps[-1]
-        out = self.denoise(context, x_t, t.expand(batch))
-        return out if x0 else (x_t.float() - t * out.float()).to(z.dtype)
+        for step, t in enumerate(timesteps):
+            x_t = sampling_step(x_t, self.denoise(context, x_t, t.expand(batch)), timesteps, step, x0)
+        return x_t
 
 
 class LTX25VAE(VideoVAE):

@@ -9,20 +9,23 @@ near its last (a window shifts inward at the grid's borders, never at a chunk's)
 frames in order gives query frame q once its input holds q's window (`_attend`): between calls it keeps in
 the run's causal cache (`ctx.cache`, under itself) its input from the first frame a later query reads, and
 counts the frames it has taken and given (`CausalState.advance`); it computes them in bands of query rows
-(`BAND_TOKENS`), each band with the key rows its windows read. Nothing is computed twice but the keys and
-values of the frames a block keeps and of the rows a band reads beyond its own. Every layer is a stage of its own, so the engine passes the frames a
-layer gives on at once, a piece at a time (`strategies.FrameStream`; the clip's last chunk always, where
-every layer gives the frames it held back): each block holds about its window's frames, not the clip's.
+(about `BAND_TOKENS` input tokens), each band with the key rows its windows read. Nothing is computed twice
+but the keys and values of the frames a block keeps and of the rows a band reads beyond its own. Every layer
+is a stage of its own, so the engine passes the frames a layer gives on at once, a piece at a time
+(`strategies.FrameStream`; the clip's last chunk always, where every layer gives the frames it held back):
+each block holds about its window's frames, not the clip's.
 
 Stage 5 runs once per sampling step (`LTX25Config.num_inference_steps`; once for the released decoder): the
-noised pixels of a pass wait in the cache until the pass gives their frames (`_pass_end`: an Euler step to
+noised pixels of a pass wait until the pass gives their frames (`_pass_end`: `blocks.sampling_step`, to
 the next pass's, or the output), and every diffusion block adds the stage-4 context of the frames it takes,
-kept in the cache from the first frame the last block of the last pass has not taken.
+kept until the last block of the last pass has taken them.
 
 A layer's grid length comes from the clip's latent frames (`RunState.clip_latent_frames`): the windows'
 border shift, the crop of the trailing copies' frames after stage 4, and the noise, drawn whole for the clip
-as core draws it (`blocks.draw_noise`, with the first stage-5 frames) and kept in the cache in pieces of
-`NOISE_PIECE` frames until used (offloaded with the caches).
+as core draws it (`blocks.draw_noise`, by `_entry` with the run's first latent frames: nothing else is held
+yet). The clip-long buffers (the noise, the context, each pass's noised pixels) are kept in the cache in
+pieces of `PIECE` frames (`_put_frames`), so a call reads only its own frames and a piece goes once used
+(offloaded with the caches, a piece at a time).
 
 Between stages tokens B,t,h,w,C travel as B,C,t,h,w views (channels-last 3-D strides: the frame layout of the
 stages, the cache and `FrameStream`); pixels are B,3,t,H,W.
@@ -31,26 +34,30 @@ import torch
 
 from ...kernels.neighborhood import key_span, window_start
 from ..video_vae import Stage
-from .blocks import GridPart, draw_noise, patchify, unpatchify
+from .blocks import GridPart, draw_noise, patchify, sampling_step, unpatchify
 
-NOISE_PIECE = 8  # pixel frames per cache entry of the drawn noise (one latent frame's)
-# Query tokens per block call, in bands of rows (each with its windows' key rows): bounds a call's temporaries
-# (its q, k, v, attention and SwiGLU hidden values) whatever the frame size.
-BAND_TOKENS = 1 << 17
+PIECE = 8  # frames per cache entry of the clip-long buffers (the noise, the context, a pass's noised pixels)
+# Input tokens of a band of query rows (its key frames x its rows x the width; its key rows add the windows'
+# halo): bands bound a block call's temporaries (its q, k, v, attention and SwiGLU hidden values) whatever the
+# frame size and however few of its key frames are queried (one query frame reads kernel_t key frames). A
+# smaller band computes more halo rows' keys twice (at 1080p with 26 key frames: 21 rows a band, 10 halo rows).
+BAND_TOKENS = 1 << 18
 
 
 def stages(decoder, seed: int) -> list[Stage]:
     """The decoder's layers as stages: raw latent frames B,C,t,h,w in, pixel frames B,3,t',H,W out; `seed`:
     the noise's."""
     cfg = decoder.config
-    out: list[Stage] = [lambda z, ctx: _entry(decoder, z, ctx)]
+    out: list[Stage] = [lambda z, ctx: _entry(decoder, z, ctx, seed)]
     for i, (blocks, upsample) in enumerate(zip(decoder.det_stages, decoder.upsamples)):
         out += [lambda x, ctx, block=block, i=i: _frames(_attend(block, block, _tokens(x), ctx, _grid(decoder, ctx, i)))
                 for block in blocks]
         out.append(lambda x, ctx, upsample=upsample: _upsample(upsample, x, ctx))
-    out.append(lambda x, ctx: _context(decoder, x, ctx, seed))
+    out.append(lambda x, ctx: _context(decoder, x, ctx))
+    modulations = _Modulations(decoder)
     for step in range(cfg.num_inference_steps):
-        out += [lambda x, ctx, block=block, step=step: _diffuse(decoder, block, step, x, ctx) for block in decoder.diff_blocks]
+        out += [lambda x, ctx, block=block, step=step: _diffuse(decoder, block, step, x, ctx, modulations)
+                for block in decoder.diff_blocks]
         out.append(lambda x, ctx, step=step: _pass_end(decoder, step, x, ctx))
     return out
 
@@ -71,8 +78,14 @@ def _grid(decoder, ctx, i: int) -> int:
     return decoder.config.stage_frames(ctx.clip_latent_frames)[i]
 
 
-def _entry(decoder, z: torch.Tensor, ctx) -> torch.Tensor:
-    """Latent frames (with the clip's last one, its trailing copies) through `conv_in`: B,C,t,h,w -> tokens."""
+def _entry(decoder, z: torch.Tensor, ctx, seed: int) -> torch.Tensor:
+    """Latent frames (with the clip's last one, its trailing copies) through `conv_in`: B,C,t,h,w -> tokens.
+    With the run's first frames, the clip's noise is drawn (whole, as core draws it: nothing else is held yet)
+    and kept in pieces until stage 5 takes it."""
+    if ctx.cache.advance((decoder, "latent"), z.shape[2]) == 0:
+        scale = decoder.config.spatial_factor
+        shape = (z.shape[0], decoder.config.out_channels, _grid(decoder, ctx, 4), z.shape[3] * scale, z.shape[4] * scale)
+        _put_frames(ctx, (decoder, "noise"), draw_noise(shape, seed, z.dtype, z.device))
     if ctx.last_chunk:
         z = torch.cat([z, z[:, :, -1:].expand(-1, -1, decoder.config.trailing_frames, -1, -1)], dim=2)  # B,C,t+n,h,w
     return _frames(decoder.conv_in(z.permute(0, 2, 3, 4, 1)))  # B,C,t,h,w -> B,t,h,w,C -> B,t,h,w,C0
@@ -109,6 +122,7 @@ def _attend(key, block, new: torch.Tensor, ctx, length: int, run=None) -> torch.
     given = ctx.cache.advance((key, "out"), 0)
     held = _tokens(ctx.cache.pop(key))
     x = new if held is None else torch.cat([held, new], dim=1)  # input frames [start, received)
+    del held  # (read back from an offloaded cache: a copy of its own, not held through the block)
     kernel = block.attn.kernel[0]
     start, stop = window_start(given, kernel, length), _ready(given, received, kernel, length)
     out = new[:, :0]
@@ -116,7 +130,7 @@ def _attend(key, block, new: torch.Tensor, ctx, length: int, run=None) -> torch.
         reach = window_start(stop - 1, kernel, length) + min(kernel, length)  # the last key frame read, + 1
         b, _, h, w, c = x.shape
         out = x.new_empty((b, stop - given, h, w, c))
-        rows = max(1, BAND_TOKENS // ((stop - given) * w))
+        rows = max(1, BAND_TOKENS // ((reach - start) * w))  # (its key rows: these and the windows' halo)
         for r0 in range(0, h, rows):  # bands of query rows, each with the key rows its windows read
             r1 = min(h, r0 + rows)
             k0, k1 = key_span(r0, r1, block.attn.kernel[1], h)
@@ -128,22 +142,39 @@ def _attend(key, block, new: torch.Tensor, ctx, length: int, run=None) -> torch.
     return out
 
 
-def _noise(decoder, ctx, first: int, n: int, shape, seed: int, like: torch.Tensor) -> torch.Tensor:
-    """Frames [first, first + n) of the clip's noise (B,3,T,H,W, T = shape's): drawn whole with the clip's
-    first stage-5 frames, then kept in pieces of NOISE_PIECE frames, each dropped once used."""
-    if not n:
-        return like.new_empty((*shape[:2], 0, *shape[3:]))
-    if first == 0:
-        noise = draw_noise(shape, seed, like.dtype, like.device)
-        for k in range(0, shape[2], NOISE_PIECE):
-            ctx.cache.put((decoder, "noise", k), noise[:, :, k:k + NOISE_PIECE])
-        del noise
-    pieces = []
-    for k in range(first // NOISE_PIECE * NOISE_PIECE, first + n, NOISE_PIECE):
-        done = k + NOISE_PIECE <= first + n
-        piece = ctx.cache.pop((decoder, "noise", k)) if done else ctx.cache.get((decoder, "noise", k))
-        pieces.append(piece[:, :, max(0, first - k):first + n - k])
-    return torch.cat(pieces, dim=2)
+def _put_frames(ctx, key, frames: torch.Tensor) -> None:
+    """Append `frames` (B,C,n,H,W) to the clip-long buffer `key`, kept in the cache in pieces of PIECE
+    frames (each its own entry, offloaded with the caches): so a call reads and drops only its own frames."""
+    first = ctx.cache.advance((key, "written"), frames.shape[2])
+    while frames.shape[2]:
+        k = first // PIECE * PIECE
+        part, frames = frames[:, :, :k + PIECE - first], frames[:, :, k + PIECE - first:]
+        held = ctx.cache.pop((key, k))  # the piece's frames so far (None: a new piece)
+        ctx.cache.put((key, k), part if held is None else torch.cat([held, part], dim=2))
+        first += part.shape[2]
+
+
+def _frames_of(ctx, key, first: int, n: int) -> torch.Tensor:
+    """Frames [first, first + n) of the buffer `key` (n >= 1; from pieces not dropped yet)."""
+    pieces = [ctx.cache.get((key, k))[:, :, max(0, first - k):first + n - k]
+              for k in range(first // PIECE * PIECE, first + n, PIECE)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
+def _drop_frames(ctx, key, stop: int) -> None:
+    """Drop the pieces of the buffer `key` that lie wholly before its frame `stop` (no later call reads them)."""
+    dropped = ctx.cache.advance((key, "dropped"), 0)
+    for k in range(dropped, stop // PIECE * PIECE, PIECE):
+        ctx.cache.pop((key, k))
+    ctx.cache.advance((key, "dropped"), max(0, stop // PIECE * PIECE - dropped))
+
+
+def _noise(decoder, ctx, first: int, n: int) -> torch.Tensor:
+    """Frames [first, first + n) of the clip's noise (B,3,n,H,W; n >= 1, drawn by `_entry`), its pieces dropped
+    once used."""
+    noise = _frames_of(ctx, (decoder, "noise"), first, n)
+    _drop_frames(ctx, (decoder, "noise"), first + n)
+    return noise
 
 
 def _last_key(decoder):
@@ -151,63 +182,65 @@ def _last_key(decoder):
     return decoder.diff_blocks[-1], decoder.config.num_inference_steps - 1
 
 
-def _context(decoder, x: torch.Tensor, ctx, seed: int) -> torch.Tensor:
+def _context(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
     """Stage 4's next output frames (B,C5,n,H5,W5), the trailing copies' share cropped, kept as the context,
-    and their noise drawn: -> the first pass's input tokens of those frames (as frames)."""
-    length, p = _grid(decoder, ctx, 4), decoder.config.patch_size
+    with their noise: -> the first pass's input tokens of those frames (as frames)."""
     first = ctx.cache.advance((decoder, "context"), x.shape[2])
-    context = _tokens(x[:, :, :max(0, length - first)])  # B,n,H5,W5,C5
-    b, n, h5, w5, _ = context.shape
-    held = _tokens(ctx.cache.pop((decoder, "context")))
-    _keep(ctx, (decoder, "context"), context if held is None else torch.cat([held, context], dim=1))
-    x_t = _noise(decoder, ctx, first, n, (b, decoder.config.out_channels, length, h5 * p, w5 * p), seed, context)
-    return _pass_input(decoder, 0, x_t, ctx)
+    context = x[:, :, :max(0, _grid(decoder, ctx, 4) - first)]  # B,C5,n,H5,W5
+    if not context.shape[2]:  # (nothing comes: nothing to give)
+        return x[:, :, :0]
+    _put_frames(ctx, (decoder, "context"), context)
+    return _pass_input(decoder, 0, _noise(decoder, ctx, first, context.shape[2]), ctx)
 
 
 def _pass_input(decoder, step: int, x_t: torch.Tensor, ctx) -> torch.Tensor:
     """Noised pixels B,3,n,H,W of pass `step`, kept until the pass gives their frames -> its input tokens (as frames)."""
-    if x_t.shape[2]:
-        held = ctx.cache.pop((decoder, "x_t", step))
-        ctx.cache.put((decoder, "x_t", step), x_t if held is None else torch.cat([held, x_t], dim=2))
+    _put_frames(ctx, (decoder, "x_t", step), x_t)
     return _frames(decoder.conv_in_x_t(patchify(x_t, decoder.config.patch_size)))  # B,3,n,H,W -> B,n,H5,W5,C5
 
 
-def _diffuse(decoder, block, step: int, x: torch.Tensor, ctx) -> torch.Tensor:
+class _Modulations:
+    """Each pass's shared AdaLN values (`LTX25Decoder.modulation` of its timestep), computed once per device, dtype
+    and batch for the stages `stages` built (the engine builds them per chunk): every block of a pass reads the same."""
+
+    def __init__(self, decoder):
+        self.decoder, self.made = decoder, {}
+
+    def __call__(self, step: int, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        key = (step, like.device, like.dtype, like.shape[0])
+        if key not in self.made:
+            t = self.decoder.timesteps(like.device)[step]
+            self.made[key] = self.decoder.modulation(t.expand(like.shape[0]), like.dtype)
+        return self.made[key]
+
+
+def _diffuse(decoder, block, step: int, x: torch.Tensor, ctx, modulations: _Modulations) -> torch.Tensor:
     """A diffusion block of pass `step` on its next input frames (as frames), their context added."""
     if not x.shape[2]:  # (nothing comes: nothing to give)
         return x
-    key, last = (block, step), _last_key(decoder)
-    kept_from = ctx.cache.advance((last, "in"), 0)  # the context's first kept frame
+    key = (block, step)
     taken = ctx.cache.advance((key, "in"), 0)
-    x = _tokens(x)
-    context = _tokens(ctx.cache.get((decoder, "context")))
-    added = x + block.context_proj(context[:, taken - kept_from:taken - kept_from + x.shape[1]])
-    t = decoder.timesteps(x.device)[step]
-    modulation = decoder.modulation(t.expand(x.shape[0]), x.dtype)
+    context = _frames_of(ctx, (decoder, "context"), taken, x.shape[2])  # B,C5,n,H5,W5
+    added = _tokens(x) + block.context_proj(_tokens(context))
+    modulation = modulations(step, added)
     out = _attend(key, block, added, ctx, _grid(decoder, ctx, 4),
                   lambda frames, part: block.with_context_added(frames, modulation, part))
-    if key == last:  # the context frames every block has taken now go
-        held = _tokens(ctx.cache.pop((decoder, "context")))
-        _keep(ctx, (decoder, "context"), held[:, ctx.cache.advance((last, "in"), 0) - kept_from:])
+    if key == _last_key(decoder):  # the context frames every block has taken now go
+        _drop_frames(ctx, (decoder, "context"), ctx.cache.advance((key, "in"), 0))
     return _frames(out)
 
 
 def _pass_end(decoder, step: int, x: torch.Tensor, ctx) -> torch.Tensor:
     """Pass `step`'s output tokens (as frames) -> the model's prediction for their frames and, with the noised
-    pixels they started from, the next pass's input tokens (an Euler step, as `LTX25Decoder.forward`) or the
-    output pixels B,3,n,H,W."""
+    pixels they started from, the next pass's input tokens (`blocks.sampling_step`) or the output pixels
+    B,3,n,H,W."""
     cfg = decoder.config
     out = unpatchify(decoder.conv_out(decoder.norm_out(_tokens(x))), cfg.patch_size)  # B,n,H5,W5,C5 -> B,3,n,H,W
-    n = out.shape[2]
-    waiting = ctx.cache.pop((decoder, "x_t", step))
-    if waiting is None:  # (no frames yet)
-        waiting = out[:, :, :0]
-    if waiting.shape[2] > n:
-        ctx.cache.put((decoder, "x_t", step), waiting[:, :, n:])
-    x_t, timesteps, x0 = waiting[:, :, :n], decoder.timesteps(out.device), cfg.model_output_type == "x0"
-    t = timesteps[step]
-    if step + 1 < len(timesteps):
-        out = out.float()
-        velocity = (x_t.float() - out) / t if x0 else out
-        return _pass_input(decoder, step + 1, (x_t.float() - (t - timesteps[step + 1]) * velocity).to(x.dtype), ctx)
-    return out if x0 else (x_t.float() - t * out.float()).to(x.dtype)
+    if not out.shape[2]:  # (no frames yet)
+        return out if step + 1 == cfg.num_inference_steps else x
+    key = (decoder, "x_t", step)
+    first = ctx.cache.advance((key, "given"), out.shape[2])
+    x_t = _frames_of(ctx, key, first, out.shape[2])
+    _drop_frames(ctx, key, first + out.shape[2])
+    y = sampling_step(x_t, out, decoder.timesteps(out.device), step, cfg.model_output_type == "x0")
+    return y if step + 1 == cfg.num_inference_steps else _pass_input(decoder, step + 1, y, ctx)
