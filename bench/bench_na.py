@@ -32,6 +32,7 @@ import torch
 
 from bench.common import machine_summary, print_table
 from bench.core_vae import TREES
+from vae.kernels import na_window
 from vae.kernels import neighborhood as na
 
 SHAPES = {"stage5-small": ((1, 12, 32, 32, 4, 64), (11, 11, 11)), "stage5": ((1, 32, 48, 40, 4, 64), (11, 11, 11)),
@@ -61,7 +62,7 @@ def variants(blocks, with_reference: bool) -> dict:
     for block in blocks:
         shape = tuple(int(n) for n in block.split("x"))
         out[f"blocked {block}"] = lambda q, k, v, kernel, shape=shape: na.blocked(
-            q, k, v, na.part_of(q, k, v, kernel, (0, 0, 0), (0, 0, 0), None), 1.0, shape)
+            q, k, v, na_window.part_of(q, k, v, kernel, (0, 0, 0), (0, 0, 0), None), 1.0, shape)
     if with_reference:
         out["reference"] = lambda q, k, v, kernel: na.na3d(q, k, v, kernel, scale=1.0, impl="reference")
     return out

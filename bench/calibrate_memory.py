@@ -154,6 +154,14 @@ def fit(samples: list[tuple[list[float], float]], mode: str) -> dict:
     return {"per_tile_pixel": 0.0, **best}
 
 
+def fit_above(samples: list[tuple[list[float], float]], mode: str, elements) -> dict:
+    """`fit`, its fixed term then raised until no sample is predicted (`elements(entry, features)`) under its
+    count: for a peak that is the larger of two phases, which one linear model does not follow."""
+    entry = fit(samples, mode)
+    entry["fixed"] += max(0.0, *(count - elements(entry, features) for features, count in samples))
+    return entry
+
+
 # HunyuanVideo 1.5's CPU points (5 frames, up to 320 px) peak at one transient: the 0.9 GB weight reorder
 # of its 1024 -> 8192 channel upsampler conv at latent resolution, above the streamed activations of those
 # sizes, so they fit no per-pixel term and would predict a 720p frame's 2.5 GiB of live tensors as none.
@@ -217,10 +225,7 @@ def own_tiles_entry(family: str, op: str, device_type: str) -> dict:
         samples.append((features, peak / (torch.finfo(dtype).bits // 8)))
         print(f"{family} {op} own tiles {height}x{width}, {frames} frames in, {plan.own_tiles}: "
               f"{peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
-    entry = fit(samples, "own_tiles")
-    predicted = [memory.own_tile_elements(entry, features) for features, _ in samples]
-    entry["fixed"] += max(0.0, *(count - p for p, (_, count) in zip(predicted, samples)))
-    return {**entry, "source": "meta"}
+    return {**fit_above(samples, "own_tiles", memory.own_tile_elements), "source": "meta"}
 
 
 # `--untiled-chunks`: the decode of a family in temporal chunks of whole frames (`ClipExtent.UNTILED_CHUNKS`:
@@ -250,9 +255,7 @@ def untiled_chunks_entry(family: str, device_type: str, offloaded: bool, points=
         samples.append((memory.untiled_chunk_features(model, plan.clip, chunk), live.peak / (torch.finfo(dtype).bits // 8)))
         print(f"{family} decode {frames}x{height}x{width}, {chunk} latent frame(s) a chunk, caches {offload}: "
               f"{live.peak / 2**30:.3f} GiB live ({device_type} {dtype}, meta)", flush=True)
-    entry = fit(samples, "untiled_chunks")
-    predicted = [memory.untiled_chunk_elements(entry, features) for features, _ in samples]
-    entry["fixed"] += max(0.0, *(count - p for p, (_, count) in zip(predicted, samples)))
+    entry = fit_above(samples, "untiled_chunks", memory.untiled_chunk_elements)
     return {**{name: entry[name] for name in (*memory.UNTILED_CHUNK_COEFFICIENTS, "fixed")}, "source": "meta"}
 
 

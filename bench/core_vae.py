@@ -8,7 +8,8 @@ spec's (`FamilySpec.core`); how to build and call the VAE of each such module is
 - "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
   through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2
   through its `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config
-  of StreamVAE's, HunyuanVideo 1.0 through its `AutoencoderKL` with `conv3d=True` (comfy/ldm/models/
+  of StreamVAE's, LTX-2.5's diffusion-decoder VAE through its `CausalDiffusionVAE`
+  (comfy/ldm/lightricks/vae/na_diffusion_decoder.py; its decode draws its noise with seed 0, StreamVAE's default), HunyuanVideo 1.0 through its `AutoencoderKL` with `conv3d=True` (comfy/ldm/models/
   autoencoder.py), given StreamVAE's weights (diffusers' names) in core's by its loader's conversion. This
   core imports comfy-kitchen and comfy-aimdo; they come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
   bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
@@ -201,6 +202,17 @@ def _ltx(core, cfg) -> torch.nn.Module:
     return core.VideoVAE(config=upstream_config(cfg))
 
 
+def _ltx25(core, cfg) -> torch.nn.Module:
+    from vae.model.ltx25.checkpoint import upstream_config
+
+    model = core.CausalDiffusionVAE(config=upstream_config(cfg))
+    # its one buffer no state dict holds (the sampling's timesteps, computed at build): off the meta device
+    steps = model.decoder.default_inference_timesteps.shape[0]
+    model.decoder.register_buffer("default_inference_timesteps", torch.linspace(1.0, 1.0 / steps, steps, device="cpu"),
+                                  persistent=False)
+    return model
+
+
 def _autoencoder_kl(core, cfg) -> torch.nn.Module:
     """Core's `AutoencoderKL` with `conv3d=True` (its HunyuanVideo 1.0 VAE) at the config's widths (core's
     loader builds the released ones only): `encode` gives the raw posterior mode, `decode` takes the raw latent."""
@@ -235,6 +247,7 @@ BUILDS = {
     "comfy.ldm.seedvr.vae": CoreBuild(_seedvr2, lambda model, cfg: RawLatentDecode(model, cfg.scaling_factor)),
     "comfy.ldm.hunyuan_video.vae_refiner": CoreBuild(CoreHv15),
     "comfy.ldm.lightricks.vae.causal_video_autoencoder": CoreBuild(_ltx, lambda model, cfg: NormalizedLatentVAE(model)),
+    "comfy.ldm.lightricks.vae.na_diffusion_decoder": CoreBuild(_ltx25, lambda model, cfg: NormalizedLatentVAE(model)),
     "comfy.ldm.models.autoencoder": CoreBuild(_autoencoder_kl, keys=_diffusers_names),
 }
 

@@ -226,7 +226,7 @@ def run_workloads(op: str, args, out_file: Path) -> list[dict]:
 def run_tests(args, out_file: Path) -> dict:
     files = ["tests/test_triton_kernels.py", "tests/test_backend_and_compile.py",
              "tests/test_causal_cache.py", "tests/test_gpu_decisions.py", "tests/test_kernel_choice.py", "tests/test_layout.py",
-             "tests/test_kernel_check.py", "tests/test_conv_check.py", "tests/test_kernel_log.py"]
+             "tests/test_kernel_check.py", "tests/test_conv_check.py", "tests/test_kernel_log.py", "tests/test_triton_na.py"]
     files = [f for f in files if (REPO / f).is_file()]
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
     start = time.monotonic()

@@ -92,6 +92,10 @@ PARTS = [
             "MiniMax-H3 decode (issue 51): the default (a clip's 15 tiles at once), within 6 GiB (fewer at once) and "
             "within 2 GiB (its decoder's blocks streamed from host memory); no core row (bench.core_vae cannot "
             "build core's module)", rows=["reference", "bf16", "bf16-budget_6g", "bf16-budget_2g"]),
+    _decode("decode-ltx25-720p", "ltx25:121x720x1280", 300,
+            "LTX-2.5 diffusion-decoder decode (issue 50): the default (the Triton neighbourhood attention), within "
+            "8 GiB (2 latent frames a chunk, caches to host) and core 0.33.0 with comfy-kitchen",
+            rows=["reference", "bf16", "bf16-budget_8g", "bf16-core_0.33.0"]),
     Part("profile-wan21", 60, "where the default Wan2.1 decode's time goes",
          ("bench.gpu_check", "--parts", "profile", "--workloads", "wan21:81x480x832", "--part-budget", "{budget}",
           "--out", "{out}")),

@@ -66,6 +66,8 @@ VARIANTS = {
     "fast_tiles": Variant("fast (blended) tiles of 512 px, overlap 64", settings=dict(tile_size=512, tiling="fast",
                                                                                      tile_overlap=64)),
     "budget_12g": Variant("a 12 GiB memory budget", settings=dict(memory_budget=12 * 2**30)),
+    "budget_8g": Variant("an 8 GiB memory budget (LTX-2.5 720p: chunks of latent frames, caches to host)",
+                         settings=dict(memory_budget=8 * 2**30)),
     "budget_6g": Variant("a 6 GiB memory budget (an 8 GB card; frames streamed below the large tiles)",
                          settings=dict(memory_budget=6 * 2**30)),
     "budget_2g": Variant("a 2 GiB memory budget (MiniMax-H3: its decoder's blocks streamed from host memory)",

@@ -9,6 +9,7 @@ the specialization a GPU launch gives it (an integer argument of 1 a constant, 1
 integers marked so, 64-bit integers past 2^31), from meta tensors, whose addresses count as aligned (as a
 fresh CUDA allocation is).
 """
+import contextlib
 import re
 from dataclasses import dataclass, field
 
@@ -19,15 +20,26 @@ from triton._C.libtriton import ir
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, native_specialize_impl
 
-from vae.kernels import triton_norm
+from vae.kernels import na_window, triton_na, triton_norm
 from vae.kernels.activation_layout import FORMATS
 
 # The GPUs users run, oldest first: Turing, Ampere, Hopper, Blackwell (data centre, consumer), MI300.
 TARGETS = {"sm_75": GPUTarget("cuda", 75, 32), "sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32),
            "sm_100": GPUTarget("cuda", 100, 32), "sm_120": GPUTarget("cuda", 120, 32),
            "gfx942": GPUTarget("hip", "gfx942", 64)}
-# Every @triton.jit kernel of the pack (helpers called from kernels are compiled inside them).
-KERNELS = {name: fn for name, fn in vars(triton_norm).items() if isinstance(fn, JITFunction) and name.endswith("_kernel")}
+# Every @triton.jit kernel of the pack (helpers called from kernels are compiled inside them), by name, and
+# the module each is launched from.
+KERNEL_MODULES = {name: module for module in (triton_norm, triton_na) for name, fn in vars(module).items()
+                  if isinstance(fn, JITFunction) and name.endswith("_kernel")}
+KERNELS = {name: getattr(module, name) for name, module in KERNEL_MODULES.items()}
+# Kernels whose maxes may drop a NaN (tl.max, tl.maximum's default) without changing a result, and why:
+# `nan_max_problems` does not apply to them.
+NAN_DROPPING_MAX_IS_HARMLESS = {
+    "_na3d_kernel": "its maxes are the online softmax's running maxima: a NaN score still reaches its query's output "
+                    "through its weight exp2(score - max), whatever the max did with it (tests/test_triton_na.py "
+                    "checks the NaN outputs against the reference); a NaN-keeping tl.reduce would be interpreted "
+                    "element by element in CI, ~4x slower",
+}
 # The largest grid CUDA launches: x up to 2^31 - 1 programs, y and z up to 65535 (HIP allows at least as many).
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
@@ -56,6 +68,18 @@ class _Recorder:
         return lambda *args, **kwargs: self.found.append(Launch(self.name, tuple(grid), args, kwargs))
 
 
+@contextlib.contextmanager
+def _recording(found: list):
+    """Every kernel's launches appended to `found` instead of run, inside the block."""
+    try:
+        for name, module in KERNEL_MODULES.items():
+            setattr(module, name, _Recorder(name, found))
+        yield
+    finally:
+        for name, module in KERNEL_MODULES.items():
+            setattr(module, name, KERNELS[name])
+
+
 def launches(shape, dtype: torch.dtype, layout: str, groups: int = 32) -> list[Launch]:
     """The launches of the GroupNorm statistics and apply and the RMS norm with SiLU on an input of `shape`
     (B,C,T,H,W) in `dtype` and `layout` ("ncdhw" or "ndhwc"), written in `dtype`: recorded on meta tensors."""
@@ -63,16 +87,23 @@ def launches(shape, dtype: torch.dtype, layout: str, groups: int = 32) -> list[L
     x = torch.empty(shape, dtype=dtype, device="meta", memory_format=FORMATS[layout])
     stats = torch.empty((b, c, t), device="meta")
     found: list[Launch] = []
-    real = dict(KERNELS)
-    try:
-        for name in real:
-            setattr(triton_norm, name, _Recorder(name, found))
+    with _recording(found):
         triton_norm.group_norm_moments(x, groups)
         triton_norm.center_scale_act(x, stats, stats, stats, True, torch.empty_like(x))
         triton_norm.rms_norm_act(x, torch.empty((c, 1, 1, 1), device="meta"), 1e-12, True, torch.empty_like(x))
-    finally:
-        for name, kernel in real.items():
-            setattr(triton_norm, name, kernel)
+    return found
+
+
+def na_launches(shape, kernel, dtype: torch.dtype) -> list[Launch]:
+    """The launch of the neighbourhood-attention kernel on the whole grid of `shape` (B,T,H,W,heads,D) with
+    windows `kernel`, q, k and v in `dtype` as views of one qkv projection (the model's layout): recorded on
+    meta tensors."""
+    b, t, h, w, heads, d = shape
+    # B,T,H,W,3,heads,D -> 3 x B,T,H,W,heads,D
+    q, k, v = torch.empty((b, t, h, w, 3, heads, d), dtype=dtype, device="meta").unbind(4)
+    found: list[Launch] = []
+    with _recording(found):
+        triton_na.na3d(q, k, v, na_window.part_of(q, k, v, kernel, (0, 0, 0), (0, 0, 0), None), 1.0)
     return found
 
 
@@ -142,6 +173,16 @@ def rounding_problems(code: dict[str, str], target: GPUTarget, out_dtype: torch.
     if "0x7fff" in gcn and re.search(r"\bv_add3_u32\b", gcn):
         return []
     return ["AMDGCN has no round-to-nearest conversion to bf16"]
+
+
+def code_problems(launch: Launch, code: dict[str, str], target: GPUTarget) -> list[str]:
+    """`rounding_problems` of the launch's output (float32 where it writes none) and `nan_max_problems` (where
+    they apply: NAN_DROPPING_MAX_IS_HARMLESS) of its compiled `code`."""
+    out = launch.bound().get("out_ptr")
+    problems = rounding_problems(code, target, out.dtype if out is not None else torch.float32)
+    if launch.kernel not in NAN_DROPPING_MAX_IS_HARMLESS:
+        problems += nan_max_problems(code, target)
+    return problems
 
 
 def nan_max_problems(code: dict[str, str], target: GPUTarget) -> list[str]:

@@ -98,3 +98,13 @@ def load_tiny(family: str, **kwargs):
     import vae
 
     return vae.load(tiny_checkpoint(family), config=families.spec(family).tiny.fixture_config, **kwargs)
+
+
+def cut_pool(pool: torch.Tensor, n: int, start: int) -> torch.Tensor:
+    """n values of `pool` from `start` on, wrapping round to its start (a copy): the released-width tests cut
+    their seeded random weights from one drawn pool, which is much faster than drawing each tensor."""
+    pieces = []
+    while n:
+        pieces.append(pool[start:start + n])
+        n, start = n - len(pieces[-1]), 0
+    return torch.cat(pieces)

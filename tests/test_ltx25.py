@@ -18,7 +18,7 @@ import torch
 
 import vae
 from ltx25_fixtures import VARIANTS, model, save_full_checkpoint, save_split
-from vae.kernels.neighborhood import key_box
+from vae.kernels.na_window import key_box
 from vae.model.ltx25 import LTX25Config, LTX25VAE
 from vae.model.ltx25.blocks import GridPart, LTX25DiffusionBlock, LTX25NABlock
 from vae.model.video_vae import LayoutError

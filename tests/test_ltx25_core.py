@@ -5,7 +5,7 @@ seeded random weights at small widths. Ours through the public API (`vae.load`, 
 `vae.encode`), float32 on the CPU, within 1e-4 x max(1, |ref|): decode with core's seed (0, core's
 `decode`) and another seed (`noise_seed` in the load config; core's decoder with a generator so seeded),
 the released windows (11x11x11 in stage 5) and others (unequal, the strides split otherwise, v prediction
-in two steps); encode (LTX-2's encoder, the 2.5 block list).
+in two steps); encode (LTX-2's encoder, the 2.5 block list). The released widths: tests/test_ltx25_released.py.
 
 Core runs in a process of its own (one ComfyUI per process); it needs the 0.33.0 tree of .ci/setup and
 its venv's comfy-kitchen, so the module runs in CI's second lane (`comfy`)."""

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 import vae
 from bench.bench_minimax_h3 import core_config
 from minimax_h3_fixtures import NEAR_ONE, core_input, core_outputs, run_core, skip_without_core
-from reference import assert_exact
+from reference import assert_exact, cut_pool
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE
 
 pytestmark = pytest.mark.heavy  # minutes of CPU and 10 GB of RAM: run once per version of its code (tests/heavy.py)
@@ -42,15 +42,6 @@ pytestmark = pytest.mark.heavy  # minutes of CPU and 10 GB of RAM: run once per 
 POOL = 16_777_259  # drawn values the weights are cut from (a length no layer's rows divide)
 # name -> input: core's LATENT (decode) or a video in [-1, 1] (encode); 272 x 32 px is 2 x 1 of core's tiles
 CASES = {"decode:2x1 tiles, 1 clip": (1, 24, 7, 17, 2), "encode:2x1 tiles, 1 clip": (1, 3, 17, 272, 32)}
-
-
-def _cut(pool: torch.Tensor, n: int, start: int) -> torch.Tensor:
-    """n values of `pool` from `start` on, wrapping round to its start (a copy)."""
-    pieces = []
-    while n:
-        pieces.append(pool[start:start + n])
-        n, start = n - len(pieces[-1]), 0
-    return torch.cat(pieces)
 
 
 def released_shapes() -> dict[str, tuple[int, ...]]:
@@ -69,7 +60,7 @@ def released_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> Iterator[
     g = torch.Generator().manual_seed(seed)
     pool = torch.empty(POOL).uniform_(-3 ** 0.5, 3 ** 0.5, generator=g)  # unit variance
     for name, shape in shapes.items():
-        w = _cut(pool, math.prod(shape), int(torch.randint(POOL, (1,), generator=g))).view(shape)
+        w = cut_pool(pool, math.prod(shape), int(torch.randint(POOL, (1,), generator=g))).view(shape)
         if name == "latents_mean":
             w = 0.1 * torch.randn(shape, generator=g)
         elif name == "latents_std":

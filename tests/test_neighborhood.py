@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 
+from vae.kernels import na_window
 from vae.kernels import neighborhood as na
 
 CASES = [  # (B, T, H, W, heads, D), kernel
@@ -55,7 +56,7 @@ def test_reference_is_the_masked_attention(shape, kernel):
 @pytest.mark.parametrize("shape, kernel, block", [(*case, block) for case, block in zip(CASES, [(1, 4, 8), (2, 3, 5)] * 2)])
 def test_blocked_equals_reference(shape, kernel, block):
     q, k, v = qkv(shape, seed=1)
-    part = na.part_of(q, k, v, kernel, (0, 0, 0), (0, 0, 0), None)
+    part = na_window.part_of(q, k, v, kernel, (0, 0, 0), (0, 0, 0), None)
     assert rel(na.blocked(q, k, v, part, 0.3, block), na.reference(q, k, v, part, 0.3)) < 1e-5
 
 
@@ -86,7 +87,7 @@ def whole_grid(request):
 def test_a_tile_with_its_halo_gives_the_whole_grids_rows(whole_grid, origin, size):
     impl, q, k, v, whole = whole_grid
     grid, kernel = TILED_SHAPE[1:4], TILED_KERNEL
-    kv_origin, kv_size = na.key_box(origin, size, kernel, grid)
+    kv_origin, kv_size = na_window.key_box(origin, size, kernel, grid)
     assert kv_size != grid  # a real halo: the tile does not read the whole grid
     tile = na.na3d(_box(q, origin, size), _box(k, kv_origin, kv_size), _box(v, kv_origin, kv_size), kernel,
                    origin, kv_origin, grid, impl=impl)
@@ -99,7 +100,7 @@ def test_a_tile_with_its_halo_gives_the_whole_grids_rows(whole_grid, origin, siz
 
 def test_a_halo_too_small_is_refused():
     q, k, v = qkv((1, 8, 8, 8, 1, 8))
-    kv_origin, kv_size = na.key_box((2, 2, 2), (2, 2, 2), (3, 5, 5), (8, 8, 8))
+    kv_origin, kv_size = na_window.key_box((2, 2, 2), (2, 2, 2), (3, 5, 5), (8, 8, 8))
     short = (kv_size[0], kv_size[1] - 1, kv_size[2])
     with pytest.raises(ValueError, match="axis h"):
         na.na3d(_box(q, (2, 2, 2), (2, 2, 2)), _box(k, kv_origin, short), _box(v, kv_origin, short), (3, 5, 5),

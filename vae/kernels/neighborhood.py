@@ -6,32 +6,48 @@ than the grid shrinks to it), the query at position p attends the K' positions f
 s = clamp(p - K' // 2, 0, L - K'): centred where it fits, shifted inward at the grid's borders. The
 window is the product of the three axes' windows; every query attends exactly K't * K'h * K'w keys.
 
-A part. Queries `q` are the box of the grid starting at `q_origin`; keys and values `k`, `v` the box
-starting at `kv_origin`, which must hold every window of those queries (`key_box` says which box that
-is); `grid` is the whole grid's (T, H, W). The shift happens at the grid's borders only, never at a
-box's, so a tile with its halo gives exactly the whole grid's rows. Layout of q, k, v and the result:
-B, t, h, w, heads, head_dim (channels last, heads before the head's channels, as core's `na3d`).
+A part (the window and the part are na_window.py's). Queries `q` are the box of the grid starting at
+`q_origin`; keys and values `k`, `v` the box starting at `kv_origin`, which must hold every window of those
+queries (`na_window.key_box` says which box that is); `grid` is the whole grid's (T, H, W). The shift
+happens at the grid's borders only, never at a box's, so a tile with its halo gives exactly the whole
+grid's rows. Layout of q, k, v and the result: B, t, h, w, heads, head_dim (channels last, heads before
+the head's channels, as core's `na3d`).
 
 Implementations (`na3d(impl=)`):
 - "reference": the definition, query by query: each query's window gathered and a float32 softmax.
 - "blocked": blocks of queries against the box their windows cover, many blocks per batched
   scaled-dot-product-attention call, the keys outside each query's window masked out; computed in
   bf16/fp16 where the device computes them natively, else in float32. Any device.
-- "auto": blocked (a Triton kernel for GPUs is future work: every Triton kernel of the pack is compiled
-  for the GPU targets in CI, tests/test_triton_targets.py).
+- "triton": a flash-attention style Triton kernel (triton_na.py): each block of queries along w walks
+  its window's key rows, float32 softmax and accumulation, nothing gathered. CUDA and ROCm GPUs (and the
+  CPU under TRITON_INTERPRET=1, how CI proves it against the reference; tests/test_triton_targets.py
+  compiles it for the GPU targets); head_dim 16, 32, 64 or 128.
+- "auto": triton for tensors on a GPU where Triton imports, the kernel takes their head_dim and dtype and
+  passed its first-use check there (`passes_check`), else blocked (the torch fallback).
 """
+import logging
 import math
+import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
+from . import kernel_check
 from .backend import cpu_has_native
+from .na_window import Axes, Part, part_of, window_start
 
-Axes = tuple[int, int, int]
-IMPLS = ("auto", "reference", "blocked")
+IMPLS = ("auto", "reference", "blocked", "triton")
 # Elements of one blocked call's gathered queries, keys, values and mask (bounds its transient memory).
 BLOCKED_CALL_ELEMENTS = 1 << 25
+# The first-use check (`passes_check`; B,T,H,W of its grid, 2 heads; windows): a grid smaller than the window
+# along t and h, larger along w (the window shifts at its borders), a partial block of queries; small, as the
+# interpreter runs it in CI. Allowed error relative to max(1, |reference|) by dtype (float32 in full float32;
+# half precision rounds the softmax weights and the output: a few ulps).
+CHECK_SHAPE, CHECK_KERNEL = (1, 3, 5, 18), (11, 11, 11)
+CHECK_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 1.5e-2}
+log = logging.getLogger("streamvae")
 
 
 def block_for(kernel: Axes) -> Axes:
@@ -40,64 +56,6 @@ def block_for(kernel: Axes) -> Axes:
     (its stage 5's 11), 4 x 8 tokens a frame: the fewer keys a block reads beyond its windows against
     larger matrix products and fewer copies of its keys."""
     return (1 if kernel[0] <= 3 else 2, 4, 8)
-
-
-def window_start(p, kernel: int, length: int):
-    """First position of the window of query position(s) `p` (an int or a tensor) on an axis of `length`."""
-    kernel = min(kernel, length)
-    if isinstance(p, torch.Tensor):
-        return (p - kernel // 2).clamp(0, length - kernel)
-    return min(max(p - kernel // 2, 0), length - kernel)
-
-
-def key_span(start: int, stop: int, kernel: int, length: int) -> tuple[int, int]:
-    """[first, last + 1) of the positions the queries [start, stop) of one axis read."""
-    return window_start(start, kernel, length), window_start(stop - 1, kernel, length) + min(kernel, length)
-
-
-def key_box(q_origin: Axes, q_size: Axes, kernel: Axes, grid: Axes) -> tuple[Axes, Axes]:
-    """(origin, size) of the box of keys the queries of the box (q_origin, q_size) read: the halo a tile needs."""
-    spans = [key_span(o, o + n, k, g) for o, n, k, g in zip(q_origin, q_size, kernel, grid)]
-    return tuple(lo for lo, _ in spans), tuple(hi - lo for lo, hi in spans)
-
-
-@dataclass(frozen=True)
-class Part:
-    """Where the queries and keys of one call lie: boxes of the grid `grid` (T, H, W)."""
-
-    q_origin: Axes
-    q_size: Axes
-    kv_origin: Axes
-    kv_size: Axes
-    grid: Axes
-    kernel: Axes  # clamped to the grid
-
-    def axes(self):
-        return zip(self.q_origin, self.q_size, self.kv_origin, self.kv_size, self.grid, self.kernel)
-
-
-def part_of(q, k, v, kernel, q_origin, kv_origin, grid) -> Part:
-    """The call's `Part`, every precondition checked (a ValueError says which)."""
-    if q.dim() != 6 or k.shape != v.shape or k.dim() != 6:
-        raise ValueError(f"na3d takes q, k, v as B,t,h,w,heads,head_dim; got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[4:] != k.shape[4:]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, heads or head_dim")
-    q_size, kv_size = tuple(q.shape[1:4]), tuple(k.shape[1:4])
-    grid = tuple(grid) if grid is not None else kv_size
-    kernel = (kernel,) * 3 if isinstance(kernel, int) else tuple(kernel)
-    if len(kernel) != 3 or min(kernel) < 1:
-        raise ValueError(f"kernel {kernel}: three positive sizes (t, h, w)")
-    for name, origin, size in (("queries", q_origin, q_size), ("keys", kv_origin, kv_size)):
-        if any(o < 0 or o + n > g for o, n, g in zip(origin, size, grid)):
-            raise ValueError(f"the {name}' box {tuple(origin)} + {size} is not inside the grid {grid}")
-    needed_origin, needed_size = key_box(q_origin, q_size, kernel, grid)
-    for axis, (lo, n, o, size) in enumerate(zip(needed_origin, needed_size, kv_origin, kv_size)):
-        if lo < o or lo + n > o + size:
-            raise ValueError(f"axis {'thw'[axis]}: the queries read keys [{lo}, {lo + n}), the keys given are "
-                             f"[{o}, {o + size}): give a halo of the window (key_box)")
-    return Part(tuple(q_origin), q_size, tuple(kv_origin), kv_size, grid,
-                tuple(min(k_, g) for k_, g in zip(kernel, grid)))
 
 
 def na3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel, q_origin: Axes = (0, 0, 0),
@@ -111,7 +69,55 @@ def na3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel, q_origin: Ax
         raise ValueError(f"na3d impl must be one of {IMPLS}, got {impl!r}")
     part = part_of(q, k, v, kernel, q_origin, kv_origin, grid)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    impl = resolved_impl(impl, q, k, v)
+    if impl == "triton":
+        from . import triton_na  # imports Triton: only where the kernel runs
+
+        return triton_na.na3d(q, k, v, part, scale)
     return (reference if impl == "reference" else blocked)(q, k, v, part, scale)
+
+
+def resolved_impl(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The implementation `impl` names for these tensors: "auto" is "triton" for GPU tensors (CUDA or ROCm,
+    both torch's "cuda") where Triton imports, the kernel takes their head_dim and dtypes and passed its first-use
+    check on that device (`passes_check`), else "blocked"."""
+    if impl != "auto":
+        return impl
+    if q.is_cuda:
+        from . import triton_na
+
+        if (triton_na.triton is not None and triton_na.takes(q, k, v)
+                and passes_check(str(q.device), triton_na.computed_dtype(q, k, v), q.shape[-1])):
+            return "triton"
+    return "blocked"
+
+
+@lru_cache(maxsize=None)
+def passes_check(device: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel, compiled by this machine's Triton for `device`, computes `dtype` at `head_dim` as the
+    reference does: checked once per process before its first use there (a compile that fails, a launch the GPU
+    refuses, a compiler's wrong code: no GPU of the pack's CI runs it). One that fails is not used in this
+    process ("auto" runs the blocked torch path) and one warning says why."""
+    from . import triton_na  # imports Triton: only where the kernel runs
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*CHECK_SHAPE, 2, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(3))
+    part = part_of(q, k, v, CHECK_KERNEL, (0, 0, 0), (0, 0, 0), None)
+    try:
+        got = triton_na.na3d(q, k, v, part, head_dim ** -0.5).float()
+        want = reference(q, k, v, part, head_dim ** -0.5).float()
+        error = ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
+    except Exception as failure:  # noqa: BLE001 - any failure of the compile or launch means: not this kernel
+        reason = kernel_check.error_line(failure)
+    else:
+        if error <= CHECK_TOLERANCE[dtype]:  # NaN compares False: a failure
+            return True
+        reason = f"it differs from the reference by {error:.2e} (allowed {CHECK_TOLERANCE[dtype]:.0e})"
+    message = (f"StreamVAE: the Triton neighbourhood-attention kernel failed its first-use check on {device} in "
+               f"{dtype} ({reason}); the torch implementation runs instead (same results, slower)")
+    log.warning(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    return False
 
 
 # --- the reference --------------------------------------------------------------------------------------

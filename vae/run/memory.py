@@ -360,11 +360,7 @@ def cache_calibrated(model, op: str, device_type: str) -> bool:
     """Whether the causal caches' size is known for this family/op (needed to plan offloading them): for an op
     in temporal chunks of whole frames, whether its offloaded mode is calibrated."""
     if model.clip_extent(op) is ClipExtent.UNTILED_CHUNKS:
-        try:
-            coefficients(model.memory_calibration(op)[0], op, "untiled_chunks_offloaded", device_type)
-        except KeyError:
-            return False
-        return True
+        return calibration_source(model.memory_calibration(op)[0], op, "untiled_chunks_offloaded", device_type) != "none"
     return _cache_elements(model, op, device_type) != (0.0, 0.0)
 
 

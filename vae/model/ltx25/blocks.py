@@ -232,8 +232,15 @@ class LTX25Attention(nn.Module):
         return self.proj(out.flatten(-2))  # B,t',h',w',heads,D -> B,t',h',w',C -> proj
 
 
+# Tokens per step of the SwiGLU: its hidden activations (4x the width, twice) of a step stay in a CPU's cache
+# and are not held for a whole band. Measured (2 cores, AVX-512, float32): stage 5's MLP on 17 x 32 x 32 tokens
+# 1.4x faster than in one step (0.212 -> 0.151 s; 1024 tokens 0.133 s, 1.05x slower at stage 4's width).
+MLP_TOKENS = 4096
+
+
 class LTX25SwiGLU(nn.Module):
-    """w_down(silu(w_gate(x)) * w_up(x)) per token (keys `mlp.w_up`, `mlp.w_gate`, `mlp.w_down`)."""
+    """w_down(silu(w_gate(x)) * w_up(x)) per token (keys `mlp.w_up`, `mlp.w_gate`, `mlp.w_down`), MLP_TOKENS
+    tokens at a time. ...,C in, ...,C out."""
 
     def __init__(self, width: int, hidden: int):
         super().__init__()
@@ -242,7 +249,12 @@ class LTX25SwiGLU(nn.Module):
         self.w_down = nn.Linear(hidden, width, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        tokens = x.reshape(-1, x.shape[-1])  # ...,C -> N,C
+        out = torch.empty_like(tokens)
+        for start in range(0, tokens.shape[0], MLP_TOKENS):
+            step = tokens[start:start + MLP_TOKENS]
+            out[start:start + MLP_TOKENS] = self.w_down(F.silu(self.w_gate(step)) * self.w_up(step))
+        return out.view(x.shape)  # N,C -> ...,C
 
 
 class LTX25NABlock(nn.Module):

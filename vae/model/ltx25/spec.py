@@ -2,7 +2,7 @@
 whole frames, its neighbourhood-attention windows looking ahead (so its frames come late, the last with the
 clip's last chunk), never in exact tiles; the encoder is LTX-2's, chunked and tiled as LTX-2's. Its noise seed
 is the config's `noise_seed` (`vae.load(config={"noise_seed": n})`; 0, the default, gives core's frames)."""
-from ..family_spec import Bench, Capability, CardRow, Clip, FamilySpec, LoadInteger, TinyModel
+from ..family_spec import Bench, Capability, CardRow, Clip, CoreVAE, FamilySpec, LoadInteger, TinyModel
 from ..ltx2.blocks import LTX2Config, LTXBlock
 from .blocks import MAX_SEED, LTX25Config, swiglu_hidden
 from .network import LTX25VAE
@@ -34,6 +34,7 @@ SPEC = FamilySpec(
     load_choices=(LoadInteger("noise_seed", input="decode_seed", default=0, minimum=0, maximum=MAX_SEED, help=(
         "LTX-2.5 diffusion decoder: the seed of its decode noise; 0 = core's frames.")),),
     capabilities=frozenset({Capability.LOOKAHEAD, Capability.UNTILED_CHUNKS}),
+    core=CoreVAE("comfy.ldm.lightricks.vae.na_diffusion_decoder", since="0.33.0"),
     # The decode's memory model: `python -m bench.calibrate_memory --untiled-chunks` (the meta-device count).
     bench=Bench(cards=(CardRow("LTX-2.5 720p, 121 frames, decode", "decode", Clip(121, 720, 1280)),
                        CardRow("LTX-2.5 1088p, 121 frames, decode", "decode", Clip(121, 1088, 1920)))),

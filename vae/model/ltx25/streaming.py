@@ -32,7 +32,7 @@ stages, the cache and `FrameStream`); pixels are B,3,t,H,W.
 """
 import torch
 
-from ...kernels.neighborhood import key_span, window_start
+from ...kernels.na_window import key_span, window_start
 from ..video_vae import Stage
 from .blocks import GridPart, draw_noise, patchify, sampling_step, unpatchify
 
@@ -70,12 +70,17 @@ def _frames(tokens: torch.Tensor) -> torch.Tensor:
     return tokens.permute(0, 4, 1, 2, 3)  # B,t,h,w,C -> B,C,t,h,w (a view)
 
 
-def _grid(decoder, ctx, i: int) -> int:
-    """Frames of stage i's grid (0-3: stages 1-4 with the trailing copies; 4: stage 5, the pixel frames)."""
+def _clip_latent_frames(ctx) -> int:
+    """The clip's latent frames, which the engine run gives (the windows and the noise span the clip)."""
     if ctx.clip_latent_frames is None:
         raise ValueError("the LTX-2.5 diffusion decoder runs in an engine run (vae.decode): its windows and noise "
                          "span the clip, whose length the run gives")
-    return decoder.config.stage_frames(ctx.clip_latent_frames)[i]
+    return ctx.clip_latent_frames
+
+
+def _grid(decoder, ctx, i: int) -> int:
+    """Frames of stage i's grid (0-3: stages 1-4 with the trailing copies; 4: stage 5, the pixel frames)."""
+    return decoder.config.stage_frames(_clip_latent_frames(ctx))[i]
 
 
 def _entry(decoder, z: torch.Tensor, ctx, seed: int) -> torch.Tensor:
@@ -83,9 +88,8 @@ def _entry(decoder, z: torch.Tensor, ctx, seed: int) -> torch.Tensor:
     With the run's first frames, the clip's noise is drawn (whole, as core draws it: nothing else is held yet)
     and kept in pieces until stage 5 takes it."""
     if ctx.cache.advance((decoder, "latent"), z.shape[2]) == 0:
-        scale = decoder.config.spatial_factor
-        shape = (z.shape[0], decoder.config.out_channels, _grid(decoder, ctx, 4), z.shape[3] * scale, z.shape[4] * scale)
-        _put_frames(ctx, (decoder, "noise"), draw_noise(shape, seed, z.dtype, z.device))
+        clip = (*z.shape[:2], _clip_latent_frames(ctx), *z.shape[3:])  # B,C,T,h,w of the whole clip
+        _put_frames(ctx, (decoder, "noise"), draw_noise(decoder.pixel_shape(clip), seed, z.dtype, z.device))
     if ctx.last_chunk:
         z = torch.cat([z, z[:, :, -1:].expand(-1, -1, decoder.config.trailing_frames, -1, -1)], dim=2)  # B,C,t+n,h,w
     return _frames(decoder.conv_in(z.permute(0, 2, 3, 4, 1)))  # B,C,t,h,w -> B,t,h,w,C -> B,t,h,w,C0
