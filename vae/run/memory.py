@@ -198,7 +198,7 @@ def own_tile_features(work: OwnTileWork, own: OwnTiles) -> list[float]:
 def own_tile_elements(coef: dict, features: list[float]) -> float:
     """Activation elements of a model that runs its own tiles: `coef` (the "own_tiles" coefficients) . the
     `own_tile_features` + fixed."""
-    return sum(coef.get(name, 0.0) * value for name, value in zip(OWN_TILE_COEFFICIENTS, features)) + coef.get("fixed", 0)
+    return _linear_elements(coef, OWN_TILE_COEFFICIENTS, features)
 
 
 def estimate_own_tiles(model, clip: Clip, input_shape, own: OwnTiles, device, io_on_device=(True, True)) -> int:
@@ -236,7 +236,12 @@ def untiled_chunk_features(model, clip: Clip, temporal_chunk: int) -> list[float
 
 def untiled_chunk_elements(coef: dict, features: list[float]) -> float:
     """Activation elements of an op in temporal chunks of whole frames: `coef` . the `untiled_chunk_features` + fixed."""
-    return sum(coef.get(name, 0.0) * value for name, value in zip(UNTILED_CHUNK_COEFFICIENTS, features)) + coef.get("fixed", 0)
+    return _linear_elements(coef, UNTILED_CHUNK_COEFFICIENTS, features)
+
+
+def _linear_elements(coef: dict, names: tuple[str, ...], features: list[float]) -> float:
+    """The coefficients `names` of `coef` (0 where absent) . `features`, + its fixed term."""
+    return sum(coef.get(name, 0.0) * value for name, value in zip(names, features)) + coef.get("fixed", 0)
 
 
 def resident_cache_bytes(model, op: str, device, opts: Optimizations) -> int:

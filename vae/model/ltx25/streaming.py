@@ -173,12 +173,12 @@ def _drop_frames(ctx, key, stop: int) -> None:
     ctx.cache.advance((key, "dropped"), max(0, stop // PIECE * PIECE - dropped))
 
 
-def _noise(decoder, ctx, first: int, n: int) -> torch.Tensor:
-    """Frames [first, first + n) of the clip's noise (B,3,n,H,W; n >= 1, drawn by `_entry`), its pieces dropped
-    once used."""
-    noise = _frames_of(ctx, (decoder, "noise"), first, n)
-    _drop_frames(ctx, (decoder, "noise"), first + n)
-    return noise
+def _take_frames(ctx, key, first: int, n: int) -> torch.Tensor:
+    """Frames [first, first + n) of the buffer `key` (n >= 1) for their one reader: its pieces before them and
+    the ones they end dropped."""
+    frames = _frames_of(ctx, key, first, n)
+    _drop_frames(ctx, key, first + n)
+    return frames
 
 
 def _last_key(decoder):
@@ -194,7 +194,8 @@ def _context(decoder, x: torch.Tensor, ctx) -> torch.Tensor:
     if not context.shape[2]:  # (nothing comes: nothing to give)
         return x[:, :, :0]
     _put_frames(ctx, (decoder, "context"), context)
-    return _pass_input(decoder, 0, _noise(decoder, ctx, first, context.shape[2]), ctx)
+    # the clip's noise of these frames (drawn by `_entry`)
+    return _pass_input(decoder, 0, _take_frames(ctx, (decoder, "noise"), first, context.shape[2]), ctx)
 
 
 def _pass_input(decoder, step: int, x_t: torch.Tensor, ctx) -> torch.Tensor:
@@ -243,8 +244,6 @@ def _pass_end(decoder, step: int, x: torch.Tensor, ctx) -> torch.Tensor:
     if not out.shape[2]:  # (no frames yet)
         return out if step + 1 == cfg.num_inference_steps else x
     key = (decoder, "x_t", step)
-    first = ctx.cache.advance((key, "given"), out.shape[2])
-    x_t = _frames_of(ctx, key, first, out.shape[2])
-    _drop_frames(ctx, key, first + out.shape[2])
+    x_t = _take_frames(ctx, key, ctx.cache.advance((key, "given"), out.shape[2]), out.shape[2])
     y = sampling_step(x_t, out, decoder.timesteps(out.device), step, cfg.model_output_type == "x0")
     return y if step + 1 == cfg.num_inference_steps else _pass_input(decoder, step + 1, y, ctx)
