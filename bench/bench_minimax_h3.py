@@ -31,7 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import vae
 
 from bench.common import machine_summary, print_table
-from bench.core_vae import _import_core
+from bench.core_vae import _import_core, core_model
 from bench.models import random_state_dict
 from vae.kernels import cpu_has_native
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE, tiled
@@ -39,33 +39,6 @@ from vae.model.minimax_h3.vit3d import MiniMaxH3Block, MiniMaxH3Rope, token_posi
 
 KERNELS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 TILE_TOKENS = (7, 16, 16)  # a 256 px tile of one clip: 7 latent frames of 16 x 16
-
-
-def core_config(cfg: MiniMaxH3Config) -> dict:
-    """What core's MiniMaxH3VideoVAE and its ViT3DDecoder are built with for `cfg`."""
-    return {"ch": cfg.base_channels, "ch_mult": list(cfg.multipliers), "num_res_blocks": list(cfg.res_blocks),
-            "tile_size": cfg.tile_size, "tile_overlap_min": cfg.tile_overlap_min, "layers": cfg.layers,
-            "heads": cfg.heads, "head_dim": cfg.head_dim, "register_tokens": cfg.register_tokens}
-
-
-def build_core(config: dict, state_dict: dict) -> torch.nn.Module:
-    """Core's MiniMaxH3VideoVAE at `config`'s widths and depth (core's Load VAE builds the released ones
-    only), `state_dict` loaded strictly, float32. Core must be imported (`bench.core_vae._import_core`).
-    `state_dict` is emptied as it is read: each tensor becomes core's weight in float32 (a float32 tensor as it
-    is, not copied: a file's tensors mapped into memory stay the page cache's pages, and the bench's core
-    shares its float32 weights with StreamVAE's model), the one read let go once cast, so the peak is the
-    larger of the file's tensors and core's weights, not their sum (the weights core's modules are built
-    with are allocated, never written, and replaced)."""
-    import comfy.ldm.minimax.vae as core_vae
-
-    core = core_vae.MiniMaxH3VideoVAE(ch=config["ch"], ch_mult=config["ch_mult"], num_res_blocks=config["num_res_blocks"],
-                                      tile_size=config["tile_size"], tile_overlap_min=config["tile_overlap_min"])
-    core.decoder = core_vae.ViT3DDecoder(patch_size=core.vae_ratio, patch_size_t=core.vae_ratio_t, in_channels=24,
-                                         num_layers=config["layers"], heads=config["heads"], dim_head=config["head_dim"],
-                                         num_register_tokens=config["register_tokens"])
-    core.load_state_dict({k: state_dict.pop(k).to(torch.float32) for k in list(state_dict)}, strict=True,
-                         assign=True)
-    return core.to(torch.float32).eval()
 
 
 def _random(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -101,7 +74,7 @@ def decode_table(args, core_module) -> list[dict]:
     cfg = MiniMaxH3Config(base_channels=32, multipliers=(1, 1, 1, 1, 1, 2), res_blocks=(1,) * 6, dim=args.dim,
                           layers=args.layers)
     ours = _random(MiniMaxH3VAE(cfg), 1)
-    core = build_core(core_config(cfg), ours.state_dict())
+    core = core_model("0.33.0", MiniMaxH3VAE.family, cfg, ours.state_dict(), torch.float32)  # shares ours' weights
     rows, cols = args.grid
     # the smallest frame core cuts into rows x cols tiles of 256 px: 192 px more per tile (64 px overlap)
     z = torch.randn(1, 24, 7, (256 + 192 * (rows - 1)) // 16, (256 + 192 * (cols - 1)) // 16,
@@ -109,7 +82,7 @@ def decode_table(args, core_module) -> list[dict]:
     latent = ours.to_comfy_latent(z)
     bf16 = _random(MiniMaxH3VAE(cfg), 1).to(torch.bfloat16)
     variants = {
-        "core 0.33.0": lambda: core.decode(latent) * 2 - 1,
+        "core 0.33.0": lambda: core.frames(latent) * 2 - 1,
         "ours (the CPU's default: one tile at a time)": lambda: vae.decode(ours, z),
         "ours, tiles batched": lambda: vae.decode(ours, z, vae.Settings(own_tile_batch=rows * cols)),
         "ours, weights streamed": lambda: vae.decode(ours, z, vae.Settings(stream_weights=True)),

@@ -1,28 +1,31 @@
 """ComfyUI core's own VAE of a family, loaded with the same state dict as StreamVAE's, for comparison.
 
-Which module of core holds a family's VAE, and the first core version it is compared on, is the family's
-spec's (`FamilySpec.core`); how to build and call the VAE of each such module is here (`BUILDS`). Two cores
-(`TREES`), each a ComfyUI source tree found as below:
-- "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan (comfy/ldm/wan/vae.py,
-  vae2_2.py) and HunyuanVideo 1.5 (comfy/ldm/hunyuan_video/vae_refiner.py).
-- "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2
-  through its native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2
-  through its `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config
-  of StreamVAE's, LTX-2.5's diffusion-decoder VAE through its `CausalDiffusionVAE`
-  (comfy/ldm/lightricks/vae/na_diffusion_decoder.py; its decode draws its noise with seed 0, StreamVAE's default), HunyuanVideo 1.0 through its `AutoencoderKL` with `conv3d=True` (comfy/ldm/models/
-  autoencoder.py), given StreamVAE's weights (diffusers' names) in core's by its loader's conversion. This
-  core imports comfy-kitchen and comfy-aimdo; they come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
-  bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo
-  0.6.0, what core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
+Which module of core holds a family's VAE, and the first core version it is compared on, is the family's spec's
+(`FamilySpec.core`); how to build and call the VAE of each such module is here (`BUILDS`). Two cores (`TREES`), each
+a ComfyUI source tree found as below:
+- "0.3.75": the tree the tests run (.cache/ComfyUI, or STREAMVAE_COMFYUI): Wan (comfy/ldm/wan/vae.py, vae2_2.py) and
+  HunyuanVideo 1.5 (comfy/ldm/hunyuan_video/vae_refiner.py).
+- "0.33.0" (.cache/comfyui-0.33.0/ComfyUI, or STREAMVAE_COMFYUI_033): Wan through its WanVAE, SeedVR2 through its
+  native VAE (comfy/ldm/seedvr/vae.py), HunyuanVideo 1.5 through its encoder and decoder, LTX-2 through its
+  `VideoVAE` (comfy/ldm/lightricks/vae/causal_video_autoencoder.py) built from the upstream config of StreamVAE's,
+  LTX-2.5's diffusion-decoder VAE through its `CausalDiffusionVAE`
+  (comfy/ldm/lightricks/vae/na_diffusion_decoder.py; its decode draws its noise with seed 0, StreamVAE's default),
+  HunyuanVideo 1.0 through its `AutoencoderKL` with `conv3d=True` (comfy/ldm/models/autoencoder.py), given
+  StreamVAE's weights (diffusers' names) in core's by its loader's conversion, MiniMax-H3 through its
+  `MiniMaxH3VideoVAE` (comfy/ldm/minimax/vae.py) at the config's widths. This core imports comfy-kitchen and
+  comfy-aimdo; they come from STREAMVAE_CORE_SITE, a folder they were installed into (`pip install --target`, as
+  bench/gpu_session.sh does with the wheels bench/prepare_gpu_carry.sh fetched: kitchen 0.2.40, aimdo 0.6.0, what
+  core's users run), else from the 0.33.0 server's venv that .ci/setup builds (CPU builds).
 
 Core's VAEs use the checkpoint's key names, which are StreamVAE's native ones (but HunyuanVideo 1.0's:
-`CoreBuild.keys`). Core's Wan `decode` takes the raw latent and returns unclamped pixels in [-1, 1], as
-StreamVAE's does; `encode` returns the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling factor), so it
-is wrapped to take the raw latent (`RawLatentDecode`), and core's LTX VAE to take and give raw latents
-(`NormalizedLatentVAE`; its LATENT is normalised by the checkpoint's statistics). A process holds one ComfyUI: its tree and
-packages go at the end of the import path (after the benchmark's own modules are imported, since a
-tree's `tests`, `utils` and `app` packages would shadow others), and ComfyUI reads its command line on
-import: --cpu unless the model is to run on CUDA.
+`CoreBuild.keys`). Core's Wan `decode` takes the raw latent and returns unclamped pixels in [-1, 1], as StreamVAE's
+does; `encode` returns the raw mean. Core's SeedVR2 `decode` takes the latent its LATENT holds (raw x scaling
+factor), so it is wrapped to take the raw latent (`RawLatentDecode`), and core's LTX VAE to take and give raw
+latents (`NormalizedLatentVAE`; its LATENT is normalised by the checkpoint's statistics), and core's MiniMax-H3 VAE
+to take and give raw latents and frames in [-1, 1] before its clamp (`CoreMiniMaxH3`). A process holds one ComfyUI:
+its tree and packages go at the end of the import path (after the benchmark's own modules are imported, since a
+tree's `tests`, `utils` and `app` packages would shadow others), and ComfyUI reads its command line on import: --cpu
+unless the model is to run on CUDA.
 """
 import importlib
 import os
@@ -224,6 +227,65 @@ def _autoencoder_kl(core, cfg) -> torch.nn.Module:
     return core.AutoencoderKL(ddconfig=ddconfig, embed_dim=cfg.latent_channels)
 
 
+def _minimax_h3(core, cfg) -> torch.nn.Module:
+    """Core's `MiniMaxH3VideoVAE` at the config's widths and tiles, its decoder at the config's depth and heads
+    (core's loader builds the released ones only). The buffers no state dict holds, computed at build (the
+    pixel statistics, the rope's frequencies), are built off the meta device: core's constants, and the rope
+    of a decoder with no blocks built on the CPU."""
+    model = core.MiniMaxH3VideoVAE(ch=cfg.base_channels, ch_mult=list(cfg.multipliers),
+                                   num_res_blocks=list(cfg.res_blocks), tile_size=cfg.tile_size,
+                                   tile_overlap_min=cfg.tile_overlap_min)
+    decoder = dict(patch_size=model.vae_ratio, patch_size_t=model.vae_ratio_t, in_channels=cfg.z_channels,
+                   heads=cfg.heads, dim_head=cfg.head_dim, num_register_tokens=cfg.register_tokens)
+    model.decoder = core.ViT3DDecoder(num_layers=cfg.layers, **decoder)
+    with torch.device("cpu"):
+        model.decoder.pos_embed = core.ViT3DDecoder(num_layers=0, **decoder).pos_embed
+        for name, value in (("pixel_mean", core.IMAGENET_MEAN), ("pixel_std", core.IMAGENET_STD)):
+            model.register_buffer(name, torch.tensor(value).view(1, 3, 1, 1, 1), persistent=False)
+    return model
+
+
+class CoreMiniMaxH3(torch.nn.Module):
+    """Core's MiniMax-H3 VAE (`core`) with StreamVAE's conventions: raw latents in and out, frames in [-1, 1].
+    Core's own `encode` gives its LATENT (normalised by the latent statistics) and its `decode` takes that and
+    gives frames in [0, 1], clamped: `frames(latent, clamp)`, with or without that clamp. StreamVAE's decode,
+    as every family's, does not clamp, so `decode` is core's before its clamp (a few elementwise operations,
+    which would hide most of a decode with random weights), x 2 - 1."""
+
+    def __init__(self, core: torch.nn.Module):
+        super().__init__()
+        self.core = core
+
+    def _statistics(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The latent statistics, B,C,T,h,w-broadcastable, in `like`'s dtype and device."""
+        return tuple(s.view(1, -1, 1, 1, 1).to(like) for s in (self.core.latents_mean, self.core.latents_std))
+
+    def frames(self, latent: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        """Core's LATENT B,24,T',h,w -> core's frames B,3,T,H,W in [0, 1] (`clamp`) or before its clamp."""
+        core = self.core
+        if clamp:
+            return core.decode(latent)
+
+        def unclamped(part):  # core's `_finalize_pixels` less its `clamp_(0, 1)`
+            return part * core.pixel_std.to(device=part.device, dtype=torch.float32) + core.pixel_mean.to(
+                device=part.device, dtype=torch.float32)
+
+        core._finalize_pixels = unclamped  # an instance attribute over the class's method, for this call
+        try:
+            return core.decode(latent)
+        finally:
+            del core._finalize_pixels
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        mean, std = self._statistics(z)
+        return self.frames((z - mean) / std, clamp=False) * 2 - 1
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        latent = self.core.encode(x)
+        mean, std = self._statistics(latent)
+        return latent * std + mean
+
+
 def _diffusers_names(state_dict: dict) -> dict:
     """A state dict in diffusers' VAE key names in core's, by core's own loader conversion."""
     return importlib.import_module("comfy.diffusers_convert").convert_vae_state_dict(state_dict)
@@ -249,6 +311,7 @@ BUILDS = {
     "comfy.ldm.lightricks.vae.causal_video_autoencoder": CoreBuild(_ltx, lambda model, cfg: NormalizedLatentVAE(model)),
     "comfy.ldm.lightricks.vae.na_diffusion_decoder": CoreBuild(_ltx25, lambda model, cfg: NormalizedLatentVAE(model)),
     "comfy.ldm.models.autoencoder": CoreBuild(_autoencoder_kl, keys=_diffusers_names),
+    "comfy.ldm.minimax.vae": CoreBuild(_minimax_h3, lambda model, cfg: CoreMiniMaxH3(model)),
 }
 
 

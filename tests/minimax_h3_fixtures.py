@@ -59,9 +59,9 @@ def skip_without_core() -> None:
 
 
 def core_input(op: str, shape: tuple, seed: int) -> torch.Tensor:
-    """A seeded input of core's op `op`: a video in [-1, 1] to encode, else a LATENT (standard normal)."""
+    """A seeded input of core's op `op`: a video in [-1, 1] to encode, else a latent (standard normal)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.rand(shape, generator=g) * 2 - 1 if op == "encode" else torch.randn(shape, generator=g)
+    return torch.rand(shape, generator=g) * 2 - 1 if op.endswith("encode") else torch.randn(shape, generator=g)
 
 
 def run_core(jobs: list[dict], folder: Path) -> None:

@@ -3,10 +3,12 @@ file's), a batch of its tiles at a time, the decoder's blocks streamed from host
 (an encode's too); each equal within 1e-5 to the model's function run whole (`tiled.decode`: every tile of a
 clip in one call, weights resident; core's frames in test_minimax_h3_core.py). A decode to a sink keeps host
 memory flat in the clip's length (peak RSS of a fresh process per length). Progress counts each batch of
-tiles. The planner's CUDA plans for 1280x720x241 fit 6 GiB
+tiles. A clip that runs out of memory runs again with fewer tiles at once, the clips before it kept. The
+planner's CUDA plans for 1280x720x241 fit 6 GiB
 with the weights resident and 2 GiB with them streamed (the meta-device count's coefficients)."""
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -21,7 +23,7 @@ from minimax_h3_fixtures import SMALL, model, with_tiles
 from reference import assert_exact
 from vae.model.execution import OwnTiles
 from vae.model.minimax_h3 import tiled
-from vae.run import memory, planning
+from vae.run import memory, planning, recovery
 from vae.run.progress import Cancelled
 
 GIB = 2**30
@@ -75,6 +77,72 @@ def test_progress_counts_each_batch_of_tiles_and_a_cancel_stops_the_run():
     with pytest.raises(Cancelled):
         vae.decode(m, z, progress=lambda done, total: seen.append(done), cancel=lambda: bool(seen))
     assert seen == [1]
+
+
+def _out_of_memory_when(monkeypatch, fails) -> list[tuple[int, int]]:
+    """Each clip's tiles (`tiled._blend_tiles`) raise CUDA's out-of-memory error once their first batch is done
+    where `fails(clip, batch)` (the clip, from 0; the tiles at once it runs with); the (clip, batch) of every
+    try, in order."""
+    blend, tries, done = tiled._blend_tiles, [], []
+
+    def flaky(run, x, grid_in, grid_out, batch, step):
+        clip = len(done)
+        tries.append((clip, batch))
+
+        def failing(cuts):
+            for out in run(cuts):
+                if fails(clip, batch):
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
+                yield out
+
+        result = blend(failing, x, grid_in, grid_out, batch, step)
+        done.append(clip)
+        return result
+
+    monkeypatch.setattr(tiled, "_blend_tiles", flaky)
+    return tries
+
+
+def test_out_of_memory_in_a_clip_retries_it_with_fewer_tiles_and_keeps_the_clips_before(monkeypatch, caplog):
+    """Two clips over a 3x2 grid, all 6 tiles at once; the second clip runs out of memory with 6 and with 3 at
+    once: it runs again with 3, then 1 (the first clip, handed on already, is not run again), and the frames
+    reach the sink once each, in order, equal to the whole decode."""
+    m = model(DEEPER, seed=4)
+    z = _latent(12, 7, 5)
+    with torch.no_grad():
+        whole = tiled.decode(m, z)
+    tries = _out_of_memory_when(monkeypatch, lambda clip, batch: clip == 1 and batch >= 3)
+    got = []
+    with caplog.at_level(logging.WARNING, logger="streamvae"):
+        vae.decode(m, z, vae.Settings(own_tile_batch=6), sink=lambda first, frames: got.append((first, frames.clone())))
+    assert tries == [(0, 6), (1, 6), (1, 3), (1, 1)]
+    assert [first for first, _ in got] == [clip.out_start for clip in tiled.decode_plan(12, m.config).clips]
+    assert_exact(torch.cat([frames for _, frames in got], dim=2), whole, 1e-5)
+    assert "retrying the clip with 3 of its 6 tiles at a time" in caplog.text
+    assert "retrying the clip with 1 of its 6 tiles at a time" in caplog.text
+
+
+def test_out_of_memory_in_an_encode_clip_keeps_the_smaller_batch_for_the_clips_after(monkeypatch):
+    """An encode of two clips, 2 tiles at once: the first clip runs out of memory and runs again one tile at a
+    time, as the second then does; the latent equals the whole encode's."""
+    m = model(DEEPER, seed=4)
+    x = torch.rand(1, 3, 22, 96, 48, generator=torch.Generator().manual_seed(9)) * 2 - 1
+    with torch.no_grad():
+        whole = tiled.encode(m, x)[:, :24]  # the mean
+    tries = _out_of_memory_when(monkeypatch, lambda clip, batch: batch > 1)
+    got = vae.encode(m, x, vae.Settings(own_tile_batch=2))
+    assert tries == [(0, 2), (0, 1), (1, 1)]
+    assert_exact(got, whole, 1e-5)
+
+
+def test_out_of_memory_with_one_tile_at_a_time_says_what_to_do(monkeypatch):
+    m = model(DEEPER, seed=4)
+    _out_of_memory_when(monkeypatch, lambda clip, batch: True)
+    with pytest.raises(recovery.OutOfMemory) as caught:
+        vae.decode(m, _latent(7, 5, 5), vae.Settings(own_tile_batch=2))
+    text = str(caught.value)
+    assert "one of the model's own tiles at a time" in text and "memory_budget" in text and "injected" in text
+    assert isinstance(caught.value, torch.OutOfMemoryError)
 
 
 def test_a_budget_runs_fewer_tiles_then_streams_the_weights():

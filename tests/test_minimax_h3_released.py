@@ -10,7 +10,7 @@ an encode of one 17-frame clip of the same size (2 x 1 tiles, 2 latent frames). 
 odd sizes and padded clips run the same code at every width: test_minimax_h3_core.py, at reduced widths.
 
 One float32 copy of the weights on the machine: the file, written a tensor at a time, and mapped into
-memory by both processes (safetensors' `load_file`), core's first (`bench.bench_minimax_h3.build_core`
+memory by both processes (safetensors' `load_file`), core's first (`bench.core_vae.core_model`
 takes float32 tensors as they are), then this one's: `vae.load` of the file's tensors keeps them as they
 are. The weights are page-cache pages, which the kernel can drop and read again, not 10.4 GB of each
 process's own memory (two such copies, or one beside a benchmark, run a 24 GiB machine out of memory).
@@ -32,7 +32,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import vae
-from bench.bench_minimax_h3 import core_config
 from minimax_h3_fixtures import NEAR_ONE, core_input, core_outputs, run_core, skip_without_core
 from reference import assert_exact, cut_pool
 from vae.model.minimax_h3 import MiniMaxH3Config, MiniMaxH3VAE
@@ -104,7 +103,7 @@ def released(tmp_path_factory):
     write_safetensors(path, shapes, released_weights(shapes, seed=51))
     inputs = {name: core_input(name.split(":")[0], shape, seed=60 + i) for i, (name, shape) in enumerate(CASES.items())}
     save_file(inputs, str(folder / "in.safetensors"))
-    job = {"checkpoint": str(path), "config": core_config(MiniMaxH3Config()), "inputs": str(folder / "in.safetensors"),
+    job = {"checkpoint": str(path), "config": {}, "inputs": str(folder / "in.safetensors"),
            "outputs": str(folder / "out.safetensors")}
     run_core([job], folder)
     expected = core_outputs(job)

@@ -3,19 +3,22 @@ StreamVAE's test checkpoints, in a process of its own (one ComfyUI per process, 
 float32 on the CPU.
 
 Core's Load VAE builds this VAE at the released widths only (comfy/sd.py), so each job builds core's
-class at the file's widths, with its decoder at the file's depth and heads, and loads the file strictly
-(`bench.bench_minimax_h3.build_core`).
+class at the file's widths, depth and heads, with the job's tiles, and loads the file strictly, as the
+benchmarks do (`bench.core_vae.core_model`: the sizes StreamVAE's loader reads from the file's shapes).
 Core's `decode` clamps its frames to [0, 1], which hides most of a decode with random weights; inputs
-named `decode:` run core's decode with that clamp alone taken out (its `_finalize_pixels` without
-`clamp_`), `decode_clamped:` core's decode as it is. `encode:` inputs give core's LATENT.
+named `decode:` run core's decode with that clamp alone taken out (`CoreMiniMaxH3.frames`),
+`decode_clamped:` core's decode as it is. `encode:` inputs give core's LATENT; `raw_decode:` (raw latents)
+and `raw_encode:` inputs run the benchmarks' wrapper, StreamVAE's conventions (`CoreMiniMaxH3.decode`, `.encode`).
 A job with `geometry` instead reports core's tile splits and output frame counts.
 
     python tests/comfy_support/core_minimax_h3.py jobs.json
-    jobs: [{"checkpoint": path, "config": {...}, "inputs": path, "outputs": path}]
+    jobs: [{"checkpoint": path, "config": {"tile_size": px, "tile_overlap_min": px} or {}, "inputs": path,
+            "outputs": path}]
           or [{"geometry": {"lengths": [...], "latent_frames": [...], "tiles": [[size, overlap], ...]},
                "outputs": path}]
-    inputs: a safetensors file of tensors named decode:<name> (core's LATENTs), decode_clamped:<name>
-    and encode:<name> (videos in [-1, 1]); outputs: the same names, core's results.
+    inputs: a safetensors file of tensors named decode:<name> (core's LATENTs), decode_clamped:<name>,
+    raw_decode:<name> (raw latents), encode:<name> and raw_encode:<name> (videos in [-1, 1]); outputs: the same
+    names, core's results.
 """
 import json
 import sys
@@ -27,31 +30,20 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "comfy_support" / "stubs")]  # t
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from bench.bench_minimax_h3 import build_core  # noqa: E402
-from bench.core_vae import _import_core  # noqa: E402
-
-
-def _unclamped(core):
-    """Core's `_finalize_pixels` less its clamp to [0, 1]."""
-    def finalize(part):
-        return part * core.pixel_std.to(device=part.device, dtype=torch.float32) + core.pixel_mean.to(
-            device=part.device, dtype=torch.float32)
-
-    return finalize
+from bench.core_vae import _import_core, core_model  # noqa: E402
+from vae.loading import build_empty, read_shapes  # noqa: E402
 
 
 def run(job: dict) -> None:
-    core = build_core(job["config"], load_file(job["checkpoint"]))
-    stock = core._finalize_pixels
+    config = build_empty(*read_shapes(job["checkpoint"]), config=job["config"])[0].config
+    core = core_model("0.33.0", "minimax_h3", config, load_file(job["checkpoint"]), torch.float32)
     results = {}
     for name, value in load_file(job["inputs"]).items():
         op = name.split(":")[0]
         with torch.no_grad():
-            if op == "encode":
-                results[name] = core.encode(value).contiguous()
-                continue
-            core._finalize_pixels = stock if op == "decode_clamped" else _unclamped(core)
-            results[name] = core.decode(value).contiguous()
+            run = {"encode": core.core.encode, "raw_encode": core.encode, "raw_decode": core.decode,
+                   "decode": lambda x: core.frames(x, clamp=False), "decode_clamped": core.frames}[op]
+            results[name] = run(value).contiguous()
     save_file(results, job["outputs"])
 
 

@@ -61,6 +61,10 @@ class OwnTiles:
     weights_streamed: bool = False
 
 
+# One clip of a model that runs its own tiles, to compute as an `OwnTiles` says (`RunState.own_tile_clip`).
+ClipWork = Callable[[OwnTiles], torch.Tensor]
+
+
 class RunState(Protocol):
     """One encode or decode as its blocks see it.
 
@@ -71,7 +75,9 @@ class RunState(Protocol):
     None (the clip runs in one chunk) or the `ClipStatistics` of a clip run in several; `kernel_log`:
     where convs and norms note the kernel that ran (or None); `conv_options`: the keyword arguments of
     every `kernels.conv3d` of the run; `own_tiles`: how a model that runs its own tiles runs them (`OwnTiles`;
-    None for the others), and `step`, what it calls after each batch of them (progress, cancellation; or None);
+    None for the others; `own_tile_clip(work, tiles)` runs each of its clips of so many tiles: `work(own_tiles)`,
+    where it runs out of memory again with fewer tiles at once, the clips before it kept), and `step`, what it
+    calls after each batch of them (progress, cancellation; or None);
     `clip_latent_frames`: the latent frames of the whole clip (what a decode takes, an encode makes), for a layer
     whose windows shift at the clip's last frame or whose noise is drawn for the clip (None outside a run)."""
 
@@ -87,6 +93,7 @@ class RunState(Protocol):
     own_tiles: OwnTiles | None
     step: Callable[[], None] | None
     clip_latent_frames: int | None
+    own_tile_clip: Callable[[ClipWork, int], torch.Tensor]
 
 
 @runtime_checkable

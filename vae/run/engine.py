@@ -160,6 +160,7 @@ def _prepare(model, ctx: RunContext, plan: Plan, steps: Steps, partition: Partit
     if plan.own_tiles is not None:  # the model's own tiles: a unit per batch of them (`RunState.step`)
         work = model.own_tile_work(plan.op, plan.input_shape)
         ctx.execution, ctx.step = None, steps
+        ctx.own_tile_clip = partial(recovery.own_tile_clip, ctx, model.device)
         steps.replan(chunks_left, work.clips * -(-work.tiles // plan.own_tiles.batch))
         return
     if partition.execution is not None:

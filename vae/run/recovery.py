@@ -5,6 +5,9 @@ the one place that knows which failure restarts what (`restart_point`), at one o
   (`smaller_plan`: caches offloaded, then exact tiles of half the size, then half the temporal chunk,
   then frames streamed, as far as the op's `clip_extent` allows) -> `Restart.CHUNK`: the failed chunk again; the chunks written stay, and the
   causal caches are rebuilt by running their frames again without writing them (`engine._run_chunks`);
+- out of memory in a clip of a model that runs its own tiles (MiniMax-H3: the whole clip is one chunk, and
+  the model's clips before it are handed on already): the clip again with half as many tiles at once
+  (`fewer_own_tiles`), which the rest of the run keeps (`own_tile_clip`);
 - fp16 overflow (`HalfOverflow`: non-finite output from a finite input, the "black frames"
   complaint): the op's precision becomes bf16 where the device computes it natively, else float32,
   and the model stays there (said when it happens, so once) -> `Restart.RUN`: the encode or decode
@@ -24,6 +27,7 @@ import warnings
 import torch
 
 from ..kernels.backend import OOM, is_oom, native_bf16
+from ..model.execution import ClipWork, OwnTiles, RunState
 from . import geometry
 from .compile import CompileFallback
 from .planning import Plan, grid
@@ -84,6 +88,39 @@ def smaller_plan(model, plan: Plan, reason: str) -> Plan:
         fits=None, tried=(*plan.tried, plan.settings()))
     log.warning("StreamVAE: out of memory; retrying the chunk with %s", smaller.settings())
     return smaller
+
+
+def fewer_own_tiles(own: OwnTiles, tiles: int, reason: str) -> OwnTiles:
+    """The `OwnTiles` to retry a clip of `tiles` of a model's own tiles that ran out of memory with: half as many
+    tiles at once. Raises OutOfMemory at one tile at a time, saying what to do. `reason`: the error's message."""
+    batch = min(own.batch or tiles, tiles)
+    if batch <= 1:
+        budget = "" if own.weights_streamed else (
+            "; a memory budget (memory_budget) lets the plan stream the decoder's weights from host memory")
+        raise OutOfMemory(f"out of memory even with one of the model's own tiles at a time{budget}. Free memory (close "
+                          "other programs or unload models), use a smaller size, or run on another device. Last error: "
+                          f"{reason.splitlines()[0]}")
+    smaller = dataclasses.replace(own, batch=batch // 2)
+    log.warning("StreamVAE: out of memory; retrying the clip with %d of its %d tiles at a time", smaller.batch, tiles)
+    return smaller
+
+
+def own_tile_clip(ctx: RunState, device: torch.device, work: ClipWork, tiles: int) -> torch.Tensor:
+    """`work(own)` for one clip of `tiles` tiles of a model that runs its own tiles, `own` the run's
+    `ctx.own_tiles` (`RunState.own_tile_clip` in an engine run); where it runs out of memory on `device`, again
+    with half as many tiles at once (`fewer_own_tiles`), which the rest of the run keeps. Only this clip runs
+    again: the clips before it are handed on already, and a clip's tiles batched differently change only
+    float rounding."""
+    while True:
+        own = ctx.own_tiles or OwnTiles()
+        try:
+            return work(own)
+        except Exception as error:
+            if restart_point(error) is not Restart.CHUNK:
+                raise
+            reason = str(error) or type(error).__name__  # keep no reference to the failed clip's tensors
+        free_cached_memory(device)
+        ctx.own_tiles = fewer_own_tiles(own, tiles, reason)
 
 
 def half_fallback_dtype(device: torch.device) -> torch.dtype:

@@ -1,11 +1,13 @@
 """The state of one encode or decode that every block of the model reads (`RunContext`, the run's
 `model.execution.RunState`): switches, causal caches, the execution strategy, the kernel log."""
-from typing import Iterator
+from typing import Callable, Iterator
+
+import torch
 
 from ..kernels import Optimizations
 from ..kernels.kernel_log import KernelLog
 from ..kernels.filter_cache import filter_cache
-from ..model.execution import OwnTiles
+from ..model.execution import ClipWork, OwnTiles
 from .causal_cache import CausalCache
 
 
@@ -29,7 +31,8 @@ class RunContext:
     statistics of norms that span the clip, gathered before a clip in several chunks runs
     (`clip_statistics.GatheredStatistics`). `kernel_log`: see `kernels.kernel_log`. `own_tiles`: how a
     model that runs its own tiles runs them (`model.execution.OwnTiles`, the plan's), else None; `step`, what
-    it calls after each batch of them (the run's progress and cancellation, `progress.Steps`), else None.
+    it calls after each batch of them (the run's progress and cancellation, `progress.Steps`), else None;
+    `own_tile_clip` runs each of its clips.
     `clip_latent_frames`: the latent frames of the whole clip (None outside an engine run).
     """
 
@@ -40,6 +43,10 @@ class RunContext:
         self.clip_latent_frames = clip_latent_frames
         self.own_tiles = own_tiles
         self.step = None
+        # Runs each clip of a model that runs its own tiles: as `own_tiles` say (an engine run retries one that
+        # runs out of memory with fewer tiles at once: `recovery.own_tile_clip`).
+        self.own_tile_clip: Callable[[ClipWork, int], torch.Tensor] = \
+            lambda work, tiles: work(self.own_tiles or OwnTiles())
         self.frames_are_images = frames_are_images
         self.first_chunk = True
         self.last_chunk = False

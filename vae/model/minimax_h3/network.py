@@ -82,10 +82,10 @@ class MiniMaxH3VAE(VideoVAE):
 
     def own_tile_pieces(self, op: str, x: torch.Tensor, ctx) -> Iterator[torch.Tensor]:
         """Pixels B,3,T,H,W -> moments B,48,t,h,w per clip (encode); raw latent B,24,T',h,w -> pixels
-        B,3,n,H,W per clip (decode), each clip's frames once final."""
-        own = ctx.own_tiles or OwnTiles()
+        B,3,n,H,W per clip (decode), each clip's frames once final; each clip's tiles as the run says
+        (`RunState.own_tile_clip`)."""
         run = tiled.encoded_clips if op == "encode" else tiled.decoded_clips
-        return run(self, x, own, ctx.step)
+        return run(self, x, ctx.own_tile_clip, ctx.step)
 
     def own_tile_work(self, op: str, input_shape: tuple[int, ...]) -> OwnTileWork:
         """Per clip: its tiles; one tile's pixel frames (decode: the 4 x its latent frames it makes, before

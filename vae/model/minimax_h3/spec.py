@@ -3,11 +3,11 @@ tiles and 17-frame clips, blended), so the engine hands it the whole clip and ta
 (`ClipExtent.OWN_TILES`), with the network's frame counts (`MiniMaxH3VAE.frames_made`); the plan says how many
 of its tiles run at once and whether its decoder's blocks stream from host memory.
 
-Not declared yet: core's module (`CoreVAE`: bench.core_vae does not build core 0.33.0's `comfy.ldm.minimax.vae`;
-tests/test_minimax_h3_core.py and bench/bench_minimax_h3.py build it themselves), GPU and CPU bench workloads
-(bench/bench_minimax_h3.py races it against core on the CPU on its own); its bench rows are the card table's.
+Core's module (`CoreVAE`) is the one bench.core_vae builds at the config's widths; GPU and CPU bench workloads
+are not declared (bench/bench_minimax_h3.py races it against core on the CPU on its own); its bench rows are the
+card table's.
 Its memory calibration (memory_calibration.json, CPU and CUDA) covers its encode and decode."""
-from ..family_spec import Bench, Capability, CardRow, Clip, FamilySpec, TinyModel
+from ..family_spec import Bench, Capability, CardRow, Clip, CoreVAE, FamilySpec, TinyModel
 from .config import MiniMaxH3Config
 from .network import MiniMaxH3VAE
 
@@ -26,5 +26,6 @@ SPEC = FamilySpec(
     fps=24.0,  # core 0.33.0's MiniMax-H3 nodes (comfy_extras/nodes_minimax_h3.py): "Frame count at 24 fps"
     tiny=TinyModel(config=TINY),
     capabilities=frozenset({Capability.OWN_TILES}),
+    core=CoreVAE("comfy.ldm.minimax.vae", since="0.33.0"),
     bench=Bench(cards=(CardRow("MiniMax-H3 720p, 241 frames, decode", "decode", Clip(241, 720, 1280)),)),
 )

@@ -12,10 +12,18 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..execution import OwnTiles
+from ..execution import ClipWork, OwnTiles
 from .tiles import TileGrid, decode_plan, encode_plan
 
 Step = Callable[[], None] | None  # one batch of tiles done (the run's progress and cancellation), or None
+# Runs one clip's work of so many tiles: as the run's `OwnTiles` say, again with fewer after running out of
+# memory (`execution.RunState.own_tile_clip`), or `as_given`.
+ClipRun = Callable[[ClipWork, int], torch.Tensor]
+
+
+def as_given(own: OwnTiles) -> ClipRun:
+    """Every clip's work run with `own`."""
+    return lambda work, tiles: work(own)
 
 
 def tile_weights(grid: TileGrid, i: int, j: int) -> torch.Tensor:
@@ -50,11 +58,12 @@ def _blend_tiles(run: Callable[[Iterator[torch.Tensor]], Iterator[torch.Tensor]]
     return canvas
 
 
-def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step = None) -> Iterator[torch.Tensor]:
+def decoded_clips(model, z: torch.Tensor, run_clip: ClipRun = as_given(OwnTiles()),
+                  step: Step = None) -> Iterator[torch.Tensor]:
     """Raw latent B,24,T',h,w -> pixels B,3,n,16h,16w in [-1, 1] (float32), clip by clip in frame order:
-    each clip's frames once the next clip can no longer change them. `own`: tiles of a clip decoded
-    together, and whether the transformer blocks' weights are streamed (`network.decode_tile_batches`); `step()`
-    after each batch of tiles."""
+    each clip's frames once the next clip can no longer change them. `run_clip` runs each clip's tiles as an
+    `OwnTiles` says: tiles of a clip decoded together, and whether the transformer blocks' weights are
+    streamed (`network.decode_tile_batches`); `step()` after each batch of tiles."""
     cfg = model.config
     plan = decode_plan(z.shape[2], cfg)
     grid = TileGrid.of(z.shape[3] * cfg.spatial_factor, z.shape[4] * cfg.spatial_factor, cfg)
@@ -64,8 +73,10 @@ def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step
         if not clip.raw_frames:
             continue
         frames = list(clip.raw_frames)
-        part = _blend_tiles(lambda batches: (y[:, :, frames] for y in model.decode_tile_batches(batches, own)),
-                            z[:, :, clip.token_start:clip.token_start + clip.tokens], grid.latent(), grid, own.batch, step)
+        tokens = z[:, :, clip.token_start:clip.token_start + clip.tokens]
+        part = run_clip(lambda own: _blend_tiles(
+            lambda batches: (y[:, :, frames] for y in model.decode_tile_batches(batches, own)), tokens, grid.latent(),
+            grid, own.batch, step), len(grid.tiles))
         part *= torch.tensor(clip.weights, device=part.device).view(1, 1, -1, 1, 1)  # B,3,n,H,W
         if carry is not None:
             part[:, :, :carry.shape[2]] += carry
@@ -77,23 +88,25 @@ def decoded_clips(model, z: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step
 
 def decode(model, z: torch.Tensor, own: OwnTiles = OwnTiles()) -> torch.Tensor:
     """Raw latent B,24,T',h,w -> pixels B,3,T,16h,16w in [-1, 1], float32 (T: core's frame count)."""
-    return torch.cat(list(decoded_clips(model, z, own)), dim=2)
+    return torch.cat(list(decoded_clips(model, z, as_given(own))), dim=2)
 
 
-def encoded_clips(model, x: torch.Tensor, own: OwnTiles = OwnTiles(), step: Step = None) -> Iterator[torch.Tensor]:
+def encoded_clips(model, x: torch.Tensor, run_clip: ClipRun = as_given(OwnTiles()),
+                  step: Step = None) -> Iterator[torch.Tensor]:
     """Pixels B,3,T,H,W in [-1, 1] (H, W multiples of 16) -> the posterior's moments (raw mean, then logvar)
     B,2*24,t,H/16,W/16, float32 (core keeps the mean), clip by clip in frame order (clips are independent);
-    `own.batch` tiles of a clip encoded together (the encoder streams no weights); `step()` after each batch."""
+    `run_clip` runs each clip as an `OwnTiles` says: its `batch` tiles of a clip encoded together (the encoder
+    streams no weights); `step()` after each batch."""
     cfg = model.config
     plan = encode_plan(x.shape[2], cfg)
     grid = TileGrid.of(x.shape[3], x.shape[4], cfg)
     for c in range(plan.clips):
         clip = model.normalize_pixels(x[:, :, plan.clip_frames(c)])
-        latent = _blend_tiles(lambda batches: map(model.encode_tiles, batches), clip, grid, grid.latent(), own.batch,
-                              step)
+        latent = run_clip(lambda own: _blend_tiles(lambda batches: map(model.encode_tiles, batches), clip, grid,
+                                                   grid.latent(), own.batch, step), len(grid.tiles))
         yield latent[:, :, :plan.clip_tokens(c)]
 
 
 def encode(model, x: torch.Tensor, own: OwnTiles = OwnTiles()) -> torch.Tensor:
     """`encoded_clips`, concatenated: moments B,2*24,T',H/16,W/16."""
-    return torch.cat(list(encoded_clips(model, x, own)), dim=2)
+    return torch.cat(list(encoded_clips(model, x, as_given(own))), dim=2)
