@@ -42,10 +42,8 @@ TILE_TOKENS = (7, 16, 16)  # a 256 px tile of one clip: 7 latent frames of 16 x 
 
 
 def _random(module: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """`bench.models.random_state_dict`'s weights, the residual branches' scales 1 (not 0)."""
-    sd = random_state_dict(module, seed)
-    sd.update({k: torch.ones_like(v) for k, v in sd.items() if k.endswith(("scale1", "scale2"))})
-    module.load_state_dict(sd)
+    """`module` with `bench.models.random_state_dict`'s weights, eval mode."""
+    module.load_state_dict(random_state_dict(module, seed))
     return module.eval()
 
 

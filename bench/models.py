@@ -1,8 +1,9 @@
 """The models and inputs every benchmark runs, built in one place, and the one place that runs them.
 
 A family (`vae.families`) is its full released config with seeded random weights (conv and linear
-weights N(0,1)/sqrt(fan_in), norm scales 1, biases 0, latent statistics the identity: activations stay
-O(1) through the depth; no released checkpoint is needed), or, with `tiny`, its tiny test model
+weights N(0,1)/sqrt(fan_in), norm scales and residual branches' scales (MiniMax-H3's `scale1`, `scale2`: 0
+would skip its blocks) 1, biases 0, latent statistics the identity: activations stay O(1) through the
+depth; no released checkpoint is needed), or, with `tiny`, its tiny test model
 (`FamilySpec.tiny`: the tiny checkpoint of the shared reference fixtures, or a small config with those
 random weights; what the CPU dry runs use). `weights` gives the config and the state dict; `build` loads them
 into StreamVAE's model or into ComfyUI core's own VAE of a version (bench/core_vae.py), so two rows
@@ -38,7 +39,7 @@ def random_state_dict(model: torch.nn.Module, seed: int = 0) -> dict[str, torch.
             key = f"{module_name}.{name}" if module_name else name
             if isinstance(module, (torch.nn.Conv3d, torch.nn.Conv2d, torch.nn.Linear)) and name == "weight":
                 out[key] = torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5
-            elif name in ("weight", "gamma"):
+            elif name in ("weight", "gamma", "scale1", "scale2"):  # scales of norms and residual branches
                 out[key] = torch.ones(p.shape)
             else:
                 out[key] = torch.zeros(p.shape)
