@@ -10,7 +10,7 @@
 #                    the GPU image's Python 3.12 on x86-64
 #
 # The trees keep comfy/*.py, comfy/ldm/*.py and the ldm folders the VAEs use (modules, wan, seedvr,
-# lightricks for LTX-2, hunyuan_video and models for HV1.5);
+# lightricks for LTX-2 and LTX-2.5, hunyuan_video and models for HV1.5 and HV1.0, minimax for MiniMax-H3);
 # the text encoders, tokenizers and other models' networks stay behind. gpu_session.sh installs the
 # wheels offline (pip --no-index --no-deps --target) and points bench/core_vae.py at all of it.
 #
@@ -38,7 +38,8 @@ rm -rf "$CARRY" && mkdir -p "$CARRY/wheels"
 log "reference fixtures from $SHARED/reference"
 cp -r "$SHARED/reference" "$CARRY/reference"
 
-# copy_tree SRC DEST: the part of a ComfyUI tree that imports the VAEs of comfy.ldm (wan, seedvr, lightricks, hunyuan_video).
+# copy_tree SRC DEST: the part of a ComfyUI tree that imports the VAEs of comfy.ldm (wan, seedvr, lightricks,
+# hunyuan_video, models, minimax).
 copy_tree() {
     local src=$1 dest
     dest=$(cd "$2" && pwd)  # absolute: the copy runs from inside src
@@ -46,7 +47,7 @@ copy_tree() {
     log "ComfyUI tree $src -> $dest"
     (cd "$src" && find comfy -name '*.py' -not -path 'comfy/text_encoders/*' -not -path 'comfy/sd1_tokenizer/*' \
         \( -not -path 'comfy/ldm/*' -o -path 'comfy/ldm/modules/*' -o -path 'comfy/ldm/wan/*' \
-           -o -path 'comfy/ldm/seedvr/*' \
+           -o -path 'comfy/ldm/seedvr/*' -o -path 'comfy/ldm/minimax/*' \
            -o -path 'comfy/ldm/lightricks/*' -o -path 'comfy/ldm/hunyuan_video/*' -o -path 'comfy/ldm/models/*' -o -regex 'comfy/ldm/[^/]*\.py' \) -print0) |
         (cd "$src" && xargs -0 cp --parents -t "$dest")
 }
