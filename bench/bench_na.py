@@ -1,6 +1,7 @@
-"""Neighbourhood attention on the CPU, side by side in one process: StreamVAE's blocked NA
-(vae/kernels/neighborhood.py) in several query-block shapes, comfy-kitchen's `na3d` (what ComfyUI core
-0.33.0's LTX-2.5 decoder calls; on a CPU its eager backend) and the torch reference.
+"""Neighbourhood attention on the CPU, side by side in one process: StreamVAE's compiled C kernel
+(vae/kernels/cpu_na.c, what `auto` takes on a CPU where it builds) and its blocked NA (vae/kernels/neighborhood.py)
+in several query-block shapes, comfy-kitchen's `na3d` (what ComfyUI core 0.33.0's LTX-2.5 decoder calls; on a
+CPU its eager backend) and the torch reference.
 
     python -m bench.bench_na                                   # every shape, fp32, 3 rounds
     python -m bench.bench_na --shapes stage5 --blocks 1x8x8 4x8x8 --rounds 5 --threads 1 --json out.json
@@ -32,7 +33,7 @@ import torch
 
 from bench.common import machine_summary, print_table
 from bench.core_vae import TREES
-from vae.kernels import na_window
+from vae.kernels import cpu_na, na_window
 from vae.kernels import neighborhood as na
 
 SHAPES = {"stage5-small": ((1, 12, 32, 32, 4, 64), (11, 11, 11)), "stage5": ((1, 32, 48, 40, 4, 64), (11, 11, 11)),
@@ -59,6 +60,8 @@ def variants(blocks, with_reference: bool) -> dict:
     kitchen = kitchen_na3d()
     if kitchen is not None:
         out["kitchen eager"] = kitchen
+    if cpu_na.library() is not None:
+        out["c"] = lambda q, k, v, kernel: na.na3d(q, k, v, kernel, scale=1.0, impl="c")
     for block in blocks:
         shape = tuple(int(n) for n in block.split("x"))
         out[f"blocked {block}"] = lambda q, k, v, kernel, shape=shape: na.blocked(

@@ -28,7 +28,7 @@ BARE_TEST_FILE = re.compile(r"(?<![\w./-])(test_\w+\.py)\b")
 TICKED = re.compile(r"`([^`\s]+)`")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 TEST_NAME = re.compile(r"test_\w+")
-FILE_SUFFIXES = {"py", "md", "sh", "json", "jsonl", "txt", "err", "yaml", "toml", "js", "png", "jpg", "mp4",
+FILE_SUFFIXES = {"py", "c", "md", "sh", "json", "jsonl", "txt", "err", "yaml", "toml", "js", "png", "jpg", "mp4",
                  "safetensors", "pt", "log"}
 
 

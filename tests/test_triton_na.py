@@ -108,7 +108,7 @@ FIRST_USE = """
     import torch
     from vae.kernels import neighborhood, triton_na
 
-    passed = neighborhood.passes_check("cpu", torch.float32, 16)
+    passed = neighborhood.passes_check("triton", "cpu", torch.float32, 16)
     neighborhood.passes_check.cache_clear()
     launch = triton_na._na3d_kernel
 
@@ -122,8 +122,8 @@ FIRST_USE = """
     triton_na._na3d_kernel = Fault()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        verdict = neighborhood.passes_check("cpu", torch.float32, 16)
-        again = neighborhood.passes_check("cpu", torch.float32, 16)
+        verdict = neighborhood.passes_check("triton", "cpu", torch.float32, 16)
+        again = neighborhood.passes_check("triton", "cpu", torch.float32, 16)
     print(passed, verdict, again, len(caught), str(caught[0].message).replace(" ", "_") if caught else "-")
 """
 
@@ -134,11 +134,6 @@ def test_a_kernel_that_fails_its_first_use_check_is_not_used(fault):
     assert passed == "True", "the kernel itself fails the check"
     assert (verdict, again, warned) == ("False", "False", "1"), (verdict, again, warned)
     assert "first-use_check_on_cpu" in message and "torch_implementation_runs_instead" in message, message
-
-
-def test_auto_is_the_torch_fallback_on_a_cpu_tensor():
-    q = torch.zeros(1, 2, 3, 4, 1, 16)
-    assert na.resolved_impl("auto", q, q, q) == "blocked"
 
 
 @pytest.mark.gpu
@@ -157,5 +152,7 @@ def test_kernel_matches_the_reference_on_cuda():
             for dtype in (torch.bfloat16, torch.float16):
                 assert compare(*case, dtype, "cuda", seed) < BF16_BOUND, (case, dtype)
     q = torch.zeros(1, 2, 3, 4, 1, 64, device="cuda", dtype=torch.bfloat16)
-    assert na.resolved_impl("auto", q, q, q) == "triton"
-    assert na.resolved_impl("auto", q[..., :8], q[..., :8], q[..., :8]) == "blocked"  # head_dim 8: not the kernel's
+    part = na_window.part_of(q, q, q, (3, 3, 3), (0, 0, 0), (0, 0, 0), None)
+    assert na.resolved_impl("auto", q, q, q, part) == "triton"
+    q8 = q[..., :8]  # head_dim 8: not the kernel's
+    assert na.resolved_impl("auto", q8, q8, q8, na_window.part_of(q8, q8, q8, (3, 3, 3), (0, 0, 0), (0, 0, 0), None)) == "blocked"

@@ -17,9 +17,10 @@
   (both layouts, a production-sized grid), kept in the kernel record; one that fails is replaced by
   torch's op alone.
 - `neighborhood`: 3-D neighbourhood attention (LTX-2.5's decoder) for a part of the grid (`na_window`: the
-  window, the part's boxes): the reference, the
-  blocked torch implementation (any device) and, on GPUs, `triton_na`'s kernel (flash-attention style,
-  float32 softmax; proven in Triton's interpreter on the CPU and compiled for the GPU targets in CI).
+  window, the part's boxes): the reference, the blocked torch implementation (any device), on CPUs
+  `cpu_na`'s C kernel (cpu_na.c, built at first use by the machine's C compiler, loaded with ctypes) and on
+  GPUs `triton_na`'s kernel (flash-attention style, float32 softmax; proven in Triton's interpreter on the CPU
+  and compiled for the GPU targets in CI); each compiled one checked against the reference before its first use.
 - `kernel_log`: which kernel each conv and norm of one run took (`KernelLog`, for the run report).
 - `attention`: the mid-block attention kernel, a forced kernel only where it takes the head width.
 - `backend`: process-wide torch switches (cuDNN autotuning, TF32, the PyTorch 2.9 conv3d

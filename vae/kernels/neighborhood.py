@@ -18,12 +18,17 @@ Implementations (`na3d(impl=)`):
 - "blocked": blocks of queries against the box their windows cover, many blocks per batched
   scaled-dot-product-attention call, the keys outside each query's window masked out; computed in
   bf16/fp16 where the device computes them natively, else in float32. Any device.
+- "c": a compiled C kernel for the CPU (cpu_na.py, cpu_na.c): each group of queries along w reads its windows'
+  key rows in place, float32 softmax and accumulation; built at first use by the machine's C compiler (none: it
+  is not available). CPU tensors; head_dim a multiple of 16; windows at most 16 wide along w.
 - "triton": a flash-attention style Triton kernel (triton_na.py): each block of queries along w walks
   its window's key rows, float32 softmax and accumulation, nothing gathered. CUDA and ROCm GPUs (and the
   CPU under TRITON_INTERPRET=1, how CI proves it against the reference; tests/test_triton_targets.py
   compiles it for the GPU targets); head_dim 16, 32, 64 or 128.
 - "auto": triton for tensors on a GPU where Triton imports, the kernel takes their head_dim and dtype and
-  passed its first-use check there (`passes_check`), else blocked (the torch fallback).
+  passed its first-use check there (`passes_check`); c for CPU tensors where it was built, takes the call and
+  passed its first-use check (1.8-3.1x the blocked implementation's speed, bench/RESULTS.md section 29); else
+  blocked (the torch fallback).
 """
 import logging
 import math
@@ -38,7 +43,7 @@ from . import kernel_check
 from .backend import cpu_has_native
 from .na_window import Axes, Part, part_of, window_start
 
-IMPLS = ("auto", "reference", "blocked", "triton")
+IMPLS = ("auto", "reference", "blocked", "c", "triton")
 # Elements of one blocked call's gathered queries, keys, values and mask (bounds its transient memory).
 BLOCKED_CALL_ELEMENTS = 1 << 25
 # The first-use check (`passes_check`; B,T,H,W of its grid, 2 heads; windows): a grid smaller than the window
@@ -69,42 +74,59 @@ def na3d(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel, q_origin: Ax
         raise ValueError(f"na3d impl must be one of {IMPLS}, got {impl!r}")
     part = part_of(q, k, v, kernel, q_origin, kv_origin, grid)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    impl = resolved_impl(impl, q, k, v)
-    if impl == "triton":
-        from . import triton_na  # imports Triton: only where the kernel runs
-
-        return triton_na.na3d(q, k, v, part, scale)
+    impl = resolved_impl(impl, q, k, v, part)
+    if impl in COMPILED:
+        return _compiled(impl).na3d(q, k, v, part, scale)
     return (reference if impl == "reference" else blocked)(q, k, v, part, scale)
 
 
-def resolved_impl(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+COMPILED = ("c", "triton")  # the implementations with a first-use check (`passes_check`)
+
+
+def _compiled(impl: str):
+    """The module of a compiled implementation, imported where it runs (triton_na imports Triton)."""
+    if impl == "c":
+        from . import cpu_na
+
+        return cpu_na
+    from . import triton_na
+
+    return triton_na
+
+
+def resolved_impl(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, part: Part) -> str:
     """The implementation `impl` names for these tensors: "auto" is "triton" for GPU tensors (CUDA or ROCm,
     both torch's "cuda") where Triton imports, the kernel takes their head_dim and dtypes and passed its first-use
-    check on that device (`passes_check`), else "blocked"."""
+    check on that device (`passes_check`); "c" for CPU tensors where the C kernel is built, takes the call and
+    passed its check; else "blocked"."""
     if impl != "auto":
         return impl
     if q.is_cuda:
         from . import triton_na
 
         if (triton_na.triton is not None and triton_na.takes(q, k, v)
-                and passes_check(str(q.device), triton_na.computed_dtype(q, k, v), q.shape[-1])):
+                and passes_check("triton", str(q.device), triton_na.computed_dtype(q, k, v), q.shape[-1])):
             return "triton"
+    elif q.device.type == "cpu":
+        from . import cpu_na
+
+        if cpu_na.takes(q, part) and cpu_na.library() is not None and passes_check("c", "cpu", torch.float32, q.shape[-1]):
+            return "c"
     return "blocked"
 
 
 @lru_cache(maxsize=None)
-def passes_check(device: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the kernel, compiled by this machine's Triton for `device`, computes `dtype` at `head_dim` as the
-    reference does: checked once per process before its first use there (a compile that fails, a launch the GPU
-    refuses, a compiler's wrong code: no GPU of the pack's CI runs it). One that fails is not used in this
-    process ("auto" runs the blocked torch path) and one warning says why."""
-    from . import triton_na  # imports Triton: only where the kernel runs
-
+def passes_check(impl: str, device: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the compiled implementation `impl` ("c" or "triton", built by this machine's compiler for
+    `device`) computes `dtype` at `head_dim` as the reference does: checked once per process before its first use
+    there (a compile that fails, a launch the GPU refuses, a compiler's wrong code: no GPU of the pack's CI runs
+    Triton's). One that fails is not used in this process ("auto" runs the blocked torch path) and one warning
+    says why."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(*CHECK_SHAPE, 2, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(3))
     part = part_of(q, k, v, CHECK_KERNEL, (0, 0, 0), (0, 0, 0), None)
     try:
-        got = triton_na.na3d(q, k, v, part, head_dim ** -0.5).float()
+        got = _compiled(impl).na3d(q, k, v, part, head_dim ** -0.5).float()
         want = reference(q, k, v, part, head_dim ** -0.5).float()
         error = ((got - want).abs().max() / max(1.0, want.abs().max().item())).item()
     except Exception as failure:  # noqa: BLE001 - any failure of the compile or launch means: not this kernel
@@ -113,7 +135,8 @@ def passes_check(device: str, dtype: torch.dtype, head_dim: int) -> bool:
         if error <= CHECK_TOLERANCE[dtype]:  # NaN compares False: a failure
             return True
         reason = f"it differs from the reference by {error:.2e} (allowed {CHECK_TOLERANCE[dtype]:.0e})"
-    message = (f"StreamVAE: the Triton neighbourhood-attention kernel failed its first-use check on {device} in "
+    name = {"c": "C", "triton": "Triton"}[impl]
+    message = (f"StreamVAE: the {name} neighbourhood-attention kernel failed its first-use check on {device} in "
                f"{dtype} ({reason}); the torch implementation runs instead (same results, slower)")
     log.warning(message)
     warnings.warn(message, RuntimeWarning, stacklevel=2)
